@@ -1,0 +1,866 @@
+"""code-executor worker bootstrap.
+
+Started by the server as ``<prefix>/bin/python -I -u worker.py SCRATCH [PRELOAD,...]``.
+Standard library only; runs on CPython 3.8 and later.
+
+Wire format (the same text heads ``src/protocol.rs``)
+-----------------------------------------------------
+Every frame is a 4-byte big-endian unsigned length followed by that many bytes
+of one msgpack map.  The map's ``t`` key names the frame type.
+
+worker -> server
+    ready   {t, protocol, python, executable, pid}        once, after preloading
+    result  {t, id, stdout, stderr, exit_code, signal, timed_out,
+             stdout_truncated, stderr_truncated, duration_ms}
+    error   {t, id, message, traceback}                   a fault of the worker itself
+    echo    {t, value, repr}                              answer to an ``echo`` frame
+server -> worker
+    exec    {t, id, code, stdin, files, timeout, max_output, limits}
+    echo    {t, value}                                    codec check
+
+The protocol channel lives on private duplicates of the original stdin and
+stdout.  Descriptors 0 and 1 of the worker are then pointed at /dev/null and
+stderr, so a stray ``print`` can never corrupt a frame; each run's child gets
+fresh pipes for its fds 0, 1 and 2.
+
+Runs
+----
+For every ``exec`` the worker hands the request to a child forked ahead of
+time.  The child lives in its own process group with a fresh ``__main__``, a
+fresh working directory under SCRATCH and the request's resource limits; its
+stdout and stderr are captured at the file-descriptor level.  The worker
+drains both pipes (keeping at most ``max_output`` bytes of each), enforces the
+deadline by killing the child's process group, answers with ``result`` and
+then forks and warms the next child, off the request path.
+"""
+
+import gc
+import os
+import select
+import signal
+import struct
+import sys
+import time
+
+PROTOCOL_VERSION = 1
+MAX_FRAME = 1 << 30
+RUN_FILENAME = "<code>"
+READ_CHUNK = 1 << 16
+WARM_REQUEST = {"t": "exec", "id": 0, "code": "_ = [str(i) for i in range(8)]",
+                "stdin": None, "files": [], "timeout": 1.0, "max_output": 1, "limits": {}}
+resource = None  # imported by main(); the module is absent on non-Unix builds
+
+# ---------------------------------------------------------------------------
+# msgpack codec: the subset the protocol needs (nil, bool, int up to 64 bits,
+# float, str, bin, array, map).  The ``msgpack`` package is used instead when
+# it is importable, unless CODE_EXECUTOR_PURE_CODEC is set.
+# ---------------------------------------------------------------------------
+
+_pack_be = struct.pack
+_unpack_from = struct.unpack_from
+
+
+def _encode(obj, out):
+    if obj is None:
+        out.append(b"\xc0")
+    elif obj is True:
+        out.append(b"\xc3")
+    elif obj is False:
+        out.append(b"\xc2")
+    elif isinstance(obj, int):
+        if 0 <= obj < 0x80:
+            out.append(_pack_be("B", obj))
+        elif -32 <= obj < 0:
+            out.append(_pack_be("b", obj))
+        elif 0 <= obj <= 0xFF:
+            out.append(_pack_be("!BB", 0xCC, obj))
+        elif 0 <= obj <= 0xFFFF:
+            out.append(_pack_be("!BH", 0xCD, obj))
+        elif 0 <= obj <= 0xFFFFFFFF:
+            out.append(_pack_be("!BI", 0xCE, obj))
+        elif 0 <= obj <= 0xFFFFFFFFFFFFFFFF:
+            out.append(_pack_be("!BQ", 0xCF, obj))
+        elif -0x80 <= obj < 0:
+            out.append(_pack_be("!Bb", 0xD0, obj))
+        elif -0x8000 <= obj < 0:
+            out.append(_pack_be("!Bh", 0xD1, obj))
+        elif -0x80000000 <= obj < 0:
+            out.append(_pack_be("!Bi", 0xD2, obj))
+        elif -0x8000000000000000 <= obj < 0:
+            out.append(_pack_be("!Bq", 0xD3, obj))
+        else:
+            raise OverflowError("integer out of msgpack range")
+    elif isinstance(obj, float):
+        out.append(_pack_be("!Bd", 0xCB, obj))
+    elif isinstance(obj, str):
+        data = obj.encode("utf-8", "surrogateescape")
+        n = len(data)
+        if n < 32:
+            out.append(_pack_be("B", 0xA0 | n))
+        elif n <= 0xFF:
+            out.append(_pack_be("!BB", 0xD9, n))
+        elif n <= 0xFFFF:
+            out.append(_pack_be("!BH", 0xDA, n))
+        else:
+            out.append(_pack_be("!BI", 0xDB, n))
+        out.append(data)
+    elif isinstance(obj, (bytes, bytearray, memoryview)):
+        n = len(obj)
+        if n <= 0xFF:
+            out.append(_pack_be("!BB", 0xC4, n))
+        elif n <= 0xFFFF:
+            out.append(_pack_be("!BH", 0xC5, n))
+        else:
+            out.append(_pack_be("!BI", 0xC6, n))
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        n = len(obj)
+        if n < 16:
+            out.append(_pack_be("B", 0x90 | n))
+        elif n <= 0xFFFF:
+            out.append(_pack_be("!BH", 0xDC, n))
+        else:
+            out.append(_pack_be("!BI", 0xDD, n))
+        for item in obj:
+            _encode(item, out)
+    elif isinstance(obj, dict):
+        n = len(obj)
+        if n < 16:
+            out.append(_pack_be("B", 0x80 | n))
+        elif n <= 0xFFFF:
+            out.append(_pack_be("!BH", 0xDE, n))
+        else:
+            out.append(_pack_be("!BI", 0xDF, n))
+        for key, value in obj.items():
+            _encode(key, out)
+            _encode(value, out)
+    else:
+        raise TypeError("cannot encode %s" % type(obj).__name__)
+
+
+def pure_packb(obj):
+    out = []
+    _encode(obj, out)
+    return b"".join(out)
+
+
+_FIXED = {
+    0xCC: ("!B", 1), 0xCD: ("!H", 2), 0xCE: ("!I", 4), 0xCF: ("!Q", 8),
+    0xD0: ("!b", 1), 0xD1: ("!h", 2), 0xD2: ("!i", 4), 0xD3: ("!q", 8),
+    0xCA: ("!f", 4), 0xCB: ("!d", 8),
+}
+
+
+def _decode(buf, pos):
+    b = buf[pos]
+    pos += 1
+    if b <= 0x7F:
+        return b, pos
+    if b >= 0xE0:
+        return b - 0x100, pos
+    if 0x80 <= b <= 0x8F:
+        return _decode_map(buf, pos, b & 0x0F)
+    if 0x90 <= b <= 0x9F:
+        return _decode_array(buf, pos, b & 0x0F)
+    if 0xA0 <= b <= 0xBF:
+        n = b & 0x1F
+        return _str(buf, pos, n), pos + n
+    if b == 0xC0:
+        return None, pos
+    if b == 0xC2:
+        return False, pos
+    if b == 0xC3:
+        return True, pos
+    fixed = _FIXED.get(b)
+    if fixed is not None:
+        return _unpack_from(fixed[0], buf, pos)[0], pos + fixed[1]
+    if b in (0xC4, 0xC5, 0xC6, 0xD9, 0xDA, 0xDB):
+        width = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}[b]
+        n = int.from_bytes(buf[pos:pos + width], "big")
+        pos += width
+        if pos + n > len(buf):
+            raise ValueError("truncated msgpack data")
+        if b >= 0xD9:
+            return _str(buf, pos, n), pos + n
+        return bytes(buf[pos:pos + n]), pos + n
+    if b in (0xDC, 0xDD):
+        width = 2 if b == 0xDC else 4
+        n = int.from_bytes(buf[pos:pos + width], "big")
+        return _decode_array(buf, pos + width, n)
+    if b in (0xDE, 0xDF):
+        width = 2 if b == 0xDE else 4
+        n = int.from_bytes(buf[pos:pos + width], "big")
+        return _decode_map(buf, pos + width, n)
+    raise ValueError("unsupported msgpack type byte 0x%02x" % b)
+
+
+def _str(buf, pos, n):
+    if pos + n > len(buf):
+        raise ValueError("truncated msgpack data")
+    return bytes(buf[pos:pos + n]).decode("utf-8", "surrogateescape")
+
+
+def _decode_array(buf, pos, n):
+    items = []
+    for _ in range(n):
+        item, pos = _decode(buf, pos)
+        items.append(item)
+    return items, pos
+
+
+def _decode_map(buf, pos, n):
+    result = {}
+    for _ in range(n):
+        key, pos = _decode(buf, pos)
+        value, pos = _decode(buf, pos)
+        result[key] = value
+    return result, pos
+
+
+def pure_unpackb(data):
+    buf = memoryview(data)
+    try:
+        value, pos = _decode(buf, 0)
+    except (IndexError, struct.error):
+        raise ValueError("truncated msgpack data")
+    if pos != len(buf):
+        raise ValueError("extra bytes after msgpack value")
+    return value
+
+
+packb, unpackb = pure_packb, pure_unpackb
+if not os.environ.get("CODE_EXECUTOR_PURE_CODEC"):
+    try:
+        import msgpack as _msgpack
+
+        def packb(obj):
+            return _msgpack.packb(obj, use_bin_type=True)
+
+        def unpackb(data):
+            return _msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception:
+        pass
+
+
+# ---------------------------------------------------------------------------
+# Framing
+# ---------------------------------------------------------------------------
+
+class ChannelClosed(Exception):
+    """The peer closed the channel cleanly, between two frames."""
+
+
+def read_exact(fileobj, n):
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = fileobj.readinto(view[got:])
+        if not k:
+            if got == 0:
+                return None
+            raise EOFError("channel closed inside a frame")
+        got += k
+    return buf
+
+
+def read_frame(fileobj):
+    head = read_exact(fileobj, 4)
+    if head is None:
+        raise ChannelClosed()
+    (n,) = struct.unpack("!I", head)
+    if n > MAX_FRAME:
+        raise ValueError("frame of %d bytes exceeds the limit" % n)
+    body = read_exact(fileobj, n)
+    if body is None and n:
+        raise EOFError("channel closed inside a frame")
+    return body or bytearray()
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        k = os.write(fd, view)
+        view = view[k:]
+
+
+def write_frame(fd, obj):
+    body = packb(obj)
+    write_all(fd, struct.pack("!I", len(body)) + body)
+
+
+# ---------------------------------------------------------------------------
+# The child: one run
+# ---------------------------------------------------------------------------
+
+_LIMITS = {
+    "cpu_seconds": "RLIMIT_CPU",
+    "memory_bytes": "RLIMIT_AS",
+    "file_size_bytes": "RLIMIT_FSIZE",
+    "open_files": "RLIMIT_NOFILE",
+    "processes": "RLIMIT_NPROC",
+}
+
+
+def apply_limits(limits):
+    if not limits:
+        return
+    for key, name in _LIMITS.items():
+        value = limits.get(key)
+        res = getattr(resource, name, None)
+        if value is None or res is None:
+            continue
+        soft, hard = resource.getrlimit(res)
+        value = int(value)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        # The hard CPU limit sits one second above the soft one so that
+        # SIGXCPU arrives first and reads as a CPU limit, not as SIGKILL.
+        new_hard = value + 1 if name == "RLIMIT_CPU" else value
+        if hard != resource.RLIM_INFINITY:
+            new_hard = min(new_hard, hard)
+        try:
+            resource.setrlimit(res, (value, new_hard))
+        except (ValueError, OSError):
+            pass
+
+
+def safe_join(root, rel):
+    if not rel or rel.startswith("/") or "\0" in rel:
+        raise ValueError("file path %r is not a relative path" % rel)
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if not parts or any(p == ".." for p in parts):
+        raise ValueError("file path %r leaves the working directory" % rel)
+    return os.path.join(root, *parts)
+
+
+def write_files(root, files):
+    for rel, data in files or ():
+        path = safe_join(root, rel)
+        parent = os.path.dirname(path)
+        if parent != root:
+            os.makedirs(parent, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            write_all(fd, data)
+        finally:
+            os.close(fd)
+
+
+def set_stdin(data):
+    if data:
+        if hasattr(os, "memfd_create"):
+            fd = os.memfd_create("stdin", 0)
+        else:
+            import tempfile
+
+            fd, path = tempfile.mkstemp()
+            os.unlink(path)
+        write_all(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    else:
+        fd = os.open(os.devnull, os.O_RDONLY)
+    if fd != 0:
+        os.dup2(fd, 0)
+        os.close(fd)
+
+
+def exit_code_of(exc):
+    """The process exit status ``python script.py`` gives for a SystemExit."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write(str(code) + "\n")
+    except Exception:
+        pass
+    return 1
+
+
+def user_traceback(exc):
+    """Print ``exc`` as the interpreter would, without this file's frames."""
+    import traceback
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    try:
+        traceback.print_exception(type(exc), exc, tb)
+    except Exception:
+        pass
+
+
+def run_user_code(code, argv, at_exit=True):
+    import builtins
+    import linecache
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins
+    sys.modules["__main__"] = main
+    sys.argv = [RUN_FILENAME] + list(argv or ())
+    linecache.cache[RUN_FILENAME] = (len(code), None, code.splitlines(True), RUN_FILENAME)
+    status = 0
+    try:
+        exec(compile(code, RUN_FILENAME, "exec"), main.__dict__)
+    except SystemExit as exc:
+        status = exit_code_of(exc)
+    except BaseException as exc:  # noqa: B902 - the run's own failure
+        user_traceback(exc)
+        status = 1
+    if not at_exit:
+        return status
+    # What the interpreter does at exit: join non-daemon threads, run atexit.
+    threading = sys.modules.get("threading")
+    if threading is not None and hasattr(threading, "_shutdown"):
+        try:
+            threading._shutdown()
+        except BaseException:
+            pass
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    return status
+
+
+_prctl = None  # libc's prctl, looked up once by the worker when ctypes exists
+
+
+def set_parent_death_signal(worker_pid):
+    """Ask the kernel to SIGKILL this child if its worker dies (Linux)."""
+    if _prctl is not None:
+        try:
+            _prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except Exception:
+            pass
+    if os.getppid() != worker_pid:
+        os._exit(70)
+
+
+def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds):
+    """Body of a forked child; never returns."""
+    status = 70
+    try:
+        os.setpgid(0, 0)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        set_parent_death_signal(worker_pid)
+        for fd in parent_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.close(out_w)
+        os.close(err_w)
+        os.chdir(rundir)
+        # Warm up: walk the request path once so that its copy-on-write page
+        # faults (refcounts written in pages shared with the worker) happen
+        # now, not while a client waits.
+        warm = unpackb(packb(WARM_REQUEST))
+        apply_limits(warm.get("limits"))
+        run_user_code(warm["code"], warm.get("argv"), at_exit=False)
+        req = open(req_r, "rb", buffering=0)
+        try:
+            frame = read_frame(req)
+        except (ChannelClosed, EOFError):
+            os._exit(0)
+        req.close()
+        msg = unpackb(frame)
+        del frame
+        apply_limits(msg.get("limits"))
+        write_files(rundir, msg.get("files"))
+        set_stdin(msg.get("stdin"))
+        sys.path.insert(0, rundir)
+        os.environ["PWD"] = rundir
+        code = msg.get("code") or ""
+        argv = msg.get("argv")
+        del msg
+        status = run_user_code(code, argv)
+        try:
+            os.write(ctl_w, struct.pack("!i", status))
+        except OSError:
+            pass
+    except BaseException as exc:  # a fault before the user's code ran
+        try:
+            user_traceback(exc)
+            sys.stderr.flush()
+        except BaseException:
+            pass
+    finally:
+        os._exit(status)
+
+
+# ---------------------------------------------------------------------------
+# The worker: the parent of every run
+# ---------------------------------------------------------------------------
+
+def signal_name(signum):
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "SIG%d" % signum
+
+
+class Child:
+    """A forked child waiting for its request, with the pipes around it."""
+
+    __slots__ = ("pid", "rundir", "req_w", "out_r", "err_r", "ctl_r", "status")
+
+    def __init__(self, pid, rundir, req_w, out_r, err_r, ctl_r):
+        self.pid = pid
+        self.rundir = rundir
+        self.req_w = req_w
+        self.out_r = out_r
+        self.err_r = err_r
+        self.ctl_r = ctl_r
+        self.status = None  # raw wait status once reaped
+
+    def reap(self, block):
+        if self.status is None:
+            try:
+                pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.pid, 0
+            if pid:
+                self.status = status
+        return self.status is not None
+
+    def kill_group(self):
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def close(self):
+        for fd in (self.req_w, self.out_r, self.err_r, self.ctl_r):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.req_w = self.out_r = self.err_r = self.ctl_r = None
+
+
+class Capture:
+    """One captured stream, keeping at most ``cap`` bytes."""
+
+    __slots__ = ("chunks", "size", "cap", "truncated", "open")
+
+    def __init__(self, cap):
+        self.chunks = []
+        self.size = 0
+        self.cap = cap
+        self.truncated = False
+        self.open = True
+
+    def feed(self, data):
+        room = self.cap - self.size
+        if len(data) > room:
+            self.truncated = True
+            data = data[:max(room, 0)]
+        if data:
+            self.chunks.append(data)
+            self.size += len(data)
+
+    def value(self):
+        return b"".join(self.chunks)
+
+
+class Worker:
+    def __init__(self, scratch, rfd, wfd):
+        self.scratch = scratch
+        self.rfd = rfd
+        self.wfd = wfd
+        self.rfile = open(rfd, "rb", buffering=0)
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+        self.next = None
+        self.counter = 0
+
+    def spawn(self):
+        """Fork the next child; it warms up and waits for its request."""
+        self.counter += 1
+        rundir = os.path.join(self.scratch, "run-%d-%d" % (os.getpid(), self.counter))
+        os.mkdir(rundir, 0o700)
+        req_r, req_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        ctl_r, ctl_w = os.pipe()
+        parent_fds = (self.rfd, self.wfd, self.wake_r, self.wake_w, req_w, out_r, err_r, ctl_r)
+        worker_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds)
+        for fd in (req_r, out_w, err_w, ctl_w):
+            os.close(fd)
+        try:
+            os.setpgid(pid, pid)
+        except OSError:
+            pass
+        for fd in (out_r, err_r, ctl_r):
+            os.set_blocking(fd, False)
+        self.next = Child(pid, rundir, req_w, out_r, err_r, ctl_r)
+
+    def retire(self, child):
+        child.kill_group()
+        child.reap(True)
+        child.close()
+        remove_tree(child.rundir)
+
+    def take_child(self, frame):
+        """Hand ``frame`` to the waiting child, re-forking once if it died."""
+        for attempt in (0, 1):
+            child = self.next
+            self.next = None
+            if child is None or child.reap(False):
+                if child is not None:
+                    self.retire(child)
+                self.spawn()
+                child = self.next
+                self.next = None
+            try:
+                write_all(child.req_w, struct.pack("!I", len(frame)))
+                write_all(child.req_w, frame)
+                os.close(child.req_w)
+                child.req_w = None
+                return child
+            except BrokenPipeError:
+                self.retire(child)
+                if attempt:
+                    raise
+        raise RuntimeError("unreachable")
+
+    def execute(self, msg, frame):
+        timeout = float(msg.get("timeout") or 30.0)
+        cap = int(msg.get("max_output") or (1 << 20))
+        start = time.monotonic()
+        child = self.take_child(frame)
+        deadline = start + timeout
+        out, err = Capture(cap), Capture(cap)
+        streams = {child.out_r: out, child.err_r: err}
+        poller = select.poll()
+        for fd in (child.out_r, child.err_r, child.ctl_r, self.wake_r):
+            poller.register(fd, select.POLLIN)
+        poller.register(self.rfd, 0)  # only POLLHUP/POLLERR: the server went away
+        exit_status = None  # status the child reported over ctl
+        timed_out = False
+        ctl_open = True
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            events = poller.poll(max(1, int(remaining * 1000) + 1))
+            done = False
+            for fd, ev in events:
+                if fd in streams:
+                    self.drain(fd, streams[fd], poller)
+                elif fd == child.ctl_r:
+                    data = b""
+                    try:
+                        data = os.read(fd, 4)
+                    except BlockingIOError:
+                        continue
+                    if len(data) == 4:
+                        exit_status = struct.unpack("!i", data)[0]
+                        done = True
+                    else:
+                        poller.unregister(fd)
+                        ctl_open = False
+                        if child.reap(False):
+                            done = True
+                elif fd == self.wake_r:
+                    try:
+                        while os.read(fd, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                    if child.reap(False):
+                        done = True
+                elif fd == self.rfd:
+                    child.kill_group()
+                    child.reap(True)
+                    raise ChannelClosed()
+            if done:
+                break
+            if not ctl_open and child.reap(False):
+                break
+        duration_ms = (time.monotonic() - start) * 1000.0
+        # Whatever the outcome, the run's process group ends here: stray
+        # subprocesses do not outlive their run.
+        child.kill_group()
+        if timed_out:
+            child.reap(True)
+        for fd, cap_ in streams.items():
+            if cap_.open:
+                self.drain(fd, cap_, None)
+        signame = None
+        if timed_out:
+            exit_code, signame = -signal.SIGKILL, "SIGKILL"
+        elif exit_status is not None:
+            exit_code = exit_status
+        else:
+            status = child.status or 0
+            if os.WIFSIGNALED(status):
+                sig = os.WTERMSIG(status)
+                exit_code, signame = -sig, signal_name(sig)
+            else:
+                exit_code = os.WEXITSTATUS(status)
+        write_frame(self.wfd, {
+            "t": "result",
+            "id": msg.get("id"),
+            "stdout": out.value(),
+            "stderr": err.value(),
+            "exit_code": exit_code,
+            "signal": signame,
+            "timed_out": timed_out,
+            "stdout_truncated": out.truncated,
+            "stderr_truncated": err.truncated,
+            "duration_ms": duration_ms,
+        })
+        # Off the request path: reap, clean up, fork the next child.
+        self.retire(child)
+        self.spawn()
+
+    @staticmethod
+    def drain(fd, capture, poller):
+        while True:
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                capture.open = False
+                if poller is not None:
+                    poller.unregister(fd)
+                return
+            capture.feed(data)
+
+    def serve(self):
+        self.spawn()
+        while True:
+            try:
+                frame = read_frame(self.rfile)
+            except ChannelClosed:
+                return
+            msg = unpackb(frame)
+            kind = msg.get("t")
+            if kind == "exec":
+                try:
+                    self.execute(msg, frame)
+                except ChannelClosed:
+                    return
+                except Exception as exc:
+                    import traceback
+
+                    write_frame(self.wfd, {
+                        "t": "error",
+                        "id": msg.get("id"),
+                        "message": "%s: %s" % (type(exc).__name__, exc),
+                        "traceback": traceback.format_exc(),
+                    })
+                    if self.next is None:
+                        self.spawn()
+            elif kind == "echo":
+                value = msg.get("value")
+                write_frame(self.wfd, {"t": "echo", "value": value, "repr": repr(value)})
+            else:
+                write_frame(self.wfd, {
+                    "t": "error",
+                    "id": msg.get("id"),
+                    "message": "unknown frame type %r" % (kind,),
+                    "traceback": "",
+                })
+
+    def close(self):
+        if self.next is not None:
+            self.retire(self.next)
+            self.next = None
+
+
+def remove_tree(path):
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def main():
+    scratch = sys.argv[1] if len(sys.argv) > 1 else os.getcwd()
+    preload = [m for m in (sys.argv[2] if len(sys.argv) > 2 else "").split(",") if m]
+    rfd = os.dup(0)
+    wfd = os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    os.close(devnull)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for name in preload:
+            __import__(name)
+        # Modules every run needs, imported once here instead of in each child.
+        import builtins, linecache, types, traceback, atexit, shutil  # noqa: F401,E401
+        global resource, _prctl
+        import resource
+        try:
+            import ctypes
+
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except Exception:
+            _prctl = None
+    except BaseException as exc:
+        import traceback
+
+        write_frame(wfd, {
+            "t": "error",
+            "id": None,
+            "message": "preload failed: %s: %s" % (type(exc).__name__, exc),
+            "traceback": traceback.format_exc(),
+        })
+        os._exit(1)
+    worker = Worker(scratch, rfd, wfd)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    signal.set_wakeup_fd(worker.wake_w)
+    write_frame(wfd, {
+        "t": "ready",
+        "protocol": PROTOCOL_VERSION,
+        "python": "%d.%d.%d" % sys.version_info[:3],
+        "executable": sys.executable,
+        "pid": os.getpid(),
+    })
+    # Objects alive now never need collecting: freeze them so that a child's
+    # collections do not touch (and copy) every page it shares with us.
+    gc.collect()
+    if hasattr(gc, "freeze"):
+        gc.freeze()
+    code = 0
+    try:
+        worker.serve()
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        worker.close()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

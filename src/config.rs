@@ -1,0 +1,293 @@
+//! Configuration: command-line flags, `CODE_EXECUTOR_*` environment variables
+//! and a TOML file set the same options. Flags (and their variables) win over
+//! the file; the file wins over the defaults.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
+
+use crate::env::EnvChoice;
+use crate::error::ConfigError;
+use crate::protocol::RunLimits;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+#[derive(Debug, Parser)]
+#[command(name = "code-executor", version, about = "Run Python code in warm, isolated workers")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the HTTP API.
+    Serve(ServeArgs),
+    /// Print the environments this server would use.
+    Envs(ServeArgs),
+}
+
+/// Options shared by every subcommand that starts workers.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "CODE_EXECUTOR_HOST")]
+    pub host: Option<IpAddr>,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, env = "CODE_EXECUTOR_PORT")]
+    pub port: Option<u16>,
+    /// TOML configuration file.
+    #[arg(long, env = "CODE_EXECUTOR_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Prefix of the Conda environment to run code in.
+    #[arg(long, env = "CODE_EXECUTOR_CONDA_PREFIX", conflicts_with = "python")]
+    pub conda_prefix: Option<PathBuf>,
+    /// Python interpreter to run code with (any prefix or venv).
+    #[arg(long, env = "CODE_EXECUTOR_PYTHON")]
+    pub python: Option<PathBuf>,
+    /// Default wall-clock timeout of a run, in seconds.
+    #[arg(long, env = "CODE_EXECUTOR_TIMEOUT")]
+    pub timeout: Option<f64>,
+    /// Warm workers kept per environment.
+    #[arg(long, env = "CODE_EXECUTOR_POOL_SIZE")]
+    pub pool_size: Option<usize>,
+    /// Modules every worker imports before it serves (comma-separated).
+    #[arg(long, env = "CODE_EXECUTOR_PRELOAD", value_delimiter = ',')]
+    pub preload: Option<Vec<String>>,
+    /// Bearer token required by /execute.
+    #[arg(long, env = "CODE_EXECUTOR_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Bearer token required by admin endpoints.
+    #[arg(long, env = "CODE_EXECUTOR_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+}
+
+/// The TOML file's shape; every key is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub host: Option<IpAddr>,
+    pub port: Option<u16>,
+    pub conda_prefix: Option<PathBuf>,
+    pub python: Option<PathBuf>,
+    pub timeout: Option<f64>,
+    pub max_timeout: Option<f64>,
+    pub pool_size: Option<usize>,
+    pub preload: Option<Vec<String>>,
+    pub token: Option<String>,
+    pub admin_token: Option<String>,
+    pub queue_timeout_secs: Option<f64>,
+    pub max_runs: Option<u64>,
+    pub max_output_bytes: Option<u64>,
+    pub max_body_bytes: Option<usize>,
+    pub worker_start_timeout_secs: Option<f64>,
+    pub grace_period_secs: Option<f64>,
+    pub shutdown_timeout_secs: Option<f64>,
+    pub memory_bytes: Option<u64>,
+    pub open_files: Option<u64>,
+    pub file_size_bytes: Option<u64>,
+    /// Bootstrap script to run instead of the embedded one (testing aid).
+    pub worker_script: Option<PathBuf>,
+}
+
+/// The resolved configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub host: IpAddr,
+    pub port: u16,
+    pub env: EnvChoice,
+    /// Default wall-clock timeout of a run, seconds.
+    pub timeout: f64,
+    /// Largest timeout a request may ask for, seconds.
+    pub max_timeout: f64,
+    pub pool_size: usize,
+    pub preload: Vec<String>,
+    pub token: Option<String>,
+    pub admin_token: Option<String>,
+    /// How long a request waits for a free worker before `503 busy`.
+    pub queue_timeout: Duration,
+    /// Runs after which a worker is replaced (0: never).
+    pub max_runs: u64,
+    /// Output kept per stream and run.
+    pub max_output_bytes: u64,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// Bound on a worker's start and handshake (preloads included).
+    pub worker_start_timeout: Duration,
+    /// Between the steps of terminating a worker.
+    pub grace_period: Duration,
+    /// How long shutdown waits for in-flight requests.
+    pub shutdown_timeout: Duration,
+    /// Resource limits applied to every run.
+    pub run_limits: RunLimits,
+    pub worker_script: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            host: IpAddr::from([127, 0, 0, 1]),
+            port: 8080,
+            env: EnvChoice::Default,
+            timeout: 30.0,
+            max_timeout: 300.0,
+            pool_size: 4,
+            preload: Vec::new(),
+            token: None,
+            admin_token: None,
+            queue_timeout: Duration::from_secs(10),
+            max_runs: 10_000,
+            max_output_bytes: MIB,
+            max_body_bytes: 32 * MIB as usize,
+            worker_start_timeout: Duration::from_secs(60),
+            grace_period: Duration::from_secs(1),
+            shutdown_timeout: Duration::from_secs(30),
+            run_limits: RunLimits {
+                cpu_seconds: None,
+                memory_bytes: Some(2 * GIB),
+                file_size_bytes: Some(GIB),
+                open_files: Some(1024),
+                processes: None,
+            },
+            worker_script: None,
+        }
+    }
+}
+
+impl Config {
+    /// Merge flags, the file they name (if any) and the defaults.
+    pub fn load(args: &ServeArgs) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        Config::merge(args, file)
+    }
+
+    pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<Config, ConfigError> {
+        let d = Config::default();
+        let secs = |v: Option<f64>, name: &str, default: Duration| -> Result<Duration, ConfigError> {
+            match v {
+                None => Ok(default),
+                Some(s) if s.is_finite() && s >= 0.0 => Ok(Duration::from_secs_f64(s)),
+                Some(s) => Err(ConfigError::Invalid(format!("{name} = {s} is not a duration"))),
+            }
+        };
+        let env = match (
+            args.conda_prefix.clone().or(file.conda_prefix),
+            args.python.clone().or(file.python),
+        ) {
+            (Some(prefix), None) => EnvChoice::CondaPrefix(prefix),
+            (None, Some(python)) => EnvChoice::Python(python),
+            (None, None) => EnvChoice::Default,
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::Invalid(
+                    "conda_prefix and python name two environments; give one".into(),
+                ));
+            }
+        };
+        let config = Config {
+            host: args.host.or(file.host).unwrap_or(d.host),
+            port: args.port.or(file.port).unwrap_or(d.port),
+            env,
+            timeout: args.timeout.or(file.timeout).unwrap_or(d.timeout),
+            max_timeout: file.max_timeout.unwrap_or(d.max_timeout),
+            pool_size: args.pool_size.or(file.pool_size).unwrap_or(d.pool_size),
+            preload: args.preload.clone().or(file.preload).unwrap_or_default(),
+            token: args.token.clone().or(file.token).filter(|t| !t.is_empty()),
+            admin_token: args
+                .admin_token
+                .clone()
+                .or(file.admin_token)
+                .filter(|t| !t.is_empty()),
+            queue_timeout: secs(file.queue_timeout_secs, "queue_timeout_secs", d.queue_timeout)?,
+            max_runs: file.max_runs.unwrap_or(d.max_runs),
+            max_output_bytes: file.max_output_bytes.unwrap_or(d.max_output_bytes),
+            max_body_bytes: file.max_body_bytes.unwrap_or(d.max_body_bytes),
+            worker_start_timeout: secs(
+                file.worker_start_timeout_secs,
+                "worker_start_timeout_secs",
+                d.worker_start_timeout,
+            )?,
+            grace_period: secs(file.grace_period_secs, "grace_period_secs", d.grace_period)?,
+            shutdown_timeout: secs(
+                file.shutdown_timeout_secs,
+                "shutdown_timeout_secs",
+                d.shutdown_timeout,
+            )?,
+            run_limits: RunLimits {
+                memory_bytes: file.memory_bytes.or(d.run_limits.memory_bytes),
+                file_size_bytes: file.file_size_bytes.or(d.run_limits.file_size_bytes),
+                open_files: file.open_files.or(d.run_limits.open_files),
+                ..d.run_limits
+            },
+            worker_script: file.worker_script,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.pool_size == 0 {
+            return Err(ConfigError::Invalid("pool_size must be at least 1".into()));
+        }
+        if !(self.timeout.is_finite() && self.timeout > 0.0) {
+            return Err(ConfigError::Invalid(format!(
+                "timeout must be a positive number of seconds, got {}",
+                self.timeout
+            )));
+        }
+        if self.timeout > self.max_timeout {
+            return Err(ConfigError::Invalid(format!(
+                "timeout {} exceeds max_timeout {}",
+                self.timeout, self.max_timeout
+            )));
+        }
+        if self.max_output_bytes == 0 {
+            return Err(ConfigError::Invalid("max_output_bytes must be positive".into()));
+        }
+        Ok(())
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let file: FileConfig = toml::from_str("port = 9000\npool_size = 3\ntimeout = 5").unwrap();
+        let args = ServeArgs {
+            port: Some(9100),
+            ..Default::default()
+        };
+        let c = Config::merge(&args, file).unwrap();
+        assert_eq!(c.port, 9100);
+        assert_eq!(c.pool_size, 3);
+        assert_eq!(c.timeout, 5.0);
+        assert_eq!(c.host.to_string(), "127.0.0.1");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors() {
+        assert!(toml::from_str::<FileConfig>("prot = 1").is_err());
+        let file: FileConfig = toml::from_str("pool_size = 0").unwrap();
+        let err = Config::merge(&ServeArgs::default(), file).unwrap_err();
+        assert!(err.to_string().contains("pool_size"), "{err}");
+    }
+}

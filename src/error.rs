@@ -1,0 +1,86 @@
+//! Typed errors, one enum per layer.
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::protocol::FrameError;
+
+/// A worker process failed to start, broke the protocol or died.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("error spawning interpreter {python}")]
+    Spawn {
+        python: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("interpreter {python} failed to start the worker: {detail}")]
+    Startup { python: PathBuf, detail: String },
+    #[error(
+        "interpreter {python} speaks worker protocol {found}, this server speaks {expected}"
+    )]
+    Version {
+        python: PathBuf,
+        found: u32,
+        expected: u32,
+    },
+    #[error("worker did not become ready within {0:?}")]
+    StartTimeout(Duration),
+    #[error("worker crashed{0}")]
+    Crashed(String),
+    #[error("worker did not answer within {0:?}")]
+    Unresponsive(Duration),
+    #[error("worker broke the protocol")]
+    Protocol(#[source] FrameError),
+    #[error("worker reported an internal error: {0}")]
+    Internal(String),
+    #[error("error talking to worker")]
+    Io(#[source] io::Error),
+}
+
+/// Getting a worker from an environment's pool failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("no worker became free within {0:?}")]
+    Busy(Duration),
+    #[error("environment cannot start workers: {0}")]
+    Unavailable(String),
+    #[error("pool is closed")]
+    Closed,
+}
+
+/// Why the executor could not run a request. Front ends map each variant to
+/// their own error shape (HTTP status and code, MCP tool error).
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("unknown environment {name:?}; known environments: {known}")]
+    UnknownEnv { name: String, known: String },
+    #[error("{0}")]
+    Busy(#[source] PoolError),
+    #[error("environment {env:?} is unavailable: {reason}")]
+    EnvUnavailable { env: String, reason: String },
+    #[error("{0}")]
+    Worker(#[source] WorkerError),
+    #[error("server is shutting down")]
+    ShuttingDown,
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("error reading config file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid setting: {0}")]
+    Invalid(String),
+    #[error("no Python interpreter found: {0}")]
+    NoInterpreter(String),
+}

@@ -1,0 +1,110 @@
+//! The HTTP/JSON front end (axum): a thin adapter over [`Executor`].
+
+mod error;
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use subtle::ConstantTimeEq;
+
+pub use error::ApiError;
+
+use crate::executor::Executor;
+use crate::types::{ExecRequest, ExecResult};
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub executor: Arc<Executor>,
+    /// Bearer token required by the execution endpoints, if configured.
+    pub token: Option<Arc<str>>,
+}
+
+/// The HTTP API. `max_body_bytes` bounds every request body (413 above it).
+pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+    let guarded = Router::new()
+        .route("/execute", post(execute))
+        .route("/list-envs", get(list_envs))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new()
+        .merge(guarded)
+        .route("/health", get(health))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+async fn execute(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<ExecRequest>,
+) -> Result<Json<ExecResult>, ApiError> {
+    Ok(Json(state.executor.execute(req).await?))
+}
+
+async fn list_envs(State(state): State<AppState>) -> Response {
+    Json(json!({ "envs": state.executor.list_envs() })).into_response()
+}
+
+async fn health(State(state): State<AppState>) -> Response {
+    let health = state.executor.health();
+    let status = if health.status == "ok" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(health)).into_response()
+}
+
+/// Bearer-token check, compared in constant time.
+async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(token) = &state.token {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "missing or wrong bearer token",
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// A JSON body parsed whatever its content type, whose every rejection is an
+/// [`ApiError`]: 413 over the body limit, 400 for malformed JSON or fields.
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    "request body exceeds the size limit",
+                )
+            } else {
+                ApiError::bad_request(format!("unreadable request body: {e}"))
+            }
+        })?;
+        serde_json::from_slice(&bytes)
+            .map(JsonBody)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    }
+}

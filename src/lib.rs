@@ -1,0 +1,31 @@
+//! code-executor: run Python code in warm, fork-isolated workers of chosen
+//! environments and return stdout, stderr, exit status and more.
+//!
+//! # Layout
+//!
+//! * [`config`]: command line, `CODE_EXECUTOR_*` variables and the TOML file.
+//! * [`env`]: what an environment is; resolving the configured one; activation variables.
+//! * [`protocol`]: the length-prefixed msgpack frames spoken with `python/worker.py`.
+//! * [`worker`]: one worker process: spawn, handshake, run, terminate.
+//! * [`pool`]: a pre-warmed `deadpool` of workers per environment, refilled in the background.
+//! * [`executor`]: the one service front ends call: validate, pick a pool, run, shape the result.
+//! * [`types`]: request and result types shared by every front end.
+//! * [`http`]: the axum HTTP/JSON API and its error type.
+//! * [`server`]: serving the HTTP API with graceful shutdown.
+//! * [`error`]: typed errors, one enum per layer.
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod env;
+pub mod error;
+pub mod executor;
+pub mod http;
+pub mod pool;
+pub mod protocol;
+pub mod server;
+pub mod types;
+pub mod worker;
+
+pub use config::Config;
+pub use executor::Executor;

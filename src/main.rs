@@ -1,0 +1,54 @@
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use code_executor::config::{Cli, Command, Config};
+use code_executor::{Executor, server};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() {
+    if let Err(err) = run().await {
+        eprintln!("error: {err:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("CODE_EXECUTOR_LOG")
+                .unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Command::Serve(args) => {
+            let config = Config::load(&args)?;
+            let listener = tokio::net::TcpListener::bind((config.host, config.port))
+                .await
+                .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
+            let executor = Arc::new(Executor::start(&config).await?);
+            tracing::info!(
+                address = %listener.local_addr()?,
+                env = executor.default_env(),
+                "code-executor ready"
+            );
+            server::run(listener, executor, &config, server::shutdown_signal()).await?;
+            Ok(())
+        }
+        Command::Envs(args) => {
+            let config = Config::load(&args)?;
+            let spec = code_executor::env::EnvSpec::resolve(&config.env)?;
+            println!("{:<16} {:<7} {}", "NAME", "KIND", "PREFIX");
+            println!(
+                "{:<16} {:<7} {} (default)",
+                spec.name,
+                format!("{:?}", spec.kind).to_lowercase(),
+                spec.prefix.display()
+            );
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! A pool of warm workers for one environment, on `deadpool::managed`.
+//!
+//! Workers are started ahead of need: at start-up the pool is filled to
+//! `pool_size`, and whenever a worker is discarded (crash, timeout, retired
+//! after `max_runs`, killed from outside) a replacement is started in the
+//! background and parked as a *spare*. `Manager::create` hands out a spare
+//! when there is one, so a request only pays for a Python start when the pool
+//! is sized below its load.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use deadpool::managed::{self, Metrics, Object, RecycleError, RecycleResult, Timeouts};
+use parking_lot::Mutex;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::error::{PoolError, WorkerError};
+use crate::worker::{Worker, WorkerSpec};
+
+/// Sizing and timing of one pool.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Workers kept alive (busy + idle + spare).
+    pub size: usize,
+    /// How long a request waits for a free worker before `busy`.
+    pub queue_timeout: Duration,
+    /// Runs after which a worker is replaced (0: never).
+    pub max_runs: u64,
+}
+
+/// Counts reported by `/health` and `/list-envs`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct PoolStatus {
+    pub size: usize,
+    pub idle: usize,
+    pub busy: usize,
+    pub starting: usize,
+    /// Why the last worker start failed, while no worker is alive.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// State shared by the manager, the supervisor and the pool handle.
+struct Shared {
+    spec: WorkerSpec,
+    config: PoolConfig,
+    /// Started workers not yet handed to deadpool, plus the number starting.
+    spares: Mutex<Spares>,
+    /// Reports the pid of every worker process that ends.
+    exited_tx: mpsc::UnboundedSender<u32>,
+    /// Last start failure, cleared by the next success.
+    last_error: Mutex<Option<String>>,
+    /// Python version from the first successful handshake.
+    python_version: Mutex<Option<String>>,
+    closed: AtomicBool,
+}
+
+#[derive(Default)]
+struct Spares {
+    ready: Vec<Worker>,
+    starting: usize,
+}
+
+/// The deadpool manager: creates workers (a spare if one is ready) and
+/// checks them before reuse.
+pub struct WorkerManager {
+    shared: Arc<Shared>,
+}
+
+impl managed::Manager for WorkerManager {
+    type Type = Worker;
+    type Error = WorkerError;
+
+    async fn create(&self) -> Result<Worker, WorkerError> {
+        if let Some(worker) = self.shared.spares.lock().ready.pop() {
+            return Ok(worker);
+        }
+        let result = Worker::create(&self.shared.spec, Some(self.shared.exited_tx.clone())).await;
+        self.shared.record(&result);
+        result
+    }
+
+    async fn recycle(&self, worker: &mut Worker, _: &Metrics) -> RecycleResult<WorkerError> {
+        let max = self.shared.config.max_runs;
+        if worker.is_poisoned() || !worker.is_alive() || (max > 0 && worker.runs() >= max) {
+            // Dropped by deadpool (which kills it); the exit report refills.
+            return Err(RecycleError::message("worker is not reusable"));
+        }
+        Ok(())
+    }
+}
+
+impl Shared {
+    fn record(&self, result: &Result<Worker, WorkerError>) {
+        match result {
+            Ok(worker) => {
+                *self.last_error.lock() = None;
+                self.python_version
+                    .lock()
+                    .get_or_insert_with(|| worker.info().python_version.clone());
+            }
+            Err(e) => {
+                let text = error_chain(e);
+                tracing::error!(python = %self.spec.python.display(), "worker failed to start: {text}");
+                *self.last_error.lock() = Some(text);
+            }
+        }
+    }
+}
+
+/// One environment's pool.
+#[derive(Clone)]
+pub struct EnvPool {
+    pool: managed::Pool<WorkerManager>,
+    shared: Arc<Shared>,
+}
+
+impl EnvPool {
+    /// Build the pool and its supervisor; no worker is started yet (see
+    /// [`EnvPool::prewarm`]).
+    pub fn new(spec: WorkerSpec, config: PoolConfig) -> EnvPool {
+        let (exited_tx, exited_rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            spec,
+            config: config.clone(),
+            spares: Mutex::new(Spares::default()),
+            exited_tx,
+            last_error: Mutex::new(None),
+            python_version: Mutex::new(None),
+            closed: AtomicBool::new(false),
+        });
+        let pool = managed::Pool::builder(WorkerManager {
+            shared: shared.clone(),
+        })
+        .max_size(config.size.max(1))
+        .queue_mode(deadpool::managed::QueueMode::Lifo)
+        .wait_timeout(Some(config.queue_timeout))
+        .create_timeout(Some(shared.spec.start_timeout + Duration::from_secs(1)))
+        .runtime(deadpool::Runtime::Tokio1)
+        .build()
+        .expect("a runtime is configured");
+        let env_pool = EnvPool { pool, shared };
+        tokio::spawn(supervise(env_pool.clone(), exited_rx));
+        env_pool
+    }
+
+    /// Start workers until the pool holds `size` of them, and wait for them.
+    /// Fails only if no worker at all could be started.
+    pub async fn prewarm(&self) -> Result<(), WorkerError> {
+        let size = self.shared.config.size.max(1);
+        let starts = (0..size).map(|_| self.pool.get());
+        let results = futures_util::future::join_all(starts).await;
+        let mut first_error = None;
+        let mut started = 0;
+        for r in results {
+            match r {
+                Ok(_) => started += 1,
+                Err(managed::PoolError::Backend(e)) => {
+                    first_error.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(WorkerError::Startup {
+                        python: self.shared.spec.python.clone(),
+                        detail: e.to_string(),
+                    });
+                }
+            }
+        }
+        match (started, first_error) {
+            (0, Some(e)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// A worker for one request; waits at most the queue timeout.
+    pub async fn get(&self) -> Result<Object<WorkerManager>, PoolError> {
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(PoolError::Closed);
+        }
+        let timeouts = Timeouts {
+            wait: Some(self.shared.config.queue_timeout),
+            ..self.pool.timeouts()
+        };
+        self.pool.timeout_get(&timeouts).await.map_err(|e| match e {
+            managed::PoolError::Timeout(managed::TimeoutType::Wait) => {
+                PoolError::Busy(self.shared.config.queue_timeout)
+            }
+            managed::PoolError::Timeout(_) => PoolError::Unavailable(format!(
+                "worker did not start within {:?}",
+                self.shared.spec.start_timeout
+            )),
+            managed::PoolError::Backend(e) => PoolError::Unavailable(error_chain(&e)),
+            managed::PoolError::Closed => PoolError::Closed,
+            other => PoolError::Unavailable(other.to_string()),
+        })
+    }
+
+    /// Give a worker back after a run: retired after `max_runs`, else idle.
+    pub fn put(&self, worker: Object<WorkerManager>) {
+        let max = self.shared.config.max_runs;
+        if max > 0 && worker.runs() >= max {
+            self.discard(worker);
+        }
+    }
+
+    /// Take a worker out of the pool for good, terminate it in the background
+    /// and start its replacement.
+    pub fn discard(&self, worker: Object<WorkerManager>) {
+        let worker = Object::take(worker);
+        let grace = self.shared.spec.grace_period;
+        tokio::spawn(worker.terminate(grace));
+        self.refill();
+    }
+
+    /// Start spares until busy + idle + spare + starting reaches the size.
+    pub fn refill(&self) {
+        if self.shared.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let missing = {
+            let mut spares = self.shared.spares.lock();
+            let live = self.pool.status().size + spares.ready.len() + spares.starting;
+            let missing = self.shared.config.size.saturating_sub(live);
+            spares.starting += missing;
+            missing
+        };
+        for _ in 0..missing {
+            let shared = self.shared.clone();
+            tokio::spawn(async move {
+                let result = Worker::create(&shared.spec, Some(shared.exited_tx.clone())).await;
+                shared.record(&result);
+                let mut spares = shared.spares.lock();
+                spares.starting -= 1;
+                if let Ok(worker) = result
+                    && !shared.closed.load(Ordering::Acquire)
+                {
+                    spares.ready.push(worker);
+                }
+            });
+        }
+    }
+
+    pub fn status(&self) -> PoolStatus {
+        let s = self.pool.status();
+        let spares = self.shared.spares.lock();
+        let size = s.size + spares.ready.len();
+        PoolStatus {
+            size,
+            idle: s.available + spares.ready.len(),
+            busy: s.size.saturating_sub(s.available),
+            starting: spares.starting,
+            error: if size == 0 {
+                self.shared.last_error.lock().clone()
+            } else {
+                None
+            },
+        }
+    }
+
+    /// Python version reported by the workers' handshake (none before one).
+    pub fn python_version(&self) -> Option<String> {
+        self.shared.python_version.lock().clone()
+    }
+
+    /// Stop handing out workers and terminate the idle and spare ones; busy
+    /// workers are terminated when their run returns them.
+    pub async fn close(&self) {
+        self.shared.closed.store(true, Ordering::Release);
+        let grace = self.shared.spec.grace_period;
+        let mut workers: Vec<Worker> = self.pool.retain(|_, _| false).removed;
+        workers.append(&mut std::mem::take(&mut self.shared.spares.lock().ready));
+        self.pool.close();
+        futures_util::future::join_all(workers.into_iter().map(|w| w.terminate(grace))).await;
+    }
+}
+
+/// Remove workers that died while idle and top the pool back up.
+async fn supervise(pool: EnvPool, mut exited: mpsc::UnboundedReceiver<u32>) {
+    while let Some(pid) = exited.recv().await {
+        if pool.shared.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let removed = pool.pool.retain(|w, _| w.pid() != pid).removed;
+        if !removed.is_empty() {
+            tracing::warn!(worker_pid = pid, "idle worker died; replacing it");
+        }
+        pool.shared.spares.lock().ready.retain_mut(|w| w.is_alive());
+        drop(removed);
+        pool.refill();
+    }
+}
+
+/// `err` and its sources, joined: the full reason in one line.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

@@ -1,0 +1,177 @@
+//! The wire protocol between the server and `python/worker.py`.
+//!
+//! Every frame is a 4-byte big-endian unsigned length followed by that many
+//! bytes of one msgpack map. The map's `t` key names the frame type:
+//!
+//! | direction        | `t`      | fields                                                      |
+//! |------------------|----------|-------------------------------------------------------------|
+//! | worker -> server | `ready`  | `protocol`, `python`, `executable`, `pid`                    |
+//! | worker -> server | `result` | `id`, `stdout`, `stderr` (bin), `exit_code`, `signal`,       |
+//! |                  |          | `timed_out`, `stdout_truncated`, `stderr_truncated`, `duration_ms` |
+//! | worker -> server | `error`  | `id`, `message`, `traceback`: a fault of the worker itself   |
+//! | worker -> server | `echo`   | `value`, `repr`: answer to `echo`                            |
+//! | server -> worker | `exec`   | `id`, `code`, `stdin` (bin or nil), `files` ([path, bin] pairs), |
+//! |                  |          | `argv`, `timeout` (s), `max_output` (bytes per stream), `limits` |
+//! | server -> worker | `echo`   | `value`: codec check, answered with the value re-encoded     |
+//!
+//! The worker speaks on private duplicates of its original stdin and stdout;
+//! user code never writes to them (see the header of `python/worker.py`).
+//! A `ready` frame whose `protocol` differs from [`PROTOCOL_VERSION`] is a
+//! startup error. Frames larger than [`MAX_FRAME_BYTES`] are protocol errors.
+
+use bytes::BytesMut;
+use serde::{Deserialize, Serialize};
+use tokio_util::codec::LengthDelimitedCodec;
+
+/// Version carried in the `ready` handshake; bumped on any incompatible change.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest frame either side accepts: outputs are capped far below this.
+pub const MAX_FRAME_BYTES: usize = 1 << 30;
+
+/// The codec both directions use: 4-byte big-endian length, then the body.
+pub fn codec() -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .length_field_length(4)
+        .big_endian()
+        .max_frame_length(MAX_FRAME_BYTES)
+        .new_codec()
+}
+
+/// Per-run resource limits the worker applies in the forked child (rlimits).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunLimits {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file_size_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_files: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processes: Option<u64>,
+}
+
+/// One input file: a relative path and its bytes, sent as a 2-element array.
+#[derive(Debug, Serialize)]
+pub struct FileEntry<'a>(pub &'a str, #[serde(with = "serde_bytes")] pub &'a [u8]);
+
+/// The `exec` frame, borrowing everything from the request it came from.
+#[derive(Debug, Serialize)]
+pub struct ExecFrame<'a> {
+    pub t: &'static str,
+    pub id: u64,
+    pub code: &'a str,
+    #[serde(with = "serde_bytes")]
+    pub stdin: Option<&'a [u8]>,
+    pub files: Vec<FileEntry<'a>>,
+    pub argv: &'a [String],
+    pub timeout: f64,
+    pub max_output: u64,
+    pub limits: &'a RunLimits,
+}
+
+/// Any frame the worker sends. One flat shape instead of a tagged enum, so
+/// that large `stdout`/`stderr` payloads are decoded straight into their
+/// buffers without an intermediate copy.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct WorkerFrame {
+    pub t: String,
+    // ready
+    pub protocol: Option<u32>,
+    pub python: Option<String>,
+    pub executable: Option<String>,
+    pub pid: Option<u32>,
+    // result / error
+    pub id: Option<u64>,
+    #[serde(with = "serde_bytes")]
+    pub stdout: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    pub stderr: Vec<u8>,
+    pub exit_code: i32,
+    pub signal: Option<String>,
+    pub timed_out: bool,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration_ms: f64,
+    pub message: Option<String>,
+    pub traceback: Option<String>,
+}
+
+/// Error decoding or encoding a frame body.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("malformed frame from worker")]
+    Decode(#[source] rmp_serde::decode::Error),
+    #[error("error encoding frame")]
+    Encode(#[source] rmp_serde::encode::Error),
+    #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME_BYTES} bytes")]
+    TooLarge(usize),
+}
+
+/// Encode `value` as a msgpack map, prefixed with its 4-byte length: one
+/// buffer, ready for a single `write_all`.
+pub fn encode_frame<T: Serialize>(value: &T) -> Result<Vec<u8>, FrameError> {
+    let mut buf = Vec::with_capacity(256);
+    buf.extend_from_slice(&[0; 4]);
+    rmp_serde::encode::write_named(&mut buf, value).map_err(FrameError::Encode)?;
+    let len = buf.len() - 4;
+    if len > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge(len));
+    }
+    buf[..4].copy_from_slice(&(len as u32).to_be_bytes());
+    Ok(buf)
+}
+
+/// Decode one frame body (without its length prefix).
+pub fn decode_frame(body: &BytesMut) -> Result<WorkerFrame, FrameError> {
+    rmp_serde::from_slice(body).map_err(FrameError::Decode)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_carries_big_endian_length() {
+        let frame = encode_frame(&serde_json::json!({"t": "echo", "value": 1})).unwrap();
+        let len = u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize;
+        assert_eq!(len, frame.len() - 4);
+    }
+
+    #[test]
+    fn result_frame_decodes_binary_outputs() {
+        #[derive(Serialize)]
+        struct R<'a> {
+            t: &'a str,
+            id: u64,
+            #[serde(with = "serde_bytes")]
+            stdout: &'a [u8],
+            exit_code: i32,
+            signal: Option<&'a str>,
+        }
+        let frame = encode_frame(&R {
+            t: "result",
+            id: 7,
+            stdout: b"4\n\xff",
+            exit_code: -9,
+            signal: Some("SIGKILL"),
+        })
+        .unwrap();
+        let decoded = decode_frame(&BytesMut::from(&frame[4..])).unwrap();
+        assert_eq!(decoded.t, "result");
+        assert_eq!(decoded.id, Some(7));
+        assert_eq!(decoded.stdout, b"4\n\xff");
+        assert_eq!(decoded.exit_code, -9);
+        assert_eq!(decoded.signal.as_deref(), Some("SIGKILL"));
+        assert!(decoded.stderr.is_empty());
+    }
+
+    #[test]
+    fn garbage_is_a_decode_error() {
+        let err = decode_frame(&BytesMut::from(&b"\xc1\xc1"[..])).unwrap_err();
+        assert!(matches!(err, FrameError::Decode(_)));
+    }
+}

@@ -1,0 +1,127 @@
+//! Request and result types shared by every front end (HTTP, MCP).
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// One execution request (`POST /execute`, MCP `execute_code`).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+pub struct ExecRequest {
+    /// Python source to run, as `python script.py` would run it.
+    pub code: String,
+    /// Environment name or prefix path; the default environment if absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+    /// Wall-clock limit in seconds; the server's default if absent, capped
+    /// by the server's maximum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<f64>,
+    /// Input files written into the run's working directory: relative path
+    /// -> UTF-8 text, or `{"base64": "..."}` for binary content.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<BTreeMap<String, FileContent>>,
+    /// Text fed to the program's standard input (empty if absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    /// Run in a persistent session (not available yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+}
+
+/// Content of one input file.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum FileContent {
+    /// UTF-8 text.
+    Text(String),
+    /// Binary content, base64-encoded.
+    Base64 { base64: String },
+}
+
+impl FileContent {
+    /// The file's bytes, or a message saying why they cannot be decoded.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, String> {
+        match self {
+            FileContent::Text(text) => Ok(text.as_bytes().to_vec()),
+            FileContent::Base64 { base64 } => base64::engine::general_purpose::STANDARD
+                .decode(base64)
+                .map_err(|e| format!("invalid base64: {e}")),
+        }
+    }
+}
+
+/// The result of a run that happened, whatever its exit code.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+pub struct ExecResult {
+    /// Captured standard output (invalid UTF-8 replaced).
+    pub stdout: String,
+    /// Captured standard error (invalid UTF-8 replaced).
+    pub stderr: String,
+    /// Exit status; `-N` when the run was killed by signal N.
+    pub exit_code: i32,
+    /// Files the run created or changed (not collected yet: always empty).
+    pub artifacts: Vec<serde_json::Value>,
+    /// The run hit its wall-clock timeout and was killed.
+    pub timed_out: bool,
+    /// Output went over the per-stream cap and was cut.
+    pub truncated: bool,
+    /// Wall time of the run inside the worker, in milliseconds.
+    pub duration_ms: f64,
+    /// Name of the signal that killed the run (`"SIGKILL"`), if any.
+    pub signal: Option<String>,
+    /// Repr of the last expression (not computed yet: always null).
+    pub result: Option<String>,
+    /// Structured uncaught exception (not computed yet: always null).
+    pub error: Option<serde_json::Value>,
+    /// Which limit stopped the run: `"timeout"` or `"output"`.
+    pub limit: Option<String>,
+}
+
+/// Validate a relative path from `files`: no absolute paths, no `..`, no
+/// empty or NUL-containing names.
+pub fn check_file_path(path: &str) -> Result<(), String> {
+    if path.is_empty() || path.contains('\0') {
+        return Err(format!("file path {path:?} is empty or contains NUL"));
+    }
+    if path.starts_with('/') {
+        return Err(format!("file path {path:?} must be relative"));
+    }
+    let mut depth = 0usize;
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => return Err(format!("file path {path:?} leaves the working directory")),
+            _ => depth += 1,
+        }
+    }
+    if depth == 0 {
+        return Err(format!("file path {path:?} names no file"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_paths_stay_inside_the_run_dir() {
+        assert!(check_file_path("data/in.txt").is_ok());
+        assert!(check_file_path("./a").is_ok());
+        for bad in ["", "/etc/passwd", "../x", "a/../../x", ".", "a\0b"] {
+            assert!(check_file_path(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn file_content_accepts_text_and_base64() {
+        let files: BTreeMap<String, FileContent> =
+            serde_json::from_str(r#"{"a": "hi", "b": {"base64": "AAE="}}"#).unwrap();
+        assert_eq!(files["a"].to_bytes().unwrap(), b"hi");
+        assert_eq!(files["b"].to_bytes().unwrap(), vec![0, 1]);
+        let bad = FileContent::Base64 { base64: "!!".into() };
+        assert!(bad.to_bytes().unwrap_err().contains("invalid base64"));
+    }
+}

@@ -1,0 +1,424 @@
+//! One long-lived Python worker process (`python/worker.py`) and the pipes to it.
+//!
+//! A [`Worker`] is spawned with its own process group, handshakes (`ready`),
+//! then runs one request at a time. Anything that goes wrong mid-request
+//! leaves it poisoned: the pool never hands it out again.
+
+mod process;
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::sync::mpsc;
+use tokio_util::codec::FramedRead;
+
+use crate::error::WorkerError;
+use crate::protocol::{self, PROTOCOL_VERSION};
+
+pub use process::kill_process_tree;
+
+/// Bytes of a worker's stderr kept to explain a failed start.
+const STDERR_TAIL_BYTES: usize = 4096;
+
+/// How a worker process is started: everything but the per-run request.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    /// Interpreter to run (`<prefix>/bin/python`).
+    pub python: PathBuf,
+    /// The bootstrap script file.
+    pub script: PathBuf,
+    /// Directory under which each worker gets its own scratch root.
+    pub scratch_parent: PathBuf,
+    /// The complete environment of the worker (nothing is inherited).
+    pub env: Vec<(OsString, OsString)>,
+    /// Modules imported before `ready`.
+    pub preload: Vec<String>,
+    /// Bound on spawn + handshake.
+    pub start_timeout: Duration,
+    /// Between the termination steps (close stdin, SIGTERM, SIGKILL).
+    pub grace_period: Duration,
+}
+
+/// What the worker reported in its `ready` frame.
+#[derive(Debug, Clone)]
+pub struct WorkerInfo {
+    pub pid: u32,
+    pub python_version: String,
+    pub executable: String,
+}
+
+/// The outcome of one run, as the worker reported it.
+#[derive(Debug)]
+pub struct RunOutput {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub exit_code: i32,
+    pub signal: Option<String>,
+    pub timed_out: bool,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration_ms: f64,
+}
+
+/// A running worker process.
+pub struct Worker {
+    info: WorkerInfo,
+    child: Child,
+    /// Requests go here; dropping it tells the worker to exit.
+    stdin: Option<ChildStdin>,
+    /// Frames from the worker, with the protocol's maximum frame size.
+    frames: FramedRead<ChildStdout, tokio_util::codec::LengthDelimitedCodec>,
+    /// The worker's private scratch root; removed when the worker is dropped.
+    scratch: Option<tempfile::TempDir>,
+    /// Set while a request is in flight; still set after a dropped or failed
+    /// request, which makes the worker unusable (poisoned).
+    in_flight: bool,
+    runs: u64,
+    terminated: bool,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("pid", &self.info.pid)
+            .field("runs", &self.runs)
+            .field("poisoned", &self.in_flight)
+            .finish()
+    }
+}
+
+impl Worker {
+    /// Spawn a worker and wait for its `ready` frame. `exited` receives the
+    /// worker's pid when its process ends, whatever the reason.
+    pub async fn create(
+        spec: &WorkerSpec,
+        exited: Option<mpsc::UnboundedSender<u32>>,
+    ) -> Result<Worker, WorkerError> {
+        let scratch = tempfile::Builder::new()
+            .prefix("worker-")
+            .tempdir_in(&spec.scratch_parent)
+            .map_err(WorkerError::Io)?;
+        let mut cmd = Command::new(&spec.python);
+        cmd.arg("-I")
+            .arg("-u")
+            .arg(&spec.script)
+            .arg(scratch.path())
+            .arg(spec.preload.join(","))
+            .env_clear()
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .env("HOME", scratch.path())
+            .env("TMPDIR", scratch.path())
+            .current_dir(scratch.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|source| WorkerError::Spawn {
+            python: spec.python.clone(),
+            source,
+        })?;
+        let pid = child.id().unwrap_or(0);
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let tail = Arc::new(Mutex::new(String::new()));
+        let drained = tokio::spawn(drain_stderr(stderr, pid, tail.clone(), exited));
+
+        let mut worker = Worker {
+            info: WorkerInfo {
+                pid,
+                python_version: String::new(),
+                executable: String::new(),
+            },
+            child,
+            stdin,
+            frames: FramedRead::new(stdout, protocol::codec()),
+            scratch: Some(scratch),
+            in_flight: false,
+            runs: 0,
+            terminated: false,
+        };
+        let handshake = tokio::time::timeout(spec.start_timeout, worker.frames.next()).await;
+        let failure = match handshake {
+            Err(_) => WorkerError::StartTimeout(spec.start_timeout),
+            Ok(Some(Ok(body))) => match protocol::decode_frame(&body) {
+                Ok(frame) if frame.t == "ready" => {
+                    let found = frame.protocol.unwrap_or(0);
+                    if found != PROTOCOL_VERSION {
+                        WorkerError::Version {
+                            python: spec.python.clone(),
+                            found,
+                            expected: PROTOCOL_VERSION,
+                        }
+                    } else {
+                        worker.info.python_version = frame.python.unwrap_or_default();
+                        worker.info.executable = frame.executable.unwrap_or_default();
+                        tracing::debug!(
+                            pid,
+                            python = %worker.info.python_version,
+                            "worker ready"
+                        );
+                        return Ok(worker);
+                    }
+                }
+                Ok(frame) if frame.t == "error" => WorkerError::Startup {
+                    python: spec.python.clone(),
+                    detail: frame.message.unwrap_or_default(),
+                },
+                Ok(frame) => WorkerError::Startup {
+                    python: spec.python.clone(),
+                    detail: format!("expected a ready frame, got {:?}", frame.t),
+                },
+                Err(e) => WorkerError::Protocol(e),
+            },
+            Ok(Some(Err(e))) => WorkerError::Startup {
+                python: spec.python.clone(),
+                detail: format!("unreadable handshake: {e}"),
+            },
+            Ok(None) => {
+                // The process ended before its handshake: its stderr says why.
+                let _ = tokio::time::timeout(Duration::from_secs(2), drained).await;
+                let status = worker.child.try_wait().ok().flatten();
+                let text = tail.lock().trim().to_string();
+                WorkerError::Startup {
+                    python: spec.python.clone(),
+                    detail: match (text.is_empty(), status) {
+                        (false, _) => text,
+                        (true, Some(s)) => format!("exited with {s} before its handshake"),
+                        (true, None) => "closed its pipes before its handshake".into(),
+                    },
+                }
+            }
+        };
+        worker.kill();
+        Err(failure)
+    }
+
+    pub fn info(&self) -> &WorkerInfo {
+        &self.info
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.info.pid
+    }
+
+    /// Runs completed by this worker.
+    pub fn runs(&self) -> u64 {
+        self.runs
+    }
+
+    /// A request failed or was abandoned mid-way: never reuse this worker.
+    pub fn is_poisoned(&self) -> bool {
+        self.in_flight || self.terminated
+    }
+
+    /// Whether the process is still running (reaps it if it is not).
+    pub fn is_alive(&mut self) -> bool {
+        !self.terminated && matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Send one pre-encoded `exec` frame (see [`encode_exec`]) and wait for its
+    /// result, at most `deadline`. Any failure poisons the worker; so does
+    /// dropping the returned future before it completes, and in that case
+    /// the worker's process tree is killed at once.
+    pub async fn execute(
+        &mut self,
+        frame: &[u8],
+        deadline: Duration,
+    ) -> Result<RunOutput, WorkerError> {
+        if self.is_poisoned() {
+            return Err(WorkerError::Crashed(" before the run started".into()));
+        }
+        self.in_flight = true;
+        let guard = KillOnDrop {
+            pid: self.info.pid,
+            armed: true,
+        };
+        let result = self.round_trip(frame, deadline).await;
+        guard.disarm();
+        if result.is_ok() {
+            self.in_flight = false;
+            self.runs += 1;
+        }
+        result
+    }
+
+    async fn round_trip(
+        &mut self,
+        frame: &[u8],
+        deadline: Duration,
+    ) -> Result<RunOutput, WorkerError> {
+        let started = Instant::now();
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| WorkerError::Crashed(" (stdin closed)".into()))?;
+        let write = async {
+            stdin.write_all(frame).await?;
+            stdin.flush().await
+        };
+        match tokio::time::timeout(deadline, write).await {
+            Err(_) => return Err(WorkerError::Unresponsive(deadline)),
+            Ok(Err(e)) => return Err(self.died(e)),
+            Ok(Ok(())) => {}
+        }
+        let remaining = deadline.saturating_sub(started.elapsed());
+        let body = match tokio::time::timeout(remaining, self.frames.next()).await {
+            Err(_) => return Err(WorkerError::Unresponsive(deadline)),
+            Ok(None) => return Err(self.died(std::io::ErrorKind::UnexpectedEof.into())),
+            Ok(Some(Err(e))) => {
+                return Err(WorkerError::Protocol(protocol::FrameError::Decode(
+                    rmp_serde::decode::Error::Uncategorized(e.to_string()),
+                )));
+            }
+            Ok(Some(Ok(body))) => body,
+        };
+        let frame = protocol::decode_frame(&body).map_err(WorkerError::Protocol)?;
+        match frame.t.as_str() {
+            "result" => Ok(RunOutput {
+                stdout: frame.stdout,
+                stderr: frame.stderr,
+                exit_code: frame.exit_code,
+                signal: frame.signal,
+                timed_out: frame.timed_out,
+                stdout_truncated: frame.stdout_truncated,
+                stderr_truncated: frame.stderr_truncated,
+                duration_ms: frame.duration_ms,
+            }),
+            "error" => Err(WorkerError::Internal(frame.message.unwrap_or_default())),
+            other => Err(WorkerError::Protocol(protocol::FrameError::Decode(
+                rmp_serde::decode::Error::Uncategorized(format!("unexpected frame type {other:?}")),
+            ))),
+        }
+    }
+
+    /// Describe how the worker went away, for the caller's error.
+    fn died(&mut self, _err: std::io::Error) -> WorkerError {
+        let status = self.child.try_wait().ok().flatten();
+        WorkerError::Crashed(match status {
+            Some(s) => format!(" ({s})"),
+            None => " (it closed its pipes)".into(),
+        })
+    }
+
+    /// Send an `echo` frame and return the worker's re-encoded answer body.
+    pub async fn echo_raw(&mut self, frame: &[u8]) -> Result<bytes::BytesMut, WorkerError> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| WorkerError::Crashed(String::new()))?;
+        stdin.write_all(frame).await.map_err(WorkerError::Io)?;
+        match self.frames.next().await {
+            Some(Ok(body)) => Ok(body),
+            Some(Err(e)) => Err(WorkerError::Io(e)),
+            None => Err(WorkerError::Crashed(String::new())),
+        }
+    }
+
+    /// The ordered termination path: close stdin (the worker exits on EOF and
+    /// kills its run) -> wait `grace` -> SIGTERM the group -> wait `grace` ->
+    /// SIGKILL the tree -> reap.
+    pub async fn terminate(mut self, grace: Duration) {
+        self.stdin.take();
+        let pid = self.info.pid;
+        if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
+            process::signal_group(pid, nix::sys::signal::Signal::SIGTERM);
+            if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
+                kill_process_tree(pid);
+                let _ = self.child.wait().await;
+            }
+        }
+        // Runs forked by the worker die with it (parent-death signal); make
+        // sure of it for any that are left.
+        kill_process_tree(pid);
+        self.terminated = true;
+    }
+
+    /// Kill the whole process tree now (no grace); reaping happens in the
+    /// background through tokio.
+    pub fn kill(&mut self) {
+        if !self.terminated {
+            kill_process_tree(self.info.pid);
+            self.terminated = true;
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+        // The scratch root goes once the processes that wrote into it are gone.
+        drop(self.scratch.take());
+    }
+}
+
+/// Kills the worker's tree if a request future is dropped mid-flight.
+struct KillOnDrop {
+    pid: u32,
+    armed: bool,
+}
+
+impl KillOnDrop {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            kill_process_tree(self.pid);
+        }
+    }
+}
+
+/// Forward the worker's stderr (bootstrap diagnostics) to tracing at debug,
+/// keep a tail of it for startup errors, and report the worker's exit.
+async fn drain_stderr(
+    stderr: tokio::process::ChildStderr,
+    pid: u32,
+    tail: Arc<Mutex<String>>,
+    exited: Option<mpsc::UnboundedSender<u32>>,
+) {
+    let mut lines = BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        tracing::debug!(worker_pid = pid, "{line}");
+        let mut tail = tail.lock();
+        if tail.len() < STDERR_TAIL_BYTES {
+            tail.push_str(&line);
+            tail.push('\n');
+        }
+    }
+    if let Some(tx) = exited {
+        let _ = tx.send(pid);
+    }
+}
+
+/// Build the worker environment from scratch: `base` (activation variables
+/// and the allowlisted parts of the server's environment) plus the worker's
+/// own settings. `HOME` and `TMPDIR` are set per worker to its scratch root.
+pub fn worker_env(base: &HashMap<String, String>) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> = base
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "HOME" | "TMPDIR"))
+        .map(|(k, v)| (k.into(), v.into()))
+        .collect();
+    for (k, v) in [
+        ("PYTHONUNBUFFERED", "1"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("MPLBACKEND", "Agg"),
+    ] {
+        env.retain(|(key, _)| key != k);
+        env.push((k.into(), v.into()));
+    }
+    env
+}
