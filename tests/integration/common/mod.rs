@@ -1,0 +1,172 @@
+//! Shared test harness: a real server on 127.0.0.1:0 with real Python workers.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use code_executor::config::Config;
+use code_executor::env::EnvChoice;
+use code_executor::{Executor, server};
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+/// The real interpreter behind `python3` on PATH (not a launcher shim).
+pub fn python() -> PathBuf {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let out = std::process::Command::new("python3")
+                .args(["-c", "import sys; print(sys.executable)"])
+                .output()
+                .expect("python3 must be on PATH for the tests");
+            assert!(out.status.success(), "python3 failed: {out:?}");
+            PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+        })
+        .clone()
+}
+
+/// A test configuration: the real interpreter, a small pool, short waits.
+pub fn config() -> Config {
+    Config {
+        port: 0,
+        env: EnvChoice::Python(python()),
+        pool_size: 2,
+        queue_timeout: Duration::from_secs(10),
+        grace_period: Duration::from_millis(500),
+        shutdown_timeout: Duration::from_secs(10),
+        ..Config::default()
+    }
+}
+
+/// A running server and a client for it.
+pub struct TestServer {
+    pub url: String,
+    pub client: reqwest::Client,
+    pub executor: Arc<Executor>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl TestServer {
+    pub async fn start() -> TestServer {
+        Self::with_config(config()).await
+    }
+
+    pub async fn with_config(config: Config) -> TestServer {
+        let listener = tokio::net::TcpListener::bind((config.host, config.port))
+            .await
+            .unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn({
+            let executor = executor.clone();
+            async move {
+                server::run(listener, executor, &config, async {
+                    let _ = stopped.await;
+                })
+                .await
+            }
+        });
+        TestServer {
+            url,
+            client: reqwest::Client::new(),
+            executor,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// POST /execute with `body`; the status and the JSON answer.
+    pub async fn execute(&self, body: Value) -> (u16, Value) {
+        self.post("/execute", body).await
+    }
+
+    /// Run `code` and insist on a 200; the result object.
+    pub async fn run(&self, code: &str) -> Value {
+        let (status, body) = self.execute(serde_json::json!({ "code": code })).await;
+        assert_eq!(status, 200, "unexpected answer: {body}");
+        body
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let resp = self
+            .client
+            .post(format!("{}{path}", self.url))
+            .json(&body)
+            .send()
+            .await
+            .expect("request is answered");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.expect("JSON answer"))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let resp = self
+            .client
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .expect("request is answered");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.expect("JSON answer"))
+    }
+
+    /// Pool counts of the default environment from /health.
+    pub async fn pool(&self) -> Value {
+        let (_, health) = self.get("/health").await;
+        health["envs"].as_object().unwrap().values().next().unwrap().clone()
+    }
+
+    /// Wait until the default pool reports `size` live workers.
+    pub async fn wait_for_pool_size(&self, size: u64, within: Duration) -> Value {
+        let start = std::time::Instant::now();
+        loop {
+            let pool = self.pool().await;
+            if pool["size"].as_u64() == Some(size) && pool["starting"].as_u64() == Some(0) {
+                return pool;
+            }
+            if start.elapsed() > within {
+                panic!("pool did not reach {size} workers within {within:?}: {pool}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stop the server and wait for it to finish shutting down.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+    }
+}
+
+/// Pids of live processes whose command line mentions `needle`.
+pub fn processes_mentioning(needle: &Path) -> Vec<u32> {
+    let needle = needle.to_string_lossy().into_owned();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let state = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let zombie = state
+            .rsplit(')')
+            .next()
+            .map(|rest| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false);
+        if cmdline.contains(&needle) && !zombie {
+            pids.push(pid);
+        }
+    }
+    pids
+}

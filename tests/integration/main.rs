@@ -1,0 +1,6 @@
+//! Integration tests: one binary, one module per behaviour.
+
+mod common;
+
+
+mod execute;
