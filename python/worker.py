@@ -780,7 +780,7 @@ class Worker:
                         self.spawn()
             elif kind == "echo":
                 value = msg.get("value")
-                write_frame(self.wfd, {"t": "echo", "value": value, "repr": repr(value)})
+                write_frame(self.wfd, {"t": "echo", "value": value, "repr": repr(value)[:4096]})
             else:
                 write_frame(self.wfd, {
                     "t": "error",

@@ -1,5 +1,7 @@
 //! POST /execute: output, exit status and exceptions as `python script.py` gives them.
 
+use serde_json::json;
+
 use crate::common::TestServer;
 
 #[tokio::test]
@@ -11,7 +13,151 @@ async fn print_returns_stdout_and_exit_code_zero() {
     assert_eq!(body["exit_code"], 0);
     assert_eq!(body["timed_out"], false);
     assert_eq!(body["truncated"], false);
+    assert_eq!(body["artifacts"], json!([]));
     assert!(body["signal"].is_null());
+    assert!(body["limit"].is_null());
     assert!(body["duration_ms"].as_f64().unwrap() > 0.0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn exit_statuses_follow_python_script_semantics() {
+    let server = TestServer::start().await;
+
+    let body = server.run("x = 1\n\ndef f():\n    return 1/0\nf()").await;
+    assert_eq!(body["exit_code"], 1);
+    let stderr = body["stderr"].as_str().unwrap();
+    assert!(stderr.starts_with("Traceback (most recent call last):"), "{stderr}");
+    assert!(stderr.contains("File \"<code>\", line 5, in <module>"), "{stderr}");
+    assert!(stderr.contains("File \"<code>\", line 4, in f"), "{stderr}");
+    assert!(stderr.contains("return 1/0"), "source line shown: {stderr}");
+    assert!(stderr.trim_end().ends_with("ZeroDivisionError: division by zero"), "{stderr}");
+    assert!(!stderr.contains("worker.py"), "worker frames leak: {stderr}");
+
+    let body = server.run("import sys\nsys.exit(3)").await;
+    assert_eq!((body["exit_code"].as_i64(), body["stderr"].as_str()), (Some(3), Some("")));
+
+    let body = server.run("import sys; sys.exit('bye')").await;
+    assert_eq!((body["exit_code"].as_i64(), body["stderr"].as_str()), (Some(1), Some("bye\n")));
+
+    let body = server.run("import sys; sys.exit()").await;
+    assert_eq!(body["exit_code"], 0);
+
+    let body = server.run("import os\nprint('partial', flush=True)\nos._exit(7)").await;
+    assert_eq!((body["exit_code"].as_i64(), body["stdout"].as_str()), (Some(7), Some("partial\n")));
+
+    let body = server.run("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)").await;
+    assert_eq!(body["exit_code"], -11);
+    assert_eq!(body["signal"], "SIGSEGV");
+    assert_eq!(body["timed_out"], false);
+
+    let body = server.run("print(2+").await;
+    assert_eq!(body["exit_code"], 1);
+    assert!(body["stderr"].as_str().unwrap().contains("SyntaxError"), "{body}");
+
+    let body = server.run("raise KeyboardInterrupt").await;
+    assert_eq!(body["exit_code"], 1);
+    assert!(body["stderr"].as_str().unwrap().contains("KeyboardInterrupt"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn output_is_captured_at_the_file_descriptor_level() {
+    let server = TestServer::start().await;
+    let code = r#"
+import os, subprocess, sys, ctypes
+print("one")
+os.write(1, b"two\n")
+subprocess.run(["echo", "three"])
+sys.stdout.flush()
+ctypes.CDLL(None).puts(b"four")
+ctypes.CDLL(None).fflush(None)
+print("err", file=sys.stderr)
+os.write(2, b"err2\n")
+subprocess.run(["sh", "-c", "echo err3 >&2"])
+"#;
+    let body = server.run(code).await;
+    assert_eq!(body["stdout"], "one\ntwo\nthree\nfour\n");
+    assert_eq!(body["stderr"], "err\nerr2\nerr3\n");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn stdin_comes_from_the_request_or_is_empty() {
+    let server = TestServer::start().await;
+    let (status, body) = server
+        .execute(json!({"code": "import sys\nprint(input())\nprint(sys.stdin.read().upper())", "stdin": "first\nrest of it"}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["stdout"], "first\nREST OF IT\n");
+
+    // No stdin: input() sees EOF at once instead of hanging.
+    let started = std::time::Instant::now();
+    let body = server.run("input()").await;
+    assert!(started.elapsed().as_secs_f64() < 5.0);
+    assert_eq!(body["exit_code"], 1);
+    assert!(body["stderr"].as_str().unwrap().contains("EOFError"), "{body}");
+
+    let big = "x".repeat(300_000);
+    let (_, body) = server
+        .execute(json!({"code": "import sys; print(len(sys.stdin.read()))", "stdin": big}))
+        .await;
+    assert_eq!(body["stdout"], "300000\n");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn files_are_written_into_a_fresh_working_directory() {
+    let server = TestServer::start().await;
+    let code = r#"
+import os
+print(open("data/in.txt").read())
+print(open("blob.bin", "rb").read())
+print(sorted(os.listdir(".")))
+print(os.getcwd() == os.environ["PWD"])
+"#;
+    let (status, body) = server
+        .execute(json!({
+            "code": code,
+            "files": {"data/in.txt": "héllo", "blob.bin": {"base64": "AAH/"}}
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], "héllo\nb'\\x00\\x01\\xff'\n['blob.bin', 'data']\nTrue\n");
+
+    // The next run starts in another, empty directory; the old one is gone.
+    let body = server
+        .run("import os\nprint(os.listdir('.'))\nprint(os.getcwd())")
+        .await;
+    let out = body["stdout"].as_str().unwrap();
+    assert!(out.starts_with("[]\n"), "{out}");
+
+    // A module passed as a file can be imported, as next to a script.
+    let (_, body) = server
+        .execute(json!({"code": "import helper; print(helper.VALUE)", "files": {"helper.py": "VALUE = 42"}}))
+        .await;
+    assert_eq!(body["stdout"], "42\n");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn each_run_gets_a_fresh_main_module() {
+    let server = TestServer::start().await;
+    let body = server
+        .run("import sys\nprint(__name__, '__file__' in globals(), sys.modules['__main__'].__dict__ is globals())")
+        .await;
+    assert_eq!(body["stdout"], "__main__ False True\n");
+    let body = server
+        .run("import pickle\nclass P: pass\nprint(type(pickle.loads(pickle.dumps(P()))).__name__)")
+        .await;
+    assert_eq!(body["stdout"], "P\n");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_utf8_output_is_replaced_not_rejected() {
+    let server = TestServer::start().await;
+    let body = server.run("import os; os.write(1, b'ok \\xff\\xfe end')").await;
+    assert_eq!(body["stdout"], "ok \u{fffd}\u{fffd} end");
     server.stop().await;
 }

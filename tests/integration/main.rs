@@ -2,5 +2,11 @@
 
 mod common;
 
-
+mod crashes;
 mod execute;
+mod isolation;
+mod timeouts;
+mod codec;
+mod concurrency;
+mod http_api;
+mod shutdown;

@@ -55,11 +55,13 @@ impl TestServer {
     }
 
     pub async fn with_config(config: Config) -> TestServer {
-        let listener = tokio::net::TcpListener::bind((config.host, config.port))
-            .await
-            .unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+        Self::try_with_config(config).await.expect("server starts")
+    }
+
+    pub async fn try_with_config(config: Config) -> anyhow::Result<TestServer> {
+        let listener = tokio::net::TcpListener::bind((config.host, config.port)).await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let executor = Arc::new(Executor::start(&config).await?);
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn({
             let executor = executor.clone();
@@ -70,13 +72,13 @@ impl TestServer {
                 .await
             }
         });
-        TestServer {
+        Ok(TestServer {
             url,
             client: reqwest::Client::new(),
             executor,
             stop: Some(stop),
             task: Some(task),
-        }
+        })
     }
 
     /// POST /execute with `body`; the status and the JSON answer.

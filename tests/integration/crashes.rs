@@ -1,0 +1,174 @@
+//! Workers that die, hang or break the protocol: a clear answer, then recovery.
+
+use std::time::{Duration, Instant};
+
+use code_executor::executor::WORKER_SCRIPT;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::json;
+
+use crate::common::{self, TestServer};
+
+/// Pids of the worker processes (direct children of this test process).
+fn worker_pids(server: &TestServer) -> Vec<u32> {
+    let me = std::process::id();
+    common::processes_mentioning(server.executor.base_dir())
+        .into_iter()
+        .filter(|pid| parent_of(*pid) == Some(me))
+        .collect()
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[tokio::test]
+async fn a_run_that_kills_its_worker_gets_a_clear_error_and_the_pool_recovers() {
+    let server = TestServer::start().await;
+    let (status, body) = server
+        .execute(json!({"code": "import os\nos.kill(os.getppid(), 9)\nimport time; time.sleep(5)"}))
+        .await;
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(body["error"]["code"], "internal");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("worker crashed"), "{message}");
+
+    let body = server.run("print('still serving')").await;
+    assert_eq!(body["stdout"], "still serving\n");
+    server.wait_for_pool_size(2, Duration::from_secs(1)).await;
+    // The orphaned run was killed with its worker.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(worker_pids(&server).len(), 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_worker_killed_from_outside_is_replaced() {
+    let server = TestServer::start().await;
+    server.run("print(1)").await;
+    let before = worker_pids(&server);
+    assert_eq!(before.len(), 2, "two workers: {before:?}");
+    kill(Pid::from_raw(before[0] as i32), Signal::SIGKILL).unwrap();
+
+    // Within a second the dead worker is gone and a new one stands in.
+    let started = Instant::now();
+    loop {
+        let pids = worker_pids(&server);
+        let pool = server.pool().await;
+        if !pids.contains(&before[0]) && pids.len() == 2 && pool["idle"] == 2 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "not replaced within 1 s: {pids:?} {pool}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for i in 0..4 {
+        let body = server.run(&format!("print({i})")).await;
+        assert_eq!(body["stdout"], format!("{i}\n"));
+    }
+    server.stop().await;
+}
+
+/// A server whose workers run `fake` instead of the real bootstrap. `fake`
+/// can `import worker` (the real one, for its codec).
+async fn server_with_bootstrap(fake: &str, tweak: impl FnOnce(&mut code_executor::Config)) -> anyhow::Result<(TestServer, tempfile::TempDir)> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("worker.py"), WORKER_SCRIPT)?;
+    let script = dir.path().join("fake.py");
+    std::fs::write(
+        &script,
+        format!("import os, sys\nsys.path.insert(0, {:?})\nimport worker as w\n{fake}", dir.path()),
+    )?;
+    let mut config = common::config();
+    config.worker_script = Some(script);
+    config.worker_start_timeout = Duration::from_secs(2);
+    tweak(&mut config);
+    let server = TestServer::try_with_config(config).await?;
+    Ok((server, dir))
+}
+
+const READY: &str = "w.write_frame(1, {'t': 'ready', 'protocol': PROTO, 'python': '3', 'executable': sys.executable, 'pid': os.getpid()})";
+
+#[tokio::test]
+async fn startup_failures_are_clear_errors_naming_the_interpreter() {
+    let err = server_with_bootstrap("sys.stderr.write('boom: cannot start\\n'); sys.exit(3)", |_| {})
+        .await
+        .err()
+        .expect("start fails");
+    let text = format!("{err:#}");
+    assert!(text.contains("boom: cannot start"), "{text}");
+    assert!(text.contains(&common::python().display().to_string()), "{text}");
+
+    let err = server_with_bootstrap(&READY.replace("PROTO", "99"), |_| {})
+        .await
+        .err()
+        .expect("start fails");
+    let text = format!("{err:#}");
+    assert!(text.contains("protocol 99") && text.contains("speaks 1"), "{text}");
+
+    let started = Instant::now();
+    let err = server_with_bootstrap("import time; time.sleep(60)", |_| {})
+        .await
+        .err()
+        .expect("start fails");
+    assert!(format!("{err:#}").contains("did not become ready"), "{err:#}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    let err = server_with_bootstrap("", |c| c.preload = vec!["no_such_module_xyz".into()])
+        .await;
+    // The fake exits without a handshake; with the real bootstrap a missing
+    // preload is reported by name:
+    assert!(err.is_err());
+    let mut config = common::config();
+    config.preload = vec!["no_such_module_xyz".into()];
+    let err = TestServer::try_with_config(config).await.err().expect("start fails");
+    assert!(format!("{err:#}").contains("no_such_module_xyz"), "{err:#}");
+}
+
+#[tokio::test]
+async fn protocol_violations_discard_the_worker_with_a_clear_error() {
+    for (name, on_exec) in [
+        ("garbage on the channel", "os.write(1, b'this is not a frame at all')"),
+        ("oversized frame", "os.write(1, b'\\xff\\xff\\xff\\xff')"),
+        ("exit mid-request", "os._exit(0)"),
+    ] {
+        let fake = format!(
+            "{ready}\nf = open(0, 'rb', buffering=0)\nwhile True:\n    w.read_frame(f)\n    {on_exec}\n    import time; time.sleep(30)\n",
+            ready = READY.replace("PROTO", "1")
+        );
+        let (server, _dir) = server_with_bootstrap(&fake, |c| c.timeout = 1.0).await.unwrap();
+        let started = Instant::now();
+        let (status, body) = server.execute(json!({"code": "print(1)"})).await;
+        assert_eq!(status, 500, "{name}: {body}");
+        assert_eq!(body["error"]["code"], "internal", "{name}");
+        assert!(started.elapsed() < Duration::from_secs(6), "{name}: {:?}", started.elapsed());
+        server.wait_for_pool_size(2, Duration::from_secs(2)).await;
+        server.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_worker_that_stops_answering_is_killed_after_the_hard_deadline() {
+    let fake = format!(
+        "{ready}\nf = open(0, 'rb', buffering=0)\nwhile True:\n    w.read_frame(f)\n    import time; time.sleep(600)\n",
+        ready = READY.replace("PROTO", "1")
+    );
+    let (server, _dir) = server_with_bootstrap(&fake, |c| c.timeout = 0.5).await.unwrap();
+    let before = worker_pids(&server);
+    let started = Instant::now();
+    let (status, body) = server.execute(json!({"code": "print(1)"})).await;
+    assert_eq!(status, 500, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("did not answer"), "{body}");
+    assert!(started.elapsed() < Duration::from_secs(6));
+    server.wait_for_pool_size(2, Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let after = worker_pids(&server);
+    assert!(
+        before.iter().filter(|p| after.contains(p)).count() == 1,
+        "exactly one old worker killed: before {before:?} after {after:?}"
+    );
+    server.stop().await;
+}

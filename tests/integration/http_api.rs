@@ -1,0 +1,141 @@
+//! The HTTP surface: JSON errors for bad input, health, list-envs, auth.
+
+use serde_json::{Value, json};
+
+use crate::common::{self, TestServer};
+
+async fn raw_post(server: &TestServer, body: impl Into<reqwest::Body>) -> (u16, Value) {
+    let resp = server
+        .client
+        .post(format!("{}/execute", server.url))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    let json = serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}"));
+    (status, json)
+}
+
+fn assert_error(status: u16, body: &Value, want_status: u16, code: &str, mentions: &str) {
+    assert_eq!(status, want_status, "{body}");
+    assert_eq!(body["error"]["code"], code, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains(mentions), "message {message:?} lacks {mentions:?}");
+}
+
+#[tokio::test]
+async fn bad_requests_get_json_errors() {
+    let server = TestServer::with_config(code_executor::Config {
+        max_body_bytes: 64 * 1024,
+        ..common::config()
+    })
+    .await;
+    let (s, b) = raw_post(&server, "{not json").await;
+    assert_error(s, &b, 400, "bad_request", "invalid JSON");
+    let (s, b) = raw_post(&server, r#"{"env": "x"}"#).await;
+    assert_error(s, &b, 400, "bad_request", "missing field `code`");
+    let (s, b) = raw_post(&server, r#"{"code": 5}"#).await;
+    assert_error(s, &b, 400, "bad_request", "invalid type");
+    let (s, b) = raw_post(&server, "").await;
+    assert_error(s, &b, 400, "bad_request", "invalid JSON");
+
+    let big = json!({"code": "x = '".to_string() + &"a".repeat(100 * 1024) + "'"}).to_string();
+    let (s, b) = raw_post(&server, big).await;
+    assert_error(s, &b, 413, "too_large", "size limit");
+
+    let (s, b) = server.execute(json!({"code": "1", "env": "nope"})).await;
+    assert_error(s, &b, 404, "unknown_env", "\"nope\"");
+    let (_, envs) = server.get("/list-envs").await;
+    let name = envs["envs"][0]["name"].as_str().unwrap();
+    assert!(b["error"]["message"].as_str().unwrap().contains(name), "{b}");
+
+    for (files, mentions) in [
+        (json!({"../x": "a"}), "leaves the working directory"),
+        (json!({"/etc/x": "a"}), "must be relative"),
+        (json!({"a": {"base64": "%%%"}}), "invalid base64"),
+    ] {
+        let (s, b) = server.execute(json!({"code": "1", "files": files})).await;
+        assert_error(s, &b, 400, "bad_request", mentions);
+    }
+    let (s, b) = server.execute(json!({"code": "1", "timeout": -1})).await;
+    assert_error(s, &b, 400, "bad_request", "timeout");
+
+    // Form-encoded curl bodies still parse as JSON.
+    let resp = server
+        .client
+        .post(format!("{}/execute", server.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(r#"{"code": "print(2+2)"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+
+    let (s, b) = server.get("/no-such-route").await;
+    assert_error(s, &b, 404, "not_found", "no such route");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn health_and_list_envs_report_the_pool() {
+    let server = TestServer::start().await;
+    let (status, envs) = server.get("/list-envs").await;
+    assert_eq!(status, 200);
+    let env = &envs["envs"][0];
+    let name = env["name"].as_str().unwrap();
+    let (status, health) = server.get("/health").await;
+    assert_eq!(status, 200);
+    assert_eq!(health["status"], "ok");
+    let pool = &health["envs"][name];
+    assert_eq!((pool["size"].as_u64(), pool["idle"].as_u64(), pool["busy"].as_u64()), (Some(2), Some(2), Some(0)));
+
+    assert_eq!(env["default"], true);
+    assert!(["python", "venv", "conda"].contains(&env["kind"].as_str().unwrap()));
+    let version = env["python_version"].as_str().unwrap();
+    assert!(version.starts_with("3."), "{version}");
+    assert_eq!(env["pool"]["size"], 2);
+
+    // The env is also addressable by its name and by its prefix.
+    let prefix = env["prefix"].as_str().unwrap().to_string();
+    for name in [name, prefix.as_str()] {
+        let (s, b) = server.execute(json!({"code": "import sys; print(sys.prefix)", "env": name})).await;
+        assert_eq!(s, 200, "{b}");
+        assert_eq!(b["stdout"].as_str().unwrap().trim(), prefix);
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_configured_token_guards_execution_but_not_health() {
+    let server = TestServer::with_config(code_executor::Config {
+        token: Some("s3cret".into()),
+        ..common::config()
+    })
+    .await;
+    let (s, b) = server.execute(json!({"code": "print(1)"})).await;
+    assert_error(s, &b, 401, "unauthorized", "bearer token");
+    let resp = server
+        .client
+        .post(format!("{}/execute", server.url))
+        .bearer_auth("wrong")
+        .json(&json!({"code": "print(1)"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    let resp = server
+        .client
+        .post(format!("{}/execute", server.url))
+        .bearer_auth("s3cret")
+        .json(&json!({"code": "print(1)"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let (s, _) = server.get("/health").await;
+    assert_eq!(s, 200);
+    server.stop().await;
+}

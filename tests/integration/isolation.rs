@@ -1,0 +1,54 @@
+//! State never leaks from one run to the next; the server's variables never reach a run.
+
+use crate::common::{self, TestServer};
+
+#[tokio::test]
+async fn globals_modules_environment_and_cwd_do_not_leak() {
+    // One worker, so both runs surely land on the same one.
+    let server = TestServer::with_config(code_executor::Config {
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    let first = server
+        .run(
+            r#"
+import os, json, sys
+LEAK = 1
+json.dumps = lambda *a, **k: "patched"
+os.environ["LEAKED_VAR"] = "yes"
+os.chdir("/")
+sys.path.append("/leak")
+import wave
+print("set")
+"#,
+        )
+        .await;
+    assert_eq!(first["stdout"], "set\n");
+    let second = server
+        .run(
+            r#"
+import os, json, sys
+print("LEAK" in globals())
+print(json.dumps([1]))
+print(os.environ.get("LEAKED_VAR"))
+print(os.getcwd() != "/")
+print("/leak" in sys.path)
+print("wave" in sys.modules)
+"#,
+        )
+        .await;
+    assert_eq!(second["stdout"], "False\n[1]\nNone\nTrue\nFalse\nFalse\n");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn worker_environment_is_built_from_scratch() {
+    // The test process has CARGO_* variables; none may reach user code.
+    let server = TestServer::start().await;
+    let body = server
+        .run("import os, sys\nprint(sorted(k for k in os.environ if k.startswith('CARGO')))\nprint(os.environ['PATH'].split(':')[0] == os.path.join(sys.prefix, 'bin'))\nprint(os.environ.get('MPLBACKEND'))")
+        .await;
+    assert_eq!(body["stdout"], "[]\nTrue\nAgg\n");
+    server.stop().await;
+}

@@ -1,0 +1,112 @@
+//! Timeouts, output caps and busy pools.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::common::{self, TestServer};
+
+#[tokio::test]
+async fn infinite_loop_times_out_and_the_next_run_succeeds() {
+    let server = TestServer::start().await;
+    let started = Instant::now();
+    let (status, body) = server
+        .execute(json!({"code": "print('before', flush=True)\nwhile True: pass", "timeout": 1}))
+        .await;
+    let elapsed = started.elapsed();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["timed_out"], true);
+    assert_eq!(body["limit"], "timeout");
+    assert_eq!(body["signal"], "SIGKILL");
+    assert_eq!(body["exit_code"], -9);
+    assert_eq!(body["stdout"], "before\n");
+    assert!(elapsed >= Duration::from_millis(950), "{elapsed:?}");
+    assert!(elapsed < Duration::from_millis(2500), "took {elapsed:?}");
+
+    let body = server.run("print('after')").await;
+    assert_eq!(body["stdout"], "after\n");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn timeouts_kill_subprocesses_of_the_run() {
+    let server = TestServer::start().await;
+    let marker = format!("sleep-marker-{}", std::process::id());
+    let code = format!(
+        "import subprocess\nsubprocess.Popen(['sh', '-c', 'exec -a {marker} sleep 1000'])\nsubprocess.run(['sleep', '1000'])"
+    );
+    let (_, body) = server.execute(json!({"code": code, "timeout": 0.5})).await;
+    assert_eq!(body["timed_out"], true);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        common::processes_mentioning(std::path::Path::new(&marker)).is_empty(),
+        "a subprocess of the run survived it"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn large_output_is_capped_and_flagged() {
+    let server = TestServer::start().await;
+    let started = Instant::now();
+    let body = server
+        .run("import sys\nsys.stdout.write('x' * (20 * 1024 * 1024))\nprint('tail', file=sys.stderr)")
+        .await;
+    assert_eq!(body["truncated"], true);
+    assert_eq!(body["limit"], "output");
+    assert_eq!(body["exit_code"], 0);
+    assert_eq!(body["stdout"].as_str().unwrap().len(), 1 << 20);
+    assert_eq!(body["stderr"], "tail\n");
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    let body = server.run("print('x' * 2_000_000)").await;
+    assert_eq!(body["truncated"], true);
+    assert_eq!(body["stdout"].as_str().unwrap().len(), 1 << 20);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn requested_timeout_is_capped_by_the_maximum() {
+    let server = TestServer::with_config(code_executor::Config {
+        max_timeout: 1.0,
+        timeout: 1.0,
+        ..common::config()
+    })
+    .await;
+    let started = Instant::now();
+    let (_, body) = server
+        .execute(json!({"code": "import time; time.sleep(30)", "timeout": 100}))
+        .await;
+    assert_eq!(body["timed_out"], true);
+    assert!(started.elapsed() < Duration::from_secs(3));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_pool_answers_busy_with_retry_after() {
+    let server = TestServer::with_config(code_executor::Config {
+        pool_size: 1,
+        queue_timeout: Duration::from_millis(300),
+        ..common::config()
+    })
+    .await;
+    let slow = server.execute(json!({"code": "import time; time.sleep(2)"}));
+    let busy = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let resp = server
+            .client
+            .post(format!("{}/execute", server.url))
+            .json(&json!({"code": "print(1)"}))
+            .send()
+            .await
+            .unwrap();
+        let retry = resp.headers().get("retry-after").cloned();
+        (resp.status().as_u16(), retry, resp.json::<serde_json::Value>().await.unwrap())
+    };
+    let ((slow_status, _), (status, retry, body)) = tokio::join!(slow, busy);
+    assert_eq!(slow_status, 200);
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "busy");
+    assert!(retry.is_some(), "503 busy carries Retry-After");
+    server.stop().await;
+}
