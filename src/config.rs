@@ -17,7 +17,11 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
 #[derive(Debug, Parser)]
-#[command(name = "code-executor", version, about = "Run Python code in warm, isolated workers")]
+#[command(
+    name = "code-executor",
+    version,
+    about = "Run Python code in warm, isolated workers"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -170,13 +174,16 @@ impl Config {
 
     pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<Config, ConfigError> {
         let d = Config::default();
-        let secs = |v: Option<f64>, name: &str, default: Duration| -> Result<Duration, ConfigError> {
-            match v {
-                None => Ok(default),
-                Some(s) if s.is_finite() && s >= 0.0 => Ok(Duration::from_secs_f64(s)),
-                Some(s) => Err(ConfigError::Invalid(format!("{name} = {s} is not a duration"))),
-            }
-        };
+        let secs =
+            |v: Option<f64>, name: &str, default: Duration| -> Result<Duration, ConfigError> {
+                match v {
+                    None => Ok(default),
+                    Some(s) if s.is_finite() && s >= 0.0 => Ok(Duration::from_secs_f64(s)),
+                    Some(s) => Err(ConfigError::Invalid(format!(
+                        "{name} = {s} is not a duration"
+                    ))),
+                }
+            };
         let env = match (
             args.conda_prefix.clone().or(file.conda_prefix),
             args.python.clone().or(file.python),
@@ -204,7 +211,11 @@ impl Config {
                 .clone()
                 .or(file.admin_token)
                 .filter(|t| !t.is_empty()),
-            queue_timeout: secs(file.queue_timeout_secs, "queue_timeout_secs", d.queue_timeout)?,
+            queue_timeout: secs(
+                file.queue_timeout_secs,
+                "queue_timeout_secs",
+                d.queue_timeout,
+            )?,
             max_runs: file.max_runs.unwrap_or(d.max_runs),
             max_output_bytes: file.max_output_bytes.unwrap_or(d.max_output_bytes),
             max_body_bytes: file.max_body_bytes.unwrap_or(d.max_body_bytes),
@@ -248,7 +259,9 @@ impl Config {
             )));
         }
         if self.max_output_bytes == 0 {
-            return Err(ConfigError::Invalid("max_output_bytes must be positive".into()));
+            return Err(ConfigError::Invalid(
+                "max_output_bytes must be positive".into(),
+            ));
         }
         Ok(())
     }

@@ -18,8 +18,7 @@ async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_env("CODE_EXECUTOR_LOG")
-                .unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_env("CODE_EXECUTOR_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -42,7 +41,7 @@ async fn run() -> anyhow::Result<()> {
         Command::Envs(args) => {
             let config = Config::load(&args)?;
             let spec = code_executor::env::EnvSpec::resolve(&config.env)?;
-            println!("{:<16} {:<7} {}", "NAME", "KIND", "PREFIX");
+            println!("{:<16} {:<7} PREFIX", "NAME", "KIND");
             println!(
                 "{:<16} {:<7} {} (default)",
                 spec.name,

@@ -121,7 +121,9 @@ mod tests {
             serde_json::from_str(r#"{"a": "hi", "b": {"base64": "AAE="}}"#).unwrap();
         assert_eq!(files["a"].to_bytes().unwrap(), b"hi");
         assert_eq!(files["b"].to_bytes().unwrap(), vec![0, 1]);
-        let bad = FileContent::Base64 { base64: "!!".into() };
+        let bad = FileContent::Base64 {
+            base64: "!!".into(),
+        };
         assert!(bad.to_bytes().unwrap_err().contains("invalid base64"));
     }
 }

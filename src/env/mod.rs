@@ -65,18 +65,15 @@ impl EnvSpec {
 
     /// A Conda prefix: its interpreter is `bin/python`, its name the folder's.
     pub fn from_prefix(prefix: &Path) -> Result<EnvSpec, ConfigError> {
-        let prefix = prefix.canonicalize().map_err(|e| {
-            ConfigError::NoInterpreter(format!("prefix {}: {e}", prefix.display()))
-        })?;
+        let prefix = prefix
+            .canonicalize()
+            .map_err(|e| ConfigError::NoInterpreter(format!("prefix {}: {e}", prefix.display())))?;
         let python = ["python", "python3"]
             .iter()
             .map(|n| prefix.join("bin").join(n))
             .find(|p| p.is_file())
             .ok_or_else(|| {
-                ConfigError::NoInterpreter(format!(
-                    "prefix {} has no bin/python",
-                    prefix.display()
-                ))
+                ConfigError::NoInterpreter(format!("prefix {} has no bin/python", prefix.display()))
             })?;
         let kind = kind_of(&prefix);
         Ok(EnvSpec {
@@ -147,7 +144,8 @@ fn activation_vars(prefix: &Path, kind: EnvKind, name: &str) -> HashMap<String, 
         .iter()
         .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
         .collect();
-    vars.entry("LANG".into()).or_insert_with(|| "C.UTF-8".into());
+    vars.entry("LANG".into())
+        .or_insert_with(|| "C.UTF-8".into());
     let bin = prefix.join("bin");
     let path = format!("{}:/usr/local/bin:/usr/bin:/bin", bin.display());
     vars.insert("PATH".into(), path);
@@ -180,7 +178,9 @@ mod tests {
         assert_eq!(spec.name, "target_env");
         assert_eq!(spec.kind, EnvKind::Conda);
         assert_eq!(spec.activation["CONDA_DEFAULT_ENV"], "target_env");
-        assert!(spec.activation["PATH"].starts_with(&format!("{}", spec.prefix.join("bin").display())));
+        assert!(
+            spec.activation["PATH"].starts_with(&format!("{}", spec.prefix.join("bin").display()))
+        );
     }
 
     #[test]

@@ -135,7 +135,7 @@ impl EnvPool {
             shared: shared.clone(),
         })
         .max_size(config.size.max(1))
-        .queue_mode(deadpool::managed::QueueMode::Lifo)
+        .queue_mode(deadpool::managed::QueueMode::Fifo)
         .wait_timeout(Some(config.queue_timeout))
         .create_timeout(Some(shared.spec.start_timeout + Duration::from_secs(1)))
         .runtime(deadpool::Runtime::Tokio1)

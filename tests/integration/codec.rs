@@ -60,10 +60,16 @@ async fn pure_codec_worker() -> (Worker, tempfile::TempDir) {
         start_timeout: Duration::from_secs(30),
         grace_period: Duration::from_millis(200),
     };
-    (Worker::create(&spec, None).await.expect("worker starts"), dir)
+    (
+        Worker::create(&spec, None).await.expect("worker starts"),
+        dir,
+    )
 }
 
-async fn echo<T: Serialize + for<'de> Deserialize<'de>>(worker: &mut Worker, value: &T) -> (T, String) {
+async fn echo<T: Serialize + for<'de> Deserialize<'de>>(
+    worker: &mut Worker,
+    value: &T,
+) -> (T, String) {
     let frame = encode_frame(&Echo { t: "echo", value }).unwrap();
     let body = worker.echo_raw(&frame).await.unwrap();
     let reply: EchoReply<T> = rmp_serde::from_slice(&body).expect("worker's encoding decodes");
@@ -86,7 +92,9 @@ async fn values_round_trip_through_the_worker_codec() {
         empty_map: BTreeMap::new(),
         text: "héllo wörld ✓ 日本".into(),
         long_text: "é".repeat(40_000),
-        small: vec![0, 1, 127, 128, 255, 256, 65535, 65536, -1, -32, -33, -128, -129, -32768, -32769],
+        small: vec![
+            0, 1, 127, 128, 255, 256, 65535, 65536, -1, -32, -33, -128, -129, -32768, -32769,
+        ],
         extremes: vec![i64::MIN, i64::MAX, i32::MIN as i64, u32::MAX as i64],
         unsigned_max: u64::MAX,
         floats: vec![0.0, -1.5, 1e300, f64::MIN_POSITIVE],
@@ -109,14 +117,19 @@ async fn values_round_trip_through_the_worker_codec() {
         "'outer ключ': {'inner': ['a', '']}",
         "'floats': [0.0, -1.5, 1e+300, 2.2250738585072014e-308]",
     ] {
-        assert!(repr.contains(part), "python saw {repr:.400}, expected {part}");
+        assert!(
+            repr.contains(part),
+            "python saw {repr:.400}, expected {part}"
+        );
     }
 }
 
 #[tokio::test]
 async fn ten_megabytes_of_binary_round_trip_intact() {
     let (mut worker, _dir) = pure_codec_worker().await;
-    let data: Vec<u8> = (0..10 * 1024 * 1024u32).map(|i| (i * 7 % 251) as u8).collect();
+    let data: Vec<u8> = (0..10 * 1024 * 1024u32)
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
     let (back, repr) = echo(&mut worker, &ByteBuf::from(data.clone())).await;
     assert_eq!(back.len(), data.len());
     assert!(back == data, "binary payload changed in transit");

@@ -14,7 +14,8 @@ async fn fifty_concurrent_requests_on_a_pool_of_four_all_answer_correctly() {
     let requests = (0..50).map(|i| {
         let server = &server;
         async move {
-            let code = format!("import time, os\ntime.sleep(0.01)\nprint({i} * {i}, os.getpid() != {i})");
+            let code =
+                format!("import time, os\ntime.sleep(0.01)\nprint({i} * {i}, os.getpid() != {i})");
             let (status, body) = server.execute(json!({ "code": code })).await;
             (i, status, body)
         }

@@ -20,7 +20,12 @@ fn worker_pids(server: &TestServer) -> Vec<u32> {
 
 fn parent_of(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 #[tokio::test]
@@ -74,13 +79,19 @@ async fn a_worker_killed_from_outside_is_replaced() {
 
 /// A server whose workers run `fake` instead of the real bootstrap. `fake`
 /// can `import worker` (the real one, for its codec).
-async fn server_with_bootstrap(fake: &str, tweak: impl FnOnce(&mut code_executor::Config)) -> anyhow::Result<(TestServer, tempfile::TempDir)> {
+async fn server_with_bootstrap(
+    fake: &str,
+    tweak: impl FnOnce(&mut code_executor::Config),
+) -> anyhow::Result<(TestServer, tempfile::TempDir)> {
     let dir = tempfile::tempdir()?;
     std::fs::write(dir.path().join("worker.py"), WORKER_SCRIPT)?;
     let script = dir.path().join("fake.py");
     std::fs::write(
         &script,
-        format!("import os, sys\nsys.path.insert(0, {:?})\nimport worker as w\n{fake}", dir.path()),
+        format!(
+            "import os, sys\nsys.path.insert(0, {:?})\nimport worker as w\n{fake}",
+            dir.path()
+        ),
     )?;
     let mut config = common::config();
     config.worker_script = Some(script);
@@ -94,44 +105,61 @@ const READY: &str = "w.write_frame(1, {'t': 'ready', 'protocol': PROTO, 'python'
 
 #[tokio::test]
 async fn startup_failures_are_clear_errors_naming_the_interpreter() {
-    let err = server_with_bootstrap("sys.stderr.write('boom: cannot start\\n'); sys.exit(3)", |_| {})
-        .await
-        .err()
-        .expect("start fails");
+    let err = server_with_bootstrap(
+        "sys.stderr.write('boom: cannot start\\n'); sys.exit(3)",
+        |_| {},
+    )
+    .await
+    .err()
+    .expect("start fails");
     let text = format!("{err:#}");
     assert!(text.contains("boom: cannot start"), "{text}");
-    assert!(text.contains(&common::python().display().to_string()), "{text}");
+    assert!(
+        text.contains(&common::python().display().to_string()),
+        "{text}"
+    );
 
     let err = server_with_bootstrap(&READY.replace("PROTO", "99"), |_| {})
         .await
         .err()
         .expect("start fails");
     let text = format!("{err:#}");
-    assert!(text.contains("protocol 99") && text.contains("speaks 1"), "{text}");
+    assert!(
+        text.contains("protocol 99") && text.contains("speaks 1"),
+        "{text}"
+    );
 
     let started = Instant::now();
     let err = server_with_bootstrap("import time; time.sleep(60)", |_| {})
         .await
         .err()
         .expect("start fails");
-    assert!(format!("{err:#}").contains("did not become ready"), "{err:#}");
+    assert!(
+        format!("{err:#}").contains("did not become ready"),
+        "{err:#}"
+    );
     assert!(started.elapsed() < Duration::from_secs(10));
 
-    let err = server_with_bootstrap("", |c| c.preload = vec!["no_such_module_xyz".into()])
-        .await;
+    let err = server_with_bootstrap("", |c| c.preload = vec!["no_such_module_xyz".into()]).await;
     // The fake exits without a handshake; with the real bootstrap a missing
     // preload is reported by name:
     assert!(err.is_err());
     let mut config = common::config();
     config.preload = vec!["no_such_module_xyz".into()];
-    let err = TestServer::try_with_config(config).await.err().expect("start fails");
+    let err = TestServer::try_with_config(config)
+        .await
+        .err()
+        .expect("start fails");
     assert!(format!("{err:#}").contains("no_such_module_xyz"), "{err:#}");
 }
 
 #[tokio::test]
 async fn protocol_violations_discard_the_worker_with_a_clear_error() {
     for (name, on_exec) in [
-        ("garbage on the channel", "os.write(1, b'this is not a frame at all')"),
+        (
+            "garbage on the channel",
+            "os.write(1, b'this is not a frame at all')",
+        ),
         ("oversized frame", "os.write(1, b'\\xff\\xff\\xff\\xff')"),
         ("exit mid-request", "os._exit(0)"),
     ] {
@@ -139,12 +167,18 @@ async fn protocol_violations_discard_the_worker_with_a_clear_error() {
             "{ready}\nf = open(0, 'rb', buffering=0)\nwhile True:\n    w.read_frame(f)\n    {on_exec}\n    import time; time.sleep(30)\n",
             ready = READY.replace("PROTO", "1")
         );
-        let (server, _dir) = server_with_bootstrap(&fake, |c| c.timeout = 1.0).await.unwrap();
+        let (server, _dir) = server_with_bootstrap(&fake, |c| c.timeout = 1.0)
+            .await
+            .unwrap();
         let started = Instant::now();
         let (status, body) = server.execute(json!({"code": "print(1)"})).await;
         assert_eq!(status, 500, "{name}: {body}");
         assert_eq!(body["error"]["code"], "internal", "{name}");
-        assert!(started.elapsed() < Duration::from_secs(6), "{name}: {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "{name}: {:?}",
+            started.elapsed()
+        );
         server.wait_for_pool_size(2, Duration::from_secs(2)).await;
         server.stop().await;
     }
@@ -156,12 +190,20 @@ async fn a_worker_that_stops_answering_is_killed_after_the_hard_deadline() {
         "{ready}\nf = open(0, 'rb', buffering=0)\nwhile True:\n    w.read_frame(f)\n    import time; time.sleep(600)\n",
         ready = READY.replace("PROTO", "1")
     );
-    let (server, _dir) = server_with_bootstrap(&fake, |c| c.timeout = 0.5).await.unwrap();
+    let (server, _dir) = server_with_bootstrap(&fake, |c| c.timeout = 0.5)
+        .await
+        .unwrap();
     let before = worker_pids(&server);
     let started = Instant::now();
     let (status, body) = server.execute(json!({"code": "print(1)"})).await;
     assert_eq!(status, 500, "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("did not answer"), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("did not answer"),
+        "{body}"
+    );
     assert!(started.elapsed() < Duration::from_secs(6));
     server.wait_for_pool_size(2, Duration::from_secs(2)).await;
     tokio::time::sleep(Duration::from_millis(1200)).await;

@@ -27,37 +27,72 @@ async fn exit_statuses_follow_python_script_semantics() {
     let body = server.run("x = 1\n\ndef f():\n    return 1/0\nf()").await;
     assert_eq!(body["exit_code"], 1);
     let stderr = body["stderr"].as_str().unwrap();
-    assert!(stderr.starts_with("Traceback (most recent call last):"), "{stderr}");
-    assert!(stderr.contains("File \"<code>\", line 5, in <module>"), "{stderr}");
+    assert!(
+        stderr.starts_with("Traceback (most recent call last):"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("File \"<code>\", line 5, in <module>"),
+        "{stderr}"
+    );
     assert!(stderr.contains("File \"<code>\", line 4, in f"), "{stderr}");
     assert!(stderr.contains("return 1/0"), "source line shown: {stderr}");
-    assert!(stderr.trim_end().ends_with("ZeroDivisionError: division by zero"), "{stderr}");
-    assert!(!stderr.contains("worker.py"), "worker frames leak: {stderr}");
+    assert!(
+        stderr
+            .trim_end()
+            .ends_with("ZeroDivisionError: division by zero"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("worker.py"),
+        "worker frames leak: {stderr}"
+    );
 
     let body = server.run("import sys\nsys.exit(3)").await;
-    assert_eq!((body["exit_code"].as_i64(), body["stderr"].as_str()), (Some(3), Some("")));
+    assert_eq!(
+        (body["exit_code"].as_i64(), body["stderr"].as_str()),
+        (Some(3), Some(""))
+    );
 
     let body = server.run("import sys; sys.exit('bye')").await;
-    assert_eq!((body["exit_code"].as_i64(), body["stderr"].as_str()), (Some(1), Some("bye\n")));
+    assert_eq!(
+        (body["exit_code"].as_i64(), body["stderr"].as_str()),
+        (Some(1), Some("bye\n"))
+    );
 
     let body = server.run("import sys; sys.exit()").await;
     assert_eq!(body["exit_code"], 0);
 
-    let body = server.run("import os\nprint('partial', flush=True)\nos._exit(7)").await;
-    assert_eq!((body["exit_code"].as_i64(), body["stdout"].as_str()), (Some(7), Some("partial\n")));
+    let body = server
+        .run("import os\nprint('partial', flush=True)\nos._exit(7)")
+        .await;
+    assert_eq!(
+        (body["exit_code"].as_i64(), body["stdout"].as_str()),
+        (Some(7), Some("partial\n"))
+    );
 
-    let body = server.run("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)").await;
+    let body = server
+        .run("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)")
+        .await;
     assert_eq!(body["exit_code"], -11);
     assert_eq!(body["signal"], "SIGSEGV");
     assert_eq!(body["timed_out"], false);
 
     let body = server.run("print(2+").await;
     assert_eq!(body["exit_code"], 1);
-    assert!(body["stderr"].as_str().unwrap().contains("SyntaxError"), "{body}");
+    assert!(
+        body["stderr"].as_str().unwrap().contains("SyntaxError"),
+        "{body}"
+    );
 
     let body = server.run("raise KeyboardInterrupt").await;
     assert_eq!(body["exit_code"], 1);
-    assert!(body["stderr"].as_str().unwrap().contains("KeyboardInterrupt"));
+    assert!(
+        body["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("KeyboardInterrupt")
+    );
     server.stop().await;
 }
 
@@ -96,7 +131,10 @@ async fn stdin_comes_from_the_request_or_is_empty() {
     let body = server.run("input()").await;
     assert!(started.elapsed().as_secs_f64() < 5.0);
     assert_eq!(body["exit_code"], 1);
-    assert!(body["stderr"].as_str().unwrap().contains("EOFError"), "{body}");
+    assert!(
+        body["stderr"].as_str().unwrap().contains("EOFError"),
+        "{body}"
+    );
 
     let big = "x".repeat(300_000);
     let (_, body) = server
@@ -123,7 +161,10 @@ print(os.getcwd() == os.environ["PWD"])
         }))
         .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["stdout"], "héllo\nb'\\x00\\x01\\xff'\n['blob.bin', 'data']\nTrue\n");
+    assert_eq!(
+        body["stdout"],
+        "héllo\nb'\\x00\\x01\\xff'\n['blob.bin', 'data']\nTrue\n"
+    );
 
     // The next run starts in another, empty directory; the old one is gone.
     let body = server
@@ -157,7 +198,9 @@ async fn each_run_gets_a_fresh_main_module() {
 #[tokio::test]
 async fn invalid_utf8_output_is_replaced_not_rejected() {
     let server = TestServer::start().await;
-    let body = server.run("import os; os.write(1, b'ok \\xff\\xfe end')").await;
+    let body = server
+        .run("import os; os.write(1, b'ok \\xff\\xfe end')")
+        .await;
     assert_eq!(body["stdout"], "ok \u{fffd}\u{fffd} end");
     server.stop().await;
 }

@@ -23,7 +23,10 @@ fn assert_error(status: u16, body: &Value, want_status: u16, code: &str, mention
     assert_eq!(status, want_status, "{body}");
     assert_eq!(body["error"]["code"], code, "{body}");
     let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.contains(mentions), "message {message:?} lacks {mentions:?}");
+    assert!(
+        message.contains(mentions),
+        "message {message:?} lacks {mentions:?}"
+    );
 }
 
 #[tokio::test]
@@ -50,7 +53,10 @@ async fn bad_requests_get_json_errors() {
     assert_error(s, &b, 404, "unknown_env", "\"nope\"");
     let (_, envs) = server.get("/list-envs").await;
     let name = envs["envs"][0]["name"].as_str().unwrap();
-    assert!(b["error"]["message"].as_str().unwrap().contains(name), "{b}");
+    assert!(
+        b["error"]["message"].as_str().unwrap().contains(name),
+        "{b}"
+    );
 
     for (files, mentions) in [
         (json!({"../x": "a"}), "leaves the working directory"),
@@ -90,7 +96,14 @@ async fn health_and_list_envs_report_the_pool() {
     assert_eq!(status, 200);
     assert_eq!(health["status"], "ok");
     let pool = &health["envs"][name];
-    assert_eq!((pool["size"].as_u64(), pool["idle"].as_u64(), pool["busy"].as_u64()), (Some(2), Some(2), Some(0)));
+    assert_eq!(
+        (
+            pool["size"].as_u64(),
+            pool["idle"].as_u64(),
+            pool["busy"].as_u64()
+        ),
+        (Some(2), Some(2), Some(0))
+    );
 
     assert_eq!(env["default"], true);
     assert!(["python", "venv", "conda"].contains(&env["kind"].as_str().unwrap()));
@@ -101,7 +114,9 @@ async fn health_and_list_envs_report_the_pool() {
     // The env is also addressable by its name and by its prefix.
     let prefix = env["prefix"].as_str().unwrap().to_string();
     for name in [name, prefix.as_str()] {
-        let (s, b) = server.execute(json!({"code": "import sys; print(sys.prefix)", "env": name})).await;
+        let (s, b) = server
+            .execute(json!({"code": "import sys; print(sys.prefix)", "env": name}))
+            .await;
         assert_eq!(s, 200, "{b}");
         assert_eq!(b["stdout"].as_str().unwrap().trim(), prefix);
     }

@@ -2,11 +2,12 @@
 
 mod common;
 
-mod crashes;
-mod execute;
-mod isolation;
-mod timeouts;
 mod codec;
 mod concurrency;
+mod crashes;
+mod execute;
 mod http_api;
+mod isolation;
+mod readme;
 mod shutdown;
+mod timeouts;

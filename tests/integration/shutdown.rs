@@ -38,7 +38,7 @@ async fn sigterm_finishes_in_flight_runs_and_leaves_no_worker() {
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     let url = format!("http://{address}/execute");
     let client = reqwest::Client::new();
-    assert_eq!(common::processes_mentioning(tmp.path()).len() >= 3, true);
+    assert!(common::processes_mentioning(tmp.path()).len() >= 3);
 
     let in_flight = tokio::spawn({
         let (client, url) = (client.clone(), url.clone());
@@ -49,7 +49,10 @@ async fn sigterm_finishes_in_flight_runs_and_leaves_no_worker() {
                 .send()
                 .await
                 .unwrap();
-            (resp.status().as_u16(), resp.json::<serde_json::Value>().await.unwrap())
+            (
+                resp.status().as_u16(),
+                resp.json::<serde_json::Value>().await.unwrap(),
+            )
         }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -65,7 +68,14 @@ async fn sigterm_finishes_in_flight_runs_and_leaves_no_worker() {
         .unwrap();
     assert!(exit.success(), "{exit:?}");
     // New connections are refused once it is gone.
-    assert!(client.post(&url).json(&json!({"code": "1"})).send().await.is_err());
+    assert!(
+        client
+            .post(&url)
+            .json(&json!({"code": "1"}))
+            .send()
+            .await
+            .is_err()
+    );
 
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
@@ -73,7 +83,10 @@ async fn sigterm_finishes_in_flight_runs_and_leaves_no_worker() {
         if left.is_empty() {
             break;
         }
-        assert!(Instant::now() < deadline, "processes left after shutdown: {left:?}");
+        assert!(
+            Instant::now() < deadline,
+            "processes left after shutdown: {left:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The scratch directories are gone too.

@@ -101,7 +101,11 @@ async fn a_full_pool_answers_busy_with_retry_after() {
             .await
             .unwrap();
         let retry = resp.headers().get("retry-after").cloned();
-        (resp.status().as_u16(), retry, resp.json::<serde_json::Value>().await.unwrap())
+        (
+            resp.status().as_u16(),
+            retry,
+            resp.json::<serde_json::Value>().await.unwrap(),
+        )
     };
     let ((slow_status, _), (status, retry, body)) = tokio::join!(slow, busy);
     assert_eq!(slow_status, 200);
