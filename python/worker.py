@@ -41,6 +41,7 @@ import signal
 import struct
 import sys
 import time
+import types
 
 PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 30
@@ -302,13 +303,17 @@ _LIMITS = {
 }
 
 
-def apply_limits(limits):
-    if not limits:
+def apply_limits(limits, applied=None):
+    """Set the run's rlimits; skip those already set to the same value
+    (``applied``, the limits a child set while it warmed up)."""
+    if not limits or resource is None:
         return
     for key, name in _LIMITS.items():
         value = limits.get(key)
         res = getattr(resource, name, None)
         if value is None or res is None:
+            continue
+        if applied is not None and applied.get(key) == value:
             continue
         soft, hard = resource.getrlimit(res)
         value = int(value)
@@ -348,21 +353,20 @@ def write_files(root, files):
 
 
 def set_stdin(data):
-    if data:
-        if hasattr(os, "memfd_create"):
-            fd = os.memfd_create("stdin", 0)
-        else:
-            import tempfile
-
-            fd, path = tempfile.mkstemp()
-            os.unlink(path)
-        write_all(fd, data)
-        os.lseek(fd, 0, os.SEEK_SET)
+    """Make fd 0 read ``data``; without data it stays on /dev/null."""
+    if not data:
+        return
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("stdin", 0)
     else:
-        fd = os.open(os.devnull, os.O_RDONLY)
-    if fd != 0:
-        os.dup2(fd, 0)
-        os.close(fd)
+        import tempfile
+
+        fd, path = tempfile.mkstemp()
+        os.unlink(path)
+    write_all(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.dup2(fd, 0)
+    os.close(fd)
 
 
 def exit_code_of(exc):
@@ -392,14 +396,21 @@ def user_traceback(exc):
         pass
 
 
-def run_user_code(code, argv, at_exit=True):
+def fresh_main():
+    """Install a new, empty ``__main__`` module and return it."""
     import builtins
-    import linecache
-    import types
 
     main = types.ModuleType("__main__")
     main.__builtins__ = builtins
     sys.modules["__main__"] = main
+    return main
+
+
+def run_user_code(code, argv, main=None, at_exit=True):
+    import linecache
+
+    if main is None:
+        main = fresh_main()
     sys.argv = [RUN_FILENAME] + list(argv or ())
     linecache.cache[RUN_FILENAME] = (len(code), None, code.splitlines(True), RUN_FILENAME)
     status = 0
@@ -447,7 +458,7 @@ def set_parent_death_signal(worker_pid):
         os._exit(70)
 
 
-def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds):
+def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, limits_hint):
     """Body of a forked child; never returns."""
     status = 70
     try:
@@ -467,12 +478,17 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds):
         os.close(out_w)
         os.close(err_w)
         os.chdir(rundir)
-        # Warm up: walk the request path once so that its copy-on-write page
-        # faults (refcounts written in pages shared with the worker) happen
-        # now, not while a client waits.
+        os.environ["PWD"] = rundir
+        sys.path.insert(0, rundir)
+        # Everything that does not depend on the request is done now, while
+        # no client waits: limits as the last run had them, stdin on
+        # /dev/null (fd 0 already is), a fresh __main__, and one pass over
+        # the request path so that its copy-on-write page faults (refcounts
+        # written in pages shared with the worker) happen here.
+        apply_limits(limits_hint)
         warm = unpackb(packb(WARM_REQUEST))
-        apply_limits(warm.get("limits"))
-        run_user_code(warm["code"], warm.get("argv"), at_exit=False)
+        run_user_code(warm["code"], warm.get("argv"), types.ModuleType("__warm__"), at_exit=False)
+        main = fresh_main()
         req = open(req_r, "rb", buffering=0)
         try:
             frame = read_frame(req)
@@ -481,15 +497,13 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds):
         req.close()
         msg = unpackb(frame)
         del frame
-        apply_limits(msg.get("limits"))
+        apply_limits(msg.get("limits"), limits_hint)
         write_files(rundir, msg.get("files"))
         set_stdin(msg.get("stdin"))
-        sys.path.insert(0, rundir)
-        os.environ["PWD"] = rundir
         code = msg.get("code") or ""
         argv = msg.get("argv")
         del msg
-        status = run_user_code(code, argv)
+        status = run_user_code(code, argv, main)
         try:
             os.write(ctl_w, struct.pack("!i", status))
         except OSError:
@@ -591,6 +605,7 @@ class Worker:
         os.set_blocking(self.wake_r, False)
         self.next = None
         self.counter = 0
+        self.limits = None  # the last run's limits, pre-applied by the next child
 
     def spawn(self):
         """Fork the next child; it warms up and waits for its request."""
@@ -605,7 +620,7 @@ class Worker:
         worker_pid = os.getpid()
         pid = os.fork()
         if pid == 0:
-            child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds)
+            child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, self.limits)
         for fd in (req_r, out_w, err_w, ctl_w):
             os.close(fd)
         try:
@@ -646,6 +661,7 @@ class Worker:
         raise RuntimeError("unreachable")
 
     def execute(self, msg, frame):
+        self.limits = msg.get("limits")
         timeout = float(msg.get("timeout") or 30.0)
         cap = int(msg.get("max_output") or (1 << 20))
         start = time.monotonic()
