@@ -47,6 +47,8 @@ PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 30
 RUN_FILENAME = "<code>"
 READ_CHUNK = 1 << 16
+MAX_ERROR_CHARS = 64 * 1024
+MAX_ARTIFACTS = 1000
 WARM_REQUEST = {"t": "exec", "id": 0, "code": "_ = [str(i) for i in range(8)]",
                 "stdin": None, "files": [], "timeout": 1.0, "max_output": 1, "limits": {}}
 resource = None  # imported by main(); the module is absent on non-Unix builds
@@ -384,16 +386,42 @@ def exit_code_of(exc):
 
 
 def user_traceback(exc):
-    """Print ``exc`` as the interpreter would, without this file's frames."""
+    """Print ``exc`` to stderr as the interpreter would, without this file's
+    frames, and describe it for the result's ``error`` field."""
     import traceback
 
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
     try:
-        traceback.print_exception(type(exc), exc, tb)
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+    except Exception:
+        text = "%s: %s\n" % (type(exc).__name__, exc)
+    try:
+        sys.stderr.write(text)
     except Exception:
         pass
+    line = None
+    if isinstance(exc, SyntaxError) and exc.filename == RUN_FILENAME:
+        line = exc.lineno
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == RUN_FILENAME:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    cls = type(exc)
+    name = cls.__qualname__
+    if cls.__module__ not in ("builtins", "__main__"):
+        name = "%s.%s" % (cls.__module__, name)
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<unprintable %s>" % name
+    return {
+        "type": name,
+        "message": message[:MAX_ERROR_CHARS],
+        "traceback": text[-MAX_ERROR_CHARS:],
+        "line": line,
+    }
 
 
 def fresh_main():
@@ -406,23 +434,55 @@ def fresh_main():
     return main
 
 
-def run_user_code(code, argv, main=None, at_exit=True):
+def value_repr(value, cap):
+    try:
+        text = repr(value)
+    except BaseException as exc:  # a broken __repr__ is the user's, not ours
+        text = "<repr failed: %s: %s>" % (type(exc).__name__, exc)
+    if len(text) > cap:
+        text = "%s... [truncated, %d characters in all]" % (text[:cap], len(text))
+    return text
+
+
+class RunOutcome:
+    __slots__ = ("status", "result", "error")
+
+    def __init__(self):
+        self.status = 0
+        self.result = None
+        self.error = None
+
+
+def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000):
+    """Run ``code`` as ``python script.py`` would, in ``main``. The value of a
+    final expression statement is kept (its repr), as a notebook cell shows it."""
+    import ast
     import linecache
 
     if main is None:
         main = fresh_main()
     sys.argv = [RUN_FILENAME] + list(argv or ())
     linecache.cache[RUN_FILENAME] = (len(code), None, code.splitlines(True), RUN_FILENAME)
-    status = 0
+    outcome = RunOutcome()
+    ns = main.__dict__
     try:
-        exec(compile(code, RUN_FILENAME, "exec"), main.__dict__)
+        tree = compile(code, RUN_FILENAME, "exec", ast.PyCF_ONLY_AST)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr) and not code.rstrip().endswith(";"):
+            last = tree.body.pop()
+        exec(compile(tree, RUN_FILENAME, "exec"), ns)
+        if last is not None:
+            value = eval(compile(ast.Expression(last.value), RUN_FILENAME, "eval"), ns)
+            if value is not None:
+                outcome.result = value_repr(value, result_cap)
     except SystemExit as exc:
-        status = exit_code_of(exc)
+        outcome.status = exit_code_of(exc)
     except BaseException as exc:  # noqa: B902 - the run's own failure
-        user_traceback(exc)
-        status = 1
+        outcome.error = user_traceback(exc)
+        outcome.status = 1
     if not at_exit:
-        return status
+        return outcome
+    save_figures()
     # What the interpreter does at exit: join non-daemon threads, run atexit.
     threading = sys.modules.get("threading")
     if threading is not None and hasattr(threading, "_shutdown"):
@@ -441,7 +501,150 @@ def run_user_code(code, argv, main=None, at_exit=True):
             stream.flush()
         except BaseException:
             pass
-    return status
+    return outcome
+
+
+# ---------------------------------------------------------------------------
+# Plots: matplotlib figures become PNG files in the run directory
+# ---------------------------------------------------------------------------
+
+_figures = {"dir": None, "count": 0}
+
+
+def save_figures():
+    """Save every open pyplot figure as figure-N.png and close it."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None or _figures["dir"] is None:
+        return
+    try:
+        for num in plt.get_fignums():
+            while True:
+                _figures["count"] += 1
+                path = os.path.join(_figures["dir"], "figure-%d.png" % _figures["count"])
+                if not os.path.exists(path):
+                    break
+            plt.figure(num).savefig(path, format="png")
+        plt.close("all")
+    except Exception as exc:
+        try:
+            sys.stderr.write("code-executor: could not save figures: %s\n" % exc)
+        except Exception:
+            pass
+
+
+def patch_pyplot(module):
+    def show(*args, **kwargs):
+        save_figures()
+
+    module.show = show
+
+
+class _PatchingLoader:
+    """Runs the real loader, then patches the module it loaded."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        patch_pyplot(module)
+
+
+class _PyplotHook:
+    """Meta-path finder that patches ``matplotlib.pyplot.show`` on import."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "matplotlib.pyplot":
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+def install_plot_capture(rundir):
+    _figures["dir"] = rundir
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is not None:
+        patch_pyplot(plt)
+    else:
+        sys.meta_path.insert(0, _PyplotHook())
+
+
+# ---------------------------------------------------------------------------
+# Artifacts: files a run created or changed in its directory
+# ---------------------------------------------------------------------------
+
+def read_file(path, size):
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        chunks = []
+        left = size
+        while left > 0:
+            data = os.read(fd, min(left, 1 << 20))
+            if not data:
+                break
+            chunks.append(data)
+            left -= len(data)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def collect_artifacts(rundir, inputs, select, max_each, max_total):
+    """Regular files under ``rundir`` that are new or differ from the input
+    file of the same path; symlinks are never followed."""
+    import fnmatch
+    import mimetypes
+
+    found = []
+    total = 0
+    pending = [""]
+    while pending and len(found) < MAX_ARTIFACTS:
+        rel_dir = pending.pop()
+        try:
+            entries = sorted(os.scandir(os.path.join(rundir, rel_dir)), key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            rel = rel_dir + "/" + entry.name if rel_dir else entry.name
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(rel)
+                    continue
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                if select is not None and not any(fnmatch.fnmatchcase(rel, p) for p in select):
+                    continue
+                size = entry.stat(follow_symlinks=False).st_size
+                original = inputs.get(rel)
+                if original is not None and len(original) == size:
+                    if read_file(entry.path, size) == original:
+                        continue
+                item = {
+                    "path": rel,
+                    "size": size,
+                    "mime": mimetypes.guess_type(rel)[0] or "application/octet-stream",
+                }
+                if size > max_each or total + size > max_total:
+                    item["omitted"] = True
+                else:
+                    item["data"] = read_file(entry.path, size)
+                    total += size
+                found.append(item)
+            except OSError:
+                continue
+            if len(found) >= MAX_ARTIFACTS:
+                break
+    return found
 
 
 _prctl = None  # libc's prctl, looked up once by the worker when ctypes exists
@@ -486,6 +689,7 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, limit
         # the request path so that its copy-on-write page faults (refcounts
         # written in pages shared with the worker) happen here.
         apply_limits(limits_hint)
+        install_plot_capture(rundir)
         warm = unpackb(packb(WARM_REQUEST))
         run_user_code(warm["code"], warm.get("argv"), types.ModuleType("__warm__"), at_exit=False)
         main = fresh_main()
@@ -502,10 +706,13 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, limit
         set_stdin(msg.get("stdin"))
         code = msg.get("code") or ""
         argv = msg.get("argv")
+        result_cap = int(msg.get("max_result_chars") or 10000)
         del msg
-        status = run_user_code(code, argv, main)
+        outcome = run_user_code(code, argv, main, result_cap=result_cap)
+        status = outcome.status
+        report = packb({"status": status, "result": outcome.result, "error": outcome.error})
         try:
-            os.write(ctl_w, struct.pack("!i", status))
+            write_all(ctl_w, struct.pack("!I", len(report)) + report)
         except OSError:
             pass
     except BaseException as exc:  # a fault before the user's code ran
@@ -529,10 +736,45 @@ def signal_name(signum):
         return "SIG%d" % signum
 
 
+def read_report(fd, buf):
+    """Read the child's final report (a length-prefixed msgpack map) into
+    ``buf``; return (report or None, whether the pipe closed)."""
+    while True:
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            break
+        except OSError:
+            data = b""
+        if not data:
+            return complete_report(buf), True
+        buf += data
+        report = complete_report(buf)
+        if report is not None:
+            return report, False
+    return None, False
+
+
+def complete_report(buf):
+    if len(buf) < 4:
+        return None
+    (n,) = struct.unpack_from("!I", buf)
+    if len(buf) < 4 + n:
+        return None
+    try:
+        return unpackb(bytes(buf[4:4 + n]))
+    except Exception:
+        return None
+
+
+def normalize(rel):
+    return "/".join(p for p in rel.split("/") if p not in ("", "."))
+
+
 class Child:
     """A forked child waiting for its request, with the pipes around it."""
 
-    __slots__ = ("pid", "rundir", "req_w", "out_r", "err_r", "ctl_r", "status")
+    __slots__ = ("pid", "rundir", "req_w", "out_r", "err_r", "ctl_r", "ctl_r_open", "status")
 
     def __init__(self, pid, rundir, req_w, out_r, err_r, ctl_r):
         self.pid = pid
@@ -541,6 +783,7 @@ class Child:
         self.out_r = out_r
         self.err_r = err_r
         self.ctl_r = ctl_r
+        self.ctl_r_open = True
         self.status = None  # raw wait status once reaped
 
     def reap(self, block):
@@ -572,16 +815,18 @@ class Child:
 class Capture:
     """One captured stream, keeping at most ``cap`` bytes."""
 
-    __slots__ = ("chunks", "size", "cap", "truncated", "open")
+    __slots__ = ("chunks", "size", "cap", "truncated", "open", "name")
 
-    def __init__(self, cap):
+    def __init__(self, cap, name):
         self.chunks = []
         self.size = 0
         self.cap = cap
         self.truncated = False
         self.open = True
+        self.name = name
 
     def feed(self, data):
+        """Keep what fits under the cap; return the part kept."""
         room = self.cap - self.size
         if len(data) > room:
             self.truncated = True
@@ -589,6 +834,7 @@ class Capture:
         if data:
             self.chunks.append(data)
             self.size += len(data)
+        return data
 
     def value(self):
         return b"".join(self.chunks)
@@ -664,18 +910,19 @@ class Worker:
         self.limits = msg.get("limits")
         timeout = float(msg.get("timeout") or 30.0)
         cap = int(msg.get("max_output") or (1 << 20))
+        stream_id = msg.get("id") if msg.get("stream") else None
         start = time.monotonic()
         child = self.take_child(frame)
         deadline = start + timeout
-        out, err = Capture(cap), Capture(cap)
+        out, err = Capture(cap, "stdout"), Capture(cap, "stderr")
         streams = {child.out_r: out, child.err_r: err}
         poller = select.poll()
         for fd in (child.out_r, child.err_r, child.ctl_r, self.wake_r):
             poller.register(fd, select.POLLIN)
         poller.register(self.rfd, 0)  # only POLLHUP/POLLERR: the server went away
-        exit_status = None  # status the child reported over ctl
+        report = None  # what the child reported over ctl
+        ctl = bytearray()
         timed_out = False
-        ctl_open = True
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -685,36 +932,27 @@ class Worker:
             done = False
             for fd, ev in events:
                 if fd in streams:
-                    self.drain(fd, streams[fd], poller)
+                    self.drain(fd, streams[fd], poller, stream_id)
                 elif fd == child.ctl_r:
-                    data = b""
-                    try:
-                        data = os.read(fd, 4)
-                    except BlockingIOError:
-                        continue
-                    if len(data) == 4:
-                        exit_status = struct.unpack("!i", data)[0]
+                    report, closed = read_report(fd, ctl)
+                    if report is not None:
                         done = True
-                    else:
+                    elif closed:
                         poller.unregister(fd)
-                        ctl_open = False
-                        if child.reap(False):
-                            done = True
+                        child.ctl_r_open = False
+                        done = child.reap(False)
                 elif fd == self.wake_r:
                     try:
                         while os.read(fd, 512):
                             pass
                     except BlockingIOError:
                         pass
-                    if child.reap(False):
-                        done = True
+                    done = child.reap(False) and not child.ctl_r_open
                 elif fd == self.rfd:
                     child.kill_group()
                     child.reap(True)
                     raise ChannelClosed()
             if done:
-                break
-            if not ctl_open and child.reap(False):
                 break
         duration_ms = (time.monotonic() - start) * 1000.0
         # Whatever the outcome, the run's process group ends here: stray
@@ -722,21 +960,34 @@ class Worker:
         child.kill_group()
         if timed_out:
             child.reap(True)
-        for fd, cap_ in streams.items():
-            if cap_.open:
-                self.drain(fd, cap_, None)
+        for fd, capture in streams.items():
+            if capture.open:
+                self.drain(fd, capture, None, stream_id)
         signame = None
         if timed_out:
             exit_code, signame = -signal.SIGKILL, "SIGKILL"
-        elif exit_status is not None:
-            exit_code = exit_status
+        elif report is not None:
+            exit_code = report.get("status", 0)
         else:
+            child.reap(True)
             status = child.status or 0
             if os.WIFSIGNALED(status):
                 sig = os.WTERMSIG(status)
                 exit_code, signame = -sig, signal_name(sig)
             else:
                 exit_code = os.WEXITSTATUS(status)
+        artifacts = []
+        select_ = msg.get("artifacts", True)
+        if select_ is not False:
+            inputs = {normalize(p): d for p, d in (msg.get("files") or ())}
+            artifacts = collect_artifacts(
+                child.rundir,
+                inputs,
+                None if select_ is True or select_ is None else list(select_),
+                int(msg.get("max_artifact_bytes") or (10 << 20)),
+                int(msg.get("max_artifacts_bytes") or (32 << 20)),
+            )
+        report = report or {}
         write_frame(self.wfd, {
             "t": "result",
             "id": msg.get("id"),
@@ -748,13 +999,15 @@ class Worker:
             "stdout_truncated": out.truncated,
             "stderr_truncated": err.truncated,
             "duration_ms": duration_ms,
+            "result": report.get("result"),
+            "error": report.get("error"),
+            "artifacts": artifacts,
         })
         # Off the request path: reap, clean up, fork the next child.
         self.retire(child)
         self.spawn()
 
-    @staticmethod
-    def drain(fd, capture, poller):
+    def drain(self, fd, capture, poller, stream_id=None):
         while True:
             try:
                 data = os.read(fd, READ_CHUNK)
@@ -767,7 +1020,9 @@ class Worker:
                 if poller is not None:
                     poller.unregister(fd)
                 return
-            capture.feed(data)
+            kept = capture.feed(data)
+            if stream_id is not None and kept:
+                write_frame(self.wfd, {"t": "output", "id": stream_id, "stream": capture.name, "data": kept})
 
     def serve(self):
         self.spawn()
@@ -831,7 +1086,8 @@ def main():
         for name in preload:
             __import__(name)
         # Modules every run needs, imported once here instead of in each child.
-        import builtins, linecache, types, traceback, atexit, shutil  # noqa: F401,E401
+        import ast, builtins, linecache, traceback, atexit, shutil, fnmatch, mimetypes  # noqa: F401,E401
+        mimetypes.init()
         global resource, _prctl
         import resource
         try:
