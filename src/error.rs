@@ -17,9 +17,7 @@ pub enum WorkerError {
     },
     #[error("interpreter {python} failed to start the worker: {detail}")]
     Startup { python: PathBuf, detail: String },
-    #[error(
-        "interpreter {python} speaks worker protocol {found}, this server speaks {expected}"
-    )]
+    #[error("interpreter {python} speaks worker protocol {found}, this server speaks {expected}")]
     Version {
         python: PathBuf,
         found: u32,
@@ -37,6 +35,8 @@ pub enum WorkerError {
     Internal(String),
     #[error("error talking to worker")]
     Io(#[source] io::Error),
+    #[error("all {0} workers the server may run are busy and none is idle to retire")]
+    AtCapacity(usize),
 }
 
 /// Getting a worker from an environment's pool failed.
@@ -66,6 +66,8 @@ pub enum ExecError {
     Worker(#[source] WorkerError),
     #[error("server is shutting down")]
     ShuttingDown,
+    #[error("{0}")]
+    Internal(String),
 }
 
 /// A configuration that cannot be used.

@@ -18,8 +18,7 @@ async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_env("CODE_EXECUTOR_LOG")
-                .unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_env("CODE_EXECUTOR_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -40,14 +39,8 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::Envs(args) => {
             let config = Config::load(&args)?;
-            let spec = code_executor::env::EnvSpec::resolve(&config.env)?;
-            println!("{:<16} {:<7} {}", "NAME", "KIND", "PREFIX");
-            println!(
-                "{:<16} {:<7} {} (default)",
-                spec.name,
-                format!("{:?}", spec.kind).to_lowercase(),
-                spec.prefix.display()
-            );
+            let registry = code_executor::env::Registry::build(&config).await?;
+            print!("{}", registry.describe().await);
             Ok(())
         }
     }

@@ -64,9 +64,7 @@ impl From<ExecError> for ApiError {
                 retry_after: Some(wait.as_secs().clamp(1, 60)),
                 ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message)
             },
-            ExecError::Busy(_) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message)
-            }
+            ExecError::Busy(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message),
             ExecError::EnvUnavailable { .. } => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "env_unavailable", message)
             }
@@ -74,7 +72,7 @@ impl From<ExecError> for ApiError {
                 retry_after: Some(1),
                 ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
             },
-            ExecError::Worker(_) => {
+            ExecError::Worker(_) | ExecError::Internal(_) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
             }
         }
