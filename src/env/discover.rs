@@ -96,13 +96,32 @@ pub async fn discover(host: &HostEnv, timeout: Duration) -> Discovered {
         }
     }
     found.root = found.root.and_then(|r| r.canonicalize().ok());
-    let unique: BTreeSet<PathBuf> = prefixes
+    let envs_dirs: Vec<PathBuf> = found
+        .envs_dirs
+        .iter()
+        .filter_map(|d| d.canonicalize().ok())
+        .collect();
+    // Order, which decides name clashes: the root, then the members of the
+    // envs dirs (where `conda activate NAME` looks), then other prefixes;
+    // by path within each group.
+    let unique: BTreeSet<(usize, PathBuf)> = prefixes
         .into_iter()
         .filter(|p| p.join("conda-meta").is_dir())
         .filter_map(|p| p.canonicalize().ok())
         .filter(|p| Some(p) != found.root.as_ref())
+        .map(|p| {
+            let in_envs_dir = p
+                .parent()
+                .is_some_and(|parent| envs_dirs.iter().any(|d| d == parent));
+            (if in_envs_dir { 0 } else { 1 }, p)
+        })
         .collect();
-    found.prefixes = found.root.iter().cloned().chain(unique).collect();
+    found.prefixes = found
+        .root
+        .iter()
+        .cloned()
+        .chain(unique.into_iter().map(|(_, p)| p))
+        .collect();
     found
 }
 

@@ -49,10 +49,8 @@ pub fn check_pip_spec(spec: &str) -> Result<(), String> {
         Some((req, marker)) => (req, Some(marker)),
         None => (spec, None),
     };
-    if let Some(marker) = marker
-        && (marker.trim().is_empty() || marker.chars().any(|c| c.is_control()))
-    {
-        return Err("has an empty or malformed environment marker".into());
+    if let Some(marker) = marker {
+        check_marker(marker)?;
     }
     let req = req.trim();
     let name_end = req
@@ -101,6 +99,67 @@ pub fn check_pip_spec(spec: &str) -> Result<(), String> {
         if !ok {
             return Err(format!("has an invalid version in {clause:?}"));
         }
+    }
+    Ok(())
+}
+
+/// Variables an environment marker may test (PEP 508).
+const MARKER_VARS: &[&str] = &[
+    "python_version",
+    "python_full_version",
+    "os_name",
+    "sys_platform",
+    "platform_release",
+    "platform_system",
+    "platform_version",
+    "platform_machine",
+    "platform_python_implementation",
+    "implementation_name",
+    "implementation_version",
+    "extra",
+];
+
+/// An environment marker: marker variables, quoted strings, comparison
+/// operators, `and`/`or`/`in`/`not` and parentheses; nothing else.
+fn check_marker(marker: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("has an invalid environment marker: {why}"));
+    let mut chars = marker.chars().peekable();
+    let mut comparisons = 0;
+    while let Some(&c) = chars.peek() {
+        if c.is_whitespace() || c == '(' || c == ')' {
+            chars.next();
+        } else if c == '\'' || c == '"' {
+            chars.next();
+            if !chars.by_ref().any(|d| d == c) {
+                return bad("unclosed string");
+            }
+        } else if "<>=!~".contains(c) {
+            while chars.peek().is_some_and(|d| "<>=!~".contains(*d)) {
+                chars.next();
+            }
+            comparisons += 1;
+        } else if c.is_ascii_alphabetic() || c == '_' {
+            let mut word = String::new();
+            while let Some(&d) = chars.peek() {
+                if d.is_ascii_alphanumeric() || d == '_' || d == '.' {
+                    word.push(d);
+                    chars.next();
+                } else {
+                    break;
+                }
+            }
+            match word.as_str() {
+                "in" => comparisons += 1,
+                "and" | "or" | "not" => {}
+                w if MARKER_VARS.contains(&w) => {}
+                w => return bad(&format!("{w:?} is not a marker variable")),
+            }
+        } else {
+            return bad(&format!("unexpected {c:?}"));
+        }
+    }
+    if comparisons == 0 {
+        return bad("no comparison");
     }
     Ok(())
 }
@@ -168,6 +227,7 @@ mod tests {
             "tiny_pkg @ file:///tmp/x/tiny_pkg-1.0-py3-none-any.whl",
             "foo (>=1.0)",
             "bar==1.0; python_version >= '3.8'",
+            "baz; sys_platform == \"linux\" and (python_version < '3.12' or extra == 'x')",
             "echo",
         ] {
             assert!(
@@ -183,6 +243,9 @@ mod tests {
             "--index-url=http://evil",
             "-e.",
             "foo; ",
+            "numpy; rm -rf /",
+            "numpy; python_version >= '3' ; x",
+            "numpy; python_version",
             "foo==",
             "foo==1.0 && rm -rf /",
             "foo bar",

@@ -2,5 +2,5 @@
 
 mod common;
 
-
+mod envs;
 mod execute;

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod conda;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -117,7 +119,13 @@ impl TestServer {
     /// Pool counts of the default environment from /health.
     pub async fn pool(&self) -> Value {
         let (_, health) = self.get("/health").await;
-        health["envs"].as_object().unwrap().values().next().unwrap().clone()
+        health["envs"]
+            .as_object()
+            .unwrap()
+            .values()
+            .next()
+            .unwrap()
+            .clone()
     }
 
     /// Wait until the default pool reports `size` live workers.
