@@ -85,4 +85,6 @@ pub enum ConfigError {
     Invalid(String),
     #[error("no Python interpreter found: {0}")]
     NoInterpreter(String),
+    #[error("no Conda environment named {name:?}; found: {found}")]
+    UnknownCondaEnv { name: String, found: String },
 }

@@ -83,11 +83,9 @@ impl Registry {
                         candidates
                             .iter()
                             .find(|(n, _)| n == wanted)
-                            .ok_or_else(|| {
-                                ConfigError::NoInterpreter(format!(
-                                    "no Conda environment named {wanted:?}; found: {}",
-                                    names(candidates.iter().map(|(n, _)| n.as_str()))
-                                ))
+                            .ok_or_else(|| ConfigError::UnknownCondaEnv {
+                                name: wanted.clone(),
+                                found: names(candidates.iter().map(|(n, _)| n.as_str())),
                             })?;
                     EnvSpec::from_prefix(prefix, Some(name.unwrap_or(wanted)))
                 }

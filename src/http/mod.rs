@@ -96,15 +96,15 @@ async fn health(State(state): State<AppState>) -> Response {
 
 /// Bearer-token check, compared in constant time.
 async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(token) = &state.token {
-        if !bool::from(bearer(&req).as_bytes().ct_eq(token.as_bytes())) {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "missing or wrong bearer token",
-            )
-            .into_response();
-        }
+    if let Some(token) = &state.token
+        && !bool::from(bearer(&req).as_bytes().ct_eq(token.as_bytes()))
+    {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong bearer token",
+        )
+        .into_response();
     }
     next.run(req).await
 }
