@@ -182,6 +182,8 @@ impl EnvSpec {
         if self.kind == EnvKind::Conda {
             self.activation
                 .insert("CONDA_DEFAULT_ENV".into(), name.clone());
+            self.activation
+                .insert("CONDA_PROMPT_MODIFIER".into(), format!("({name}) "));
         }
         self.name = name;
     }
