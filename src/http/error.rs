@@ -64,7 +64,9 @@ impl From<ExecError> for ApiError {
                 retry_after: Some(wait.as_secs().clamp(1, 60)),
                 ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message)
             },
-            ExecError::Busy(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message),
+            ExecError::Busy(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message)
+            }
             ExecError::EnvUnavailable { .. } => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "env_unavailable", message)
             }

@@ -330,15 +330,9 @@ impl Worker {
     pub async fn terminate(mut self, grace: Duration) {
         self.stdin.take();
         let pid = self.info.pid;
-        if tokio::time::timeout(grace, self.child.wait())
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
             process::signal_group(pid, nix::sys::signal::Signal::SIGTERM);
-            if tokio::time::timeout(grace, self.child.wait())
-                .await
-                .is_err()
-            {
+            if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
                 kill_process_tree(pid);
                 let _ = self.child.wait().await;
             }

@@ -33,10 +33,7 @@ fn children_of(pid: u32) -> Vec<u32> {
     };
     for task in tasks.flatten() {
         if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
-            out.extend(
-                text.split_whitespace()
-                    .filter_map(|p| p.parse::<u32>().ok()),
-            );
+            out.extend(text.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
         }
     }
     out

@@ -2,5 +2,6 @@
 
 mod common;
 
+
 mod envs;
 mod execute;

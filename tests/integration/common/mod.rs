@@ -119,13 +119,7 @@ impl TestServer {
     /// Pool counts of the default environment from /health.
     pub async fn pool(&self) -> Value {
         let (_, health) = self.get("/health").await;
-        health["envs"]
-            .as_object()
-            .unwrap()
-            .values()
-            .next()
-            .unwrap()
-            .clone()
+        health["envs"].as_object().unwrap().values().next().unwrap().clone()
     }
 
     /// Wait until the default pool reports `size` live workers.
