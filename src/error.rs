@@ -17,7 +17,9 @@ pub enum WorkerError {
     },
     #[error("interpreter {python} failed to start the worker: {detail}")]
     Startup { python: PathBuf, detail: String },
-    #[error("interpreter {python} speaks worker protocol {found}, this server speaks {expected}")]
+    #[error(
+        "interpreter {python} speaks worker protocol {found}, this server speaks {expected}"
+    )]
     Version {
         python: PathBuf,
         found: u32,
