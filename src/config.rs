@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 
-use crate::env::EnvChoice;
+use crate::env::{EnvChoice, HostEnv};
 use crate::error::ConfigError;
 use crate::protocol::RunLimits;
 
@@ -31,7 +31,7 @@ pub struct Cli {
 pub enum Command {
     /// Serve the HTTP API.
     Serve(ServeArgs),
-    /// Print the environments this server would use.
+    /// Print the environments this server can see.
     Envs(ServeArgs),
 }
 
@@ -47,7 +47,14 @@ pub struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, env = "CODE_EXECUTOR_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Prefix of the Conda environment to run code in.
+    /// Name of the Conda environment to run code in by default.
+    #[arg(
+        long,
+        env = "CODE_EXECUTOR_CONDA_ENV",
+        conflicts_with_all = ["conda_prefix", "python"]
+    )]
+    pub conda_env: Option<String>,
+    /// Prefix of the Conda environment to run code in by default.
     #[arg(long, env = "CODE_EXECUTOR_CONDA_PREFIX", conflicts_with = "python")]
     pub conda_prefix: Option<PathBuf>,
     /// Python interpreter to run code with (any prefix or venv).
@@ -62,12 +69,22 @@ pub struct ServeArgs {
     /// Modules every worker imports before it serves (comma-separated).
     #[arg(long, env = "CODE_EXECUTOR_PRELOAD", value_delimiter = ',')]
     pub preload: Option<Vec<String>>,
-    /// Bearer token required by /execute.
+    /// Bearer token required by /execute, /list-envs and /list-packages.
     #[arg(long, env = "CODE_EXECUTOR_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
-    /// Bearer token required by admin endpoints.
+    /// Bearer token required by admin endpoints (/install); without it
+    /// installs are disabled.
     #[arg(long, env = "CODE_EXECUTOR_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// Cap on live workers across all environments.
+    #[arg(long, env = "CODE_EXECUTOR_MAX_WORKERS")]
+    pub max_workers: Option<usize>,
+    /// Seconds after which an idle, unconfigured environment's workers stop.
+    #[arg(long, env = "CODE_EXECUTOR_IDLE_TIMEOUT")]
+    pub idle_timeout: Option<f64>,
+    /// Bound on one /install run, in seconds.
+    #[arg(long, env = "CODE_EXECUTOR_INSTALL_TIMEOUT")]
+    pub install_timeout: Option<f64>,
 }
 
 /// The TOML file's shape; every key is optional.
@@ -76,6 +93,7 @@ pub struct ServeArgs {
 pub struct FileConfig {
     pub host: Option<IpAddr>,
     pub port: Option<u16>,
+    pub conda_env: Option<String>,
     pub conda_prefix: Option<PathBuf>,
     pub python: Option<PathBuf>,
     pub timeout: Option<f64>,
@@ -96,6 +114,52 @@ pub struct FileConfig {
     pub file_size_bytes: Option<u64>,
     /// Bootstrap script to run instead of the embedded one (testing aid).
     pub worker_script: Option<PathBuf>,
+    /// Look for Conda environments (default true).
+    pub discover: Option<bool>,
+    pub max_workers: Option<usize>,
+    pub idle_timeout_secs: Option<f64>,
+    pub install_timeout_secs: Option<f64>,
+    pub activation_timeout_secs: Option<f64>,
+    /// `[[envs]]` tables: environments configured one by one.
+    #[serde(default)]
+    pub envs: Vec<EnvTable>,
+}
+
+/// One `[[envs]]` table. `prefix` or `python` locate the environment; with
+/// neither, `name` names a discovered Conda environment. The other keys
+/// override the global settings for this environment.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvTable {
+    pub name: Option<String>,
+    pub prefix: Option<PathBuf>,
+    pub python: Option<PathBuf>,
+    /// The environment used when a request names none.
+    #[serde(default)]
+    pub default: bool,
+    pub pool_size: Option<usize>,
+    pub preload: Option<Vec<String>>,
+    pub timeout: Option<f64>,
+    pub max_timeout: Option<f64>,
+    pub memory_bytes: Option<u64>,
+    pub open_files: Option<u64>,
+    pub file_size_bytes: Option<u64>,
+    pub cpu_seconds: Option<u64>,
+    pub processes: Option<u64>,
+}
+
+/// A resolved `[[envs]]` table.
+#[derive(Debug, Clone)]
+pub struct EnvConfig {
+    /// Name in requests; derived from the prefix when absent.
+    pub name: Option<String>,
+    pub location: EnvChoice,
+    pub default: bool,
+    pub pool_size: usize,
+    pub preload: Vec<String>,
+    pub timeout: f64,
+    pub max_timeout: f64,
+    pub run_limits: RunLimits,
 }
 
 /// The resolved configuration.
@@ -129,6 +193,23 @@ pub struct Config {
     /// Resource limits applied to every run.
     pub run_limits: RunLimits,
     pub worker_script: Option<PathBuf>,
+    /// Environments configured one by one (`[[envs]]`); pre-warmed.
+    pub envs: Vec<EnvConfig>,
+    /// Whether Conda environments are discovered (and served lazily).
+    pub discover: bool,
+    /// Cap on live workers across all pools: keeps many environments from
+    /// starting an interpreter each beyond what the machine can hold.
+    pub max_workers: usize,
+    /// Idle time after which a discovered (unconfigured) env's workers stop.
+    pub idle_timeout: Duration,
+    /// Bound on one install run.
+    pub install_timeout: Duration,
+    /// Bound on running an env's activation scripts (and on each Conda query
+    /// during discovery).
+    pub activation_timeout: Duration,
+    /// What discovery reads from the server's environment (PATH, CONDA_EXE,
+    /// CONDA_PREFIX, HOME).
+    pub host_env: HostEnv,
 }
 
 impl Default for Config {
@@ -158,6 +239,13 @@ impl Default for Config {
                 processes: None,
             },
             worker_script: None,
+            envs: Vec::new(),
+            discover: true,
+            max_workers: 32,
+            idle_timeout: Duration::from_secs(300),
+            install_timeout: Duration::from_secs(600),
+            activation_timeout: Duration::from_secs(30),
+            host_env: HostEnv::from_process(),
         }
     }
 }
@@ -184,27 +272,86 @@ impl Config {
                     ))),
                 }
             };
-        let env = match (
-            args.conda_prefix.clone().or(file.conda_prefix),
-            args.python.clone().or(file.python),
-        ) {
-            (Some(prefix), None) => EnvChoice::CondaPrefix(prefix),
-            (None, Some(python)) => EnvChoice::Python(python),
-            (None, None) => EnvChoice::Default,
-            (Some(_), Some(_)) => {
+        // A flag replaces whatever the file chose.
+        let flagged =
+            args.conda_env.is_some() || args.conda_prefix.is_some() || args.python.is_some();
+        let (conda_env, conda_prefix, python) = if flagged {
+            (
+                args.conda_env.clone(),
+                args.conda_prefix.clone(),
+                args.python.clone(),
+            )
+        } else {
+            (file.conda_env, file.conda_prefix, file.python)
+        };
+        let env = match (conda_env, conda_prefix, python) {
+            (Some(name), None, None) => EnvChoice::CondaEnv(name),
+            (None, Some(prefix), None) => EnvChoice::CondaPrefix(prefix),
+            (None, None, Some(python)) => EnvChoice::Python(python),
+            (None, None, None) => EnvChoice::Default,
+            _ => {
                 return Err(ConfigError::Invalid(
-                    "conda_prefix and python name two environments; give one".into(),
+                    "conda_env, conda_prefix and python each name an environment; give one".into(),
                 ));
             }
         };
+        let timeout = args.timeout.or(file.timeout).unwrap_or(d.timeout);
+        let max_timeout = file.max_timeout.unwrap_or(d.max_timeout);
+        let pool_size = args.pool_size.or(file.pool_size).unwrap_or(d.pool_size);
+        let preload = args.preload.clone().or(file.preload).unwrap_or_default();
+        let run_limits = RunLimits {
+            memory_bytes: file.memory_bytes.or(d.run_limits.memory_bytes),
+            file_size_bytes: file.file_size_bytes.or(d.run_limits.file_size_bytes),
+            open_files: file.open_files.or(d.run_limits.open_files),
+            ..d.run_limits
+        };
+        let envs = file
+            .envs
+            .into_iter()
+            .map(|t| {
+                let location = match (&t.prefix, &t.python, &t.name) {
+                    (Some(prefix), None, _) => EnvChoice::CondaPrefix(prefix.clone()),
+                    (None, Some(python), _) => EnvChoice::Python(python.clone()),
+                    (None, None, Some(name)) => EnvChoice::CondaEnv(name.clone()),
+                    (None, None, None) => {
+                        return Err(ConfigError::Invalid(
+                            "an [[envs]] table needs a prefix, a python or the name of a Conda env"
+                                .into(),
+                        ));
+                    }
+                    (Some(_), Some(_), _) => {
+                        return Err(ConfigError::Invalid(format!(
+                            "[[envs]] {}: give prefix or python, not both",
+                            t.name.as_deref().unwrap_or("(unnamed)")
+                        )));
+                    }
+                };
+                Ok(EnvConfig {
+                    name: t.name,
+                    location,
+                    default: t.default,
+                    pool_size: t.pool_size.unwrap_or(pool_size),
+                    preload: t.preload.unwrap_or_else(|| preload.clone()),
+                    timeout: t.timeout.unwrap_or(timeout),
+                    max_timeout: t.max_timeout.unwrap_or(max_timeout),
+                    run_limits: RunLimits {
+                        memory_bytes: t.memory_bytes.or(run_limits.memory_bytes),
+                        file_size_bytes: t.file_size_bytes.or(run_limits.file_size_bytes),
+                        open_files: t.open_files.or(run_limits.open_files),
+                        cpu_seconds: t.cpu_seconds.or(run_limits.cpu_seconds),
+                        processes: t.processes.or(run_limits.processes),
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let config = Config {
             host: args.host.or(file.host).unwrap_or(d.host),
             port: args.port.or(file.port).unwrap_or(d.port),
             env,
-            timeout: args.timeout.or(file.timeout).unwrap_or(d.timeout),
-            max_timeout: file.max_timeout.unwrap_or(d.max_timeout),
-            pool_size: args.pool_size.or(file.pool_size).unwrap_or(d.pool_size),
-            preload: args.preload.clone().or(file.preload).unwrap_or_default(),
+            timeout,
+            max_timeout,
+            pool_size,
+            preload,
             token: args.token.clone().or(file.token).filter(|t| !t.is_empty()),
             admin_token: args
                 .admin_token
@@ -230,13 +377,30 @@ impl Config {
                 "shutdown_timeout_secs",
                 d.shutdown_timeout,
             )?,
-            run_limits: RunLimits {
-                memory_bytes: file.memory_bytes.or(d.run_limits.memory_bytes),
-                file_size_bytes: file.file_size_bytes.or(d.run_limits.file_size_bytes),
-                open_files: file.open_files.or(d.run_limits.open_files),
-                ..d.run_limits
-            },
+            run_limits,
             worker_script: file.worker_script,
+            envs,
+            discover: file.discover.unwrap_or(d.discover),
+            max_workers: args
+                .max_workers
+                .or(file.max_workers)
+                .unwrap_or(d.max_workers),
+            idle_timeout: secs(
+                args.idle_timeout.or(file.idle_timeout_secs),
+                "idle_timeout",
+                d.idle_timeout,
+            )?,
+            install_timeout: secs(
+                args.install_timeout.or(file.install_timeout_secs),
+                "install_timeout",
+                d.install_timeout,
+            )?,
+            activation_timeout: secs(
+                file.activation_timeout_secs,
+                "activation_timeout_secs",
+                d.activation_timeout,
+            )?,
+            host_env: d.host_env,
         };
         config.validate()?;
         Ok(config)
@@ -261,6 +425,29 @@ impl Config {
         if self.max_output_bytes == 0 {
             return Err(ConfigError::Invalid(
                 "max_output_bytes must be positive".into(),
+            ));
+        }
+        if self.max_workers == 0 {
+            return Err(ConfigError::Invalid(
+                "max_workers must be at least 1".into(),
+            ));
+        }
+        for env in &self.envs {
+            let name = env.name.as_deref().unwrap_or("(unnamed)");
+            if env.pool_size == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "[[envs]] {name}: pool_size must be at least 1"
+                )));
+            }
+            if !(env.timeout.is_finite() && env.timeout > 0.0 && env.timeout <= env.max_timeout) {
+                return Err(ConfigError::Invalid(format!(
+                    "[[envs]] {name}: timeout must be positive and at most max_timeout"
+                )));
+            }
+        }
+        if self.envs.iter().filter(|e| e.default).count() > 1 {
+            return Err(ConfigError::Invalid(
+                "more than one [[envs]] table says default = true".into(),
             ));
         }
         Ok(())
@@ -294,6 +481,52 @@ mod tests {
         assert_eq!(c.pool_size, 3);
         assert_eq!(c.timeout, 5.0);
         assert_eq!(c.host.to_string(), "127.0.0.1");
+    }
+
+    #[test]
+    fn envs_tables_inherit_global_settings() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            pool_size = 3
+            timeout = 5
+            [[envs]]
+            name = "ml"
+            pool_size = 1
+            preload = ["json"]
+            memory_bytes = 1024
+            [[envs]]
+            prefix = "/opt/envs/tools"
+            default = true
+            "#,
+        )
+        .unwrap();
+        let c = Config::merge(&ServeArgs::default(), file).unwrap();
+        assert_eq!(c.envs.len(), 2);
+        assert_eq!(c.envs[0].location, EnvChoice::CondaEnv("ml".into()));
+        assert_eq!(c.envs[0].pool_size, 1);
+        assert_eq!(c.envs[0].preload, vec!["json".to_string()]);
+        assert_eq!(c.envs[0].run_limits.memory_bytes, Some(1024));
+        assert_eq!(c.envs[0].timeout, 5.0);
+        assert_eq!(c.envs[1].pool_size, 3);
+        assert!(c.envs[1].default);
+        assert_eq!(
+            c.envs[1].location,
+            EnvChoice::CondaPrefix("/opt/envs/tools".into())
+        );
+        let bad: FileConfig = toml::from_str("[[envs]]\npool_size = 2").unwrap();
+        assert!(Config::merge(&ServeArgs::default(), bad).is_err());
+        assert!(toml::from_str::<FileConfig>("[[envs]]\nname = 'x'\nsize = 2").is_err());
+    }
+
+    #[test]
+    fn an_env_flag_replaces_the_files_choice() {
+        let file: FileConfig = toml::from_str("python = '/usr/bin/python3'").unwrap();
+        let args = ServeArgs {
+            conda_env: Some("ml".into()),
+            ..Default::default()
+        };
+        let c = Config::merge(&args, file).unwrap();
+        assert_eq!(c.env, EnvChoice::CondaEnv("ml".into()));
     }
 
     #[test]

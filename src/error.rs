@@ -35,6 +35,8 @@ pub enum WorkerError {
     Internal(String),
     #[error("error talking to worker")]
     Io(#[source] io::Error),
+    #[error("all {0} workers the server may run are busy and none is idle to retire")]
+    AtCapacity(usize),
 }
 
 /// Getting a worker from an environment's pool failed.
@@ -64,6 +66,8 @@ pub enum ExecError {
     Worker(#[source] WorkerError),
     #[error("server is shutting down")]
     ShuttingDown,
+    #[error("{0}")]
+    Internal(String),
 }
 
 /// A configuration that cannot be used.
@@ -81,4 +85,6 @@ pub enum ConfigError {
     Invalid(String),
     #[error("no Python interpreter found: {0}")]
     NoInterpreter(String),
+    #[error("no Conda environment named {name:?}; found: {found}")]
+    UnknownCondaEnv { name: String, found: String },
 }

@@ -1,19 +1,27 @@
 //! The one service every front end calls: validates requests, picks the
 //! environment's pool, runs the code on a worker and shapes the result.
 
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::env::{EnvKind, EnvSpec};
+use crate::env::packages::{LIST_SCRIPT, check_conda_spec, check_pip_spec, conda_packages};
+use crate::env::{EnvSettings, EnvSpec, Registry, activate::activate};
 use crate::error::{ExecError, PoolError, WorkerError};
-use crate::pool::{EnvPool, PoolConfig, PoolStatus, error_chain};
-use crate::protocol::{self, ExecFrame, FileEntry, RunLimits};
-use crate::types::{ExecRequest, ExecResult, check_file_path};
-use crate::worker::{WorkerSpec, worker_env};
+use crate::pool::{EnvPool, PoolConfig, PoolStatus, WorkerBudget, error_chain};
+use crate::protocol::{self, ExecFrame, FileEntry};
+use crate::types::{
+    ExecRequest, ExecResult, InstallRequest, InstallResult, PackageInfo, PackageManager,
+    check_file_path,
+};
+use crate::worker::{WorkerSpec, kill_process_tree, worker_env};
 
 /// The bootstrap every worker runs, embedded in the binary.
 pub const WORKER_SCRIPT: &str = include_str!("../python/worker.py");
@@ -22,19 +30,42 @@ pub const WORKER_SCRIPT: &str = include_str!("../python/worker.py");
 /// it declares the worker unresponsive and kills it.
 const HARD_DEADLINE_SLACK: Duration = Duration::from_secs(3);
 
+/// Bound on listing an environment's packages.
+const LIST_PACKAGES_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Output kept per stream of an install run.
+const INSTALL_OUTPUT_LIMIT: usize = 1 << 20;
+
+/// Variables of the server's environment an install may see besides the
+/// env's activation: proxies and index settings an operator sets for
+/// installs. Tokens never are.
+const INSTALL_VARS: &[&str] = &[
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_TRUSTED_HOST",
+    "PIP_CERT",
+    "CONDA_PKGS_DIRS",
+    "CONDARC",
+];
+
 /// One environment and its pool.
 struct EnvEntry {
     spec: EnvSpec,
+    settings: EnvSettings,
     pool: EnvPool,
-}
-
-/// Execution limits applied to every request.
-#[derive(Debug, Clone)]
-struct Limits {
-    default_timeout: f64,
-    max_timeout: f64,
-    max_output_bytes: u64,
-    run: RunLimits,
+    /// Why the environment cannot serve (its activation failed), if so.
+    unavailable: Option<String>,
+    /// The activated environment (scripts included) workers, package
+    /// listings and installs run with; built from scratch.
+    vars: HashMap<String, String>,
+    /// Installs into one environment run one at a time.
+    install_lock: tokio::sync::Mutex<()>,
 }
 
 /// An environment as `/list-envs` and MCP `list_environments` show it.
@@ -46,6 +77,9 @@ pub struct EnvInfo {
     pub python_version: Option<String>,
     pub default: bool,
     pub pool: PoolSummary,
+    /// Why the environment cannot run code (absent when it can).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Pool counts of one environment.
@@ -60,7 +94,7 @@ pub struct PoolSummary {
 #[derive(Debug, Clone, Serialize)]
 pub struct Health {
     pub status: &'static str,
-    pub envs: std::collections::BTreeMap<String, PoolStatus>,
+    pub envs: BTreeMap<String, PoolStatus>,
 }
 
 /// Runs code in environments' worker pools.
@@ -68,7 +102,13 @@ pub struct Executor {
     envs: Vec<EnvEntry>,
     /// Index into `envs` of the environment used when a request names none.
     default: usize,
-    limits: Limits,
+    /// The Conda front end `manager: "conda"` installs run.
+    conda: Option<PathBuf>,
+    /// The cap on live workers shared by all pools.
+    budget: Arc<WorkerBudget>,
+    /// Bound on one install run.
+    install_timeout: Duration,
+    max_output_bytes: u64,
     /// Holds the bootstrap script and every worker's scratch root; removed
     /// when the executor is dropped.
     base_dir: tempfile::TempDir,
@@ -78,10 +118,12 @@ pub struct Executor {
 }
 
 impl Executor {
-    /// Resolve the configured environment, start its pool and wait until it
-    /// is warm.
+    /// Find the environments, activate each once, start the pools of the
+    /// configured ones and wait until they are warm. Discovered environments
+    /// start their pools on first use. Fails only when the default
+    /// environment cannot start a worker.
     pub async fn start(config: &Config) -> anyhow::Result<Executor> {
-        let spec = EnvSpec::resolve(&config.env)?;
+        let registry = Registry::build(config).await?;
         let base_dir = tempfile::Builder::new()
             .prefix("code-executor-")
             .tempdir()?;
@@ -93,36 +135,95 @@ impl Executor {
                 path
             }
         };
-        let pool = EnvPool::new(
-            worker_spec(&spec, &script, base_dir.path(), config),
-            PoolConfig {
-                size: config.pool_size,
-                queue_timeout: config.queue_timeout,
-                max_runs: config.max_runs,
-            },
-        );
-        tracing::info!(
-            env = %spec.name,
-            python = %spec.python.display(),
-            workers = config.pool_size,
-            "starting worker pool"
-        );
-        pool.prewarm().await.map_err(|e| {
-            anyhow::anyhow!(
-                "environment {:?} cannot start workers: {}",
-                spec.name,
-                error_chain(&e)
+        let budget = WorkerBudget::new(config.max_workers);
+        let activations = futures_util::future::join_all(registry.envs.iter().map(|plan| {
+            activate(
+                &plan.spec.prefix,
+                &plan.spec.activation,
+                config.activation_timeout,
             )
-        })?;
+        }))
+        .await;
+        let mut envs = Vec::with_capacity(registry.envs.len());
+        for (plan, activation) in registry.envs.into_iter().zip(activations) {
+            let (vars, unavailable) = match activation {
+                Ok(vars) => (vars, None),
+                Err(reason) => {
+                    tracing::error!(env = %plan.spec.name, "environment unavailable: {reason}");
+                    (plan.spec.activation.clone(), Some(reason))
+                }
+            };
+            let pool = EnvPool::with_budget(
+                WorkerSpec {
+                    python: plan.spec.python.clone(),
+                    script: script.clone(),
+                    scratch_parent: base_dir.path().to_path_buf(),
+                    env: worker_env(&vars),
+                    preload: plan.settings.preload.clone(),
+                    start_timeout: config.worker_start_timeout,
+                    grace_period: config.grace_period,
+                },
+                PoolConfig {
+                    size: plan.settings.pool_size,
+                    queue_timeout: config.queue_timeout,
+                    max_runs: config.max_runs,
+                },
+                budget.clone(),
+                plan.configured,
+            );
+            envs.push(EnvEntry {
+                spec: plan.spec,
+                settings: plan.settings,
+                pool,
+                unavailable,
+                vars,
+                install_lock: tokio::sync::Mutex::new(()),
+            });
+        }
+        let warm: Vec<&EnvEntry> = envs
+            .iter()
+            .filter(|e| e.pool.keeps_warm() && e.unavailable.is_none())
+            .collect();
+        for e in &warm {
+            tracing::info!(
+                env = %e.spec.name,
+                python = %e.spec.python.display(),
+                workers = e.settings.pool_size,
+                "starting worker pool"
+            );
+        }
+        let results = futures_util::future::join_all(warm.iter().map(|e| e.pool.prewarm())).await;
+        for (e, result) in warm.iter().zip(results) {
+            if let Err(err) = result {
+                let message = format!(
+                    "environment {:?} cannot start workers: {}",
+                    e.spec.name,
+                    error_chain(&err)
+                );
+                if std::ptr::eq(*e, &envs[registry.default]) {
+                    anyhow::bail!(message);
+                }
+                tracing::error!("{message}");
+            }
+        }
+        let lazy: Vec<EnvPool> = envs
+            .iter()
+            .filter(|e| !e.pool.keeps_warm())
+            .map(|e| e.pool.clone())
+            .collect();
+        for e in envs.iter().filter(|e| !e.pool.keeps_warm()) {
+            tracing::info!(env = %e.spec.name, prefix = %e.spec.prefix.display(), "environment found; its workers start on first use");
+        }
+        if !lazy.is_empty() {
+            tokio::spawn(shrink_idle_pools(lazy, config.idle_timeout));
+        }
         Ok(Executor {
-            envs: vec![EnvEntry { spec, pool }],
-            default: 0,
-            limits: Limits {
-                default_timeout: config.timeout,
-                max_timeout: config.max_timeout,
-                max_output_bytes: config.max_output_bytes,
-                run: config.run_limits.clone(),
-            },
+            envs,
+            default: registry.default,
+            conda: registry.conda,
+            budget,
+            install_timeout: config.install_timeout,
+            max_output_bytes: config.max_output_bytes,
             base_dir,
             next_id: AtomicU64::new(1),
             closing: AtomicBool::new(false),
@@ -139,10 +240,10 @@ impl Executor {
                 "sessions are not available on this server".into(),
             ));
         }
-        let entry = self.env_entry(req.env.as_deref())?;
+        let entry = self.available_entry(req.env.as_deref())?;
         let timeout = match req.timeout {
-            None => self.limits.default_timeout,
-            Some(t) if t.is_finite() && t > 0.0 => t.min(self.limits.max_timeout),
+            None => entry.settings.timeout,
+            Some(t) if t.is_finite() && t > 0.0 => t.min(entry.settings.max_timeout),
             Some(t) => {
                 return Err(ExecError::BadRequest(format!(
                     "timeout must be a positive number of seconds, got {t}"
@@ -157,7 +258,7 @@ impl Executor {
                 .map_err(|e| ExecError::BadRequest(format!("file {path:?}: {e}")))?;
             contents.push((path.as_str(), bytes));
         }
-        let mut run = self.limits.run.clone();
+        let mut run = entry.settings.run_limits.clone();
         run.cpu_seconds.get_or_insert(timeout.ceil() as u64 + 1);
         let frame = protocol::encode_frame(&ExecFrame {
             t: "exec",
@@ -170,7 +271,7 @@ impl Executor {
                 .collect(),
             argv: &[],
             timeout,
-            max_output: self.limits.max_output_bytes,
+            max_output: self.max_output_bytes,
             limits: &run,
         })
         .map_err(|e| ExecError::BadRequest(format!("request cannot be encoded: {e}")))?;
@@ -203,6 +304,8 @@ impl Executor {
         }
     }
 
+    /// The environment a request names (by name or prefix path), or the
+    /// default one.
     fn env_entry(&self, name: Option<&str>) -> Result<&EnvEntry, ExecError> {
         let Some(name) = name.filter(|n| !n.is_empty()) else {
             return Ok(&self.envs[self.default]);
@@ -229,6 +332,19 @@ impl Executor {
         })
     }
 
+    /// Like [`Executor::env_entry`], refusing an environment that cannot
+    /// run code.
+    fn available_entry(&self, name: Option<&str>) -> Result<&EnvEntry, ExecError> {
+        let entry = self.env_entry(name)?;
+        match &entry.unavailable {
+            Some(reason) => Err(ExecError::EnvUnavailable {
+                env: entry.spec.name.clone(),
+                reason: reason.clone(),
+            }),
+            None => Ok(entry),
+        }
+    }
+
     /// Every environment with its pool's counts.
     pub fn list_envs(&self) -> Vec<EnvInfo> {
         self.envs
@@ -239,19 +355,18 @@ impl Executor {
                 EnvInfo {
                     name: e.spec.name.clone(),
                     prefix: e.spec.prefix.display().to_string(),
-                    kind: match e.spec.kind {
-                        EnvKind::Conda => "conda",
-                        EnvKind::Venv => "venv",
-                        EnvKind::Python => "python",
-                    }
-                    .into(),
-                    python_version: e.pool.python_version(),
+                    kind: e.spec.kind.as_str().into(),
+                    python_version: e
+                        .pool
+                        .python_version()
+                        .or_else(|| e.spec.python_version_hint()),
                     default: i == self.default,
                     pool: PoolSummary {
                         size: status.size,
                         idle: status.idle,
                         busy: status.busy,
                     },
+                    error: e.unavailable.clone().or(status.error),
                 }
             })
             .collect()
@@ -262,14 +377,177 @@ impl Executor {
         &self.envs[self.default].spec.name
     }
 
+    /// Workers alive now across all environments, and the cap.
+    pub fn live_workers(&self) -> (usize, usize) {
+        (self.budget.live(), self.budget.max())
+    }
+
+    /// Installed distributions of an environment (name, version), sorted by
+    /// name: what `importlib.metadata` sees, plus the Conda packages of
+    /// `conda-meta/` that are not Python distributions. Runs the env's
+    /// interpreter with a fixed script; no shell.
+    pub async fn list_packages(&self, env: Option<&str>) -> Result<Vec<PackageInfo>, ExecError> {
+        if self.closing.load(Ordering::Acquire) {
+            return Err(ExecError::ShuttingDown);
+        }
+        let entry = self.available_entry(env)?;
+        self.packages_of(entry).await
+    }
+
+    async fn packages_of(&self, entry: &EnvEntry) -> Result<Vec<PackageInfo>, ExecError> {
+        let unavailable = |reason: String| ExecError::EnvUnavailable {
+            env: entry.spec.name.clone(),
+            reason,
+        };
+        let mut cmd = self.command_in(entry, &entry.spec.python);
+        cmd.args(["-I", "-c", LIST_SCRIPT]);
+        let out = run_bounded(cmd, LIST_PACKAGES_TIMEOUT)
+            .await
+            .map_err(|e| unavailable(format!("cannot list packages: {e}")))?;
+        if out.exit_code != 0 {
+            return Err(unavailable(format!(
+                "listing packages failed: {}",
+                out.stderr.trim()
+            )));
+        }
+        let pairs: Vec<(String, String)> = serde_json::from_str(&out.stdout)
+            .map_err(|e| unavailable(format!("unreadable package list: {e}")))?;
+        let normal = |n: &str| n.to_ascii_lowercase().replace('_', "-");
+        let mut packages: BTreeMap<String, PackageInfo> = pairs
+            .into_iter()
+            .map(|(name, version)| (normal(&name), PackageInfo { name, version }))
+            .collect();
+        for (name, version) in conda_packages(&entry.spec.prefix) {
+            packages
+                .entry(normal(&name))
+                .or_insert(PackageInfo { name, version });
+        }
+        Ok(packages.into_values().collect())
+    }
+
+    /// Install packages into an environment with pip or Conda. Specs are
+    /// checked first (an option or an invalid requirement refuses the whole
+    /// request, nothing runs) and passed as argv items. Installs into one
+    /// env are serialized; runs keep using the current workers meanwhile,
+    /// and after a successful install the env's workers are replaced so the
+    /// next run sees the new packages.
+    pub async fn install(&self, req: InstallRequest) -> Result<InstallResult, ExecError> {
+        if self.closing.load(Ordering::Acquire) {
+            return Err(ExecError::ShuttingDown);
+        }
+        if req.packages.is_empty() {
+            return Err(ExecError::BadRequest(
+                "packages must name at least one package".into(),
+            ));
+        }
+        for spec in &req.packages {
+            let checked = if spec.trim_start().starts_with('-') {
+                Err("options are not accepted, only package requirements".to_string())
+            } else {
+                match req.manager {
+                    PackageManager::Pip => check_pip_spec(spec),
+                    PackageManager::Conda => check_conda_spec(spec),
+                }
+            };
+            if let Err(reason) = checked {
+                return Err(ExecError::BadRequest(format!(
+                    "package spec {spec:?} is refused: {reason}"
+                )));
+            }
+        }
+        let entry = self.available_entry(req.env.as_deref())?;
+        let mut cmd = match req.manager {
+            PackageManager::Pip => {
+                let mut cmd = self.command_in(entry, &entry.spec.python);
+                cmd.args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--disable-pip-version-check",
+                    "--no-input",
+                    "--",
+                ]);
+                cmd
+            }
+            PackageManager::Conda => {
+                let conda = self.conda.as_ref().ok_or_else(|| {
+                    ExecError::BadRequest(
+                        "manager \"conda\" needs a conda, mamba or micromamba executable and none was found (set CONDA_EXE or put one on PATH)".into(),
+                    )
+                })?;
+                let mut cmd = self.command_in(entry, conda);
+                cmd.arg("install")
+                    .arg("-y")
+                    .arg("-p")
+                    .arg(&entry.spec.prefix);
+                cmd
+            }
+        };
+        cmd.args(&req.packages);
+
+        let _serialized = entry.install_lock.lock().await;
+        let before = self.packages_of(entry).await.unwrap_or_default();
+        tracing::info!(env = %entry.spec.name, manager = ?req.manager, packages = ?req.packages, "installing");
+        let out = run_bounded(cmd, self.install_timeout)
+            .await
+            .map_err(|e| ExecError::Internal(format!("cannot run the installer: {e}")))?;
+        let mut installed = Vec::new();
+        if out.exit_code == 0 && !out.timed_out {
+            entry.pool.replace();
+            let after = self.packages_of(entry).await.unwrap_or_default();
+            installed = after
+                .into_iter()
+                .filter(|p| !before.contains(p))
+                .map(|p| format!("{}=={}", p.name, p.version))
+                .collect();
+        }
+        Ok(InstallResult {
+            env: entry.spec.name.clone(),
+            exit_code: out.exit_code,
+            stdout: out.stdout,
+            stderr: out.stderr,
+            installed,
+            timed_out: out.timed_out,
+        })
+    }
+
+    /// A command run in an environment as its workers are: activated
+    /// variables only, a private `HOME`, no stdin.
+    fn command_in(&self, entry: &EnvEntry, program: &Path) -> tokio::process::Command {
+        let home = self.base_dir.path().join("home");
+        let _ = std::fs::create_dir_all(&home);
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.env_clear()
+            .envs(worker_env(&entry.vars))
+            .envs(
+                INSTALL_VARS
+                    .iter()
+                    .filter_map(|k| std::env::var_os(k).map(|v| (OsString::from(k), v))),
+            )
+            .env("HOME", &home)
+            .env("TMPDIR", self.base_dir.path())
+            .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+            .env("PIP_NO_INPUT", "1")
+            .current_dir(&home);
+        cmd
+    }
+
     pub fn health(&self) -> Health {
-        let envs: std::collections::BTreeMap<_, _> = self
+        let envs: BTreeMap<_, _> = self
             .envs
             .iter()
-            .map(|e| (e.spec.name.clone(), e.pool.status()))
+            .map(|e| {
+                let mut status = e.pool.status();
+                if let Some(reason) = &e.unavailable {
+                    status.error = Some(reason.clone());
+                }
+                (e.spec.name.clone(), status)
+            })
             .collect();
         let serving = !self.closing.load(Ordering::Acquire)
-            && envs.values().any(|s| s.size > 0 || s.starting > 0);
+            && envs
+                .values()
+                .any(|s| s.size > 0 || s.starting > 0 || s.error.is_none());
         Health {
             status: if serving { "ok" } else { "unavailable" },
             envs,
@@ -289,16 +567,76 @@ impl Executor {
     }
 }
 
-fn worker_spec(spec: &EnvSpec, script: &Path, scratch: &Path, config: &Config) -> WorkerSpec {
-    WorkerSpec {
-        python: spec.python.clone(),
-        script: script.to_path_buf(),
-        scratch_parent: scratch.to_path_buf(),
-        env: worker_env(&spec.activation),
-        preload: config.preload.clone(),
-        start_timeout: config.worker_start_timeout,
-        grace_period: config.grace_period,
+/// Lazy pools unused for `idle` stop their workers; checked a few times
+/// per idle period, until every pool is closed.
+async fn shrink_idle_pools(pools: Vec<EnvPool>, idle: Duration) {
+    let tick = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+    loop {
+        tokio::time::sleep(tick).await;
+        if pools.iter().all(EnvPool::is_closed) {
+            return;
+        }
+        for pool in &pools {
+            pool.shrink_if_idle(idle);
+        }
     }
+}
+
+/// What a bounded helper process printed and how it ended.
+struct ProcessOutput {
+    exit_code: i32,
+    stdout: String,
+    stderr: String,
+    timed_out: bool,
+}
+
+/// Run `cmd` in its own process group with captured output; past `timeout`
+/// the whole group is killed and `timed_out` set.
+async fn run_bounded(
+    mut cmd: tokio::process::Command,
+    timeout: Duration,
+) -> std::io::Result<ProcessOutput> {
+    use std::os::unix::process::ExitStatusExt;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child.id().unwrap_or(0);
+    match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Ok(out) => {
+            let out = out?;
+            let code = out
+                .status
+                .code()
+                .unwrap_or_else(|| -out.status.signal().unwrap_or(0));
+            Ok(ProcessOutput {
+                exit_code: code,
+                stdout: capped(out.stdout),
+                stderr: capped(out.stderr),
+                timed_out: false,
+            })
+        }
+        Err(_) => {
+            kill_process_tree(pid);
+            Ok(ProcessOutput {
+                exit_code: -9,
+                stdout: String::new(),
+                stderr: format!("killed after the install timeout of {timeout:?}"),
+                timed_out: true,
+            })
+        }
+    }
+}
+
+/// Output as text, its tail kept when it is over the limit.
+fn capped(mut bytes: Vec<u8>) -> String {
+    if bytes.len() > INSTALL_OUTPUT_LIMIT {
+        bytes.drain(..bytes.len() - INSTALL_OUTPUT_LIMIT);
+    }
+    utf8(bytes)
 }
 
 fn shape_result(out: crate::worker::RunOutput) -> ExecResult {

@@ -40,14 +40,8 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::Envs(args) => {
             let config = Config::load(&args)?;
-            let spec = code_executor::env::EnvSpec::resolve(&config.env)?;
-            println!("{:<16} {:<7} PREFIX", "NAME", "KIND");
-            println!(
-                "{:<16} {:<7} {} (default)",
-                spec.name,
-                format!("{:?}", spec.kind).to_lowercase(),
-                spec.prefix.display()
-            );
+            let registry = code_executor::env::Registry::build(&config).await?;
+            print!("{}", registry.describe().await);
             Ok(())
         }
     }

@@ -22,6 +22,7 @@ pub async fn run(
         AppState {
             executor: executor.clone(),
             token: config.token.as_deref().map(Arc::from),
+            admin_token: config.admin_token.as_deref().map(Arc::from),
         },
         config.max_body_bytes,
     );

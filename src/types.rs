@@ -79,6 +79,53 @@ pub struct ExecResult {
     pub limit: Option<String>,
 }
 
+/// Which installer `POST /install` runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PackageManager {
+    /// `<prefix>/bin/python -m pip install ...`
+    #[default]
+    Pip,
+    /// The discovered `conda`/`mamba` with `install -y -p PREFIX ...`
+    Conda,
+}
+
+/// `POST /install`, MCP `install_packages`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InstallRequest {
+    /// Environment name or prefix path; the default environment if absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+    /// Requirements (`pkg`, `pkg==1.0`, `pkg @ file:///...whl` for pip;
+    /// match specs such as `pkg=1.0` for conda), each one argv item.
+    pub packages: Vec<String>,
+    /// `pip` (default) or `conda`.
+    #[serde(default)]
+    pub manager: PackageManager,
+}
+
+/// The outcome of an install that ran, whatever its exit code.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+pub struct InstallResult {
+    /// The environment's name.
+    pub env: String,
+    pub exit_code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    /// `name==version` of every distribution added or changed by the run.
+    pub installed: Vec<String>,
+    /// The install hit its timeout and was killed.
+    pub timed_out: bool,
+}
+
+/// One installed distribution (`GET /list-packages`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+pub struct PackageInfo {
+    pub name: String,
+    pub version: String,
+}
+
 /// Validate a relative path from `files`: no absolute paths, no `..`, no
 /// empty or NUL-containing names.
 pub fn check_file_path(path: &str) -> Result<(), String> {

@@ -1,13 +1,26 @@
-//! Python environments: what an environment is, how the configured one is
-//! resolved, and the variables its workers start with.
+//! Python environments: what an environment is, how the ones the server can
+//! use are found and named, and the variables their workers start with.
+//!
+//! * [`discover`]: finding Conda and its environments, as `conda env list` does.
+//! * [`activate`]: the variables `conda activate` would set, scripts included.
+//! * [`registry`]: configured + discovered environments, named without clashes.
+//! * [`packages`]: listing installed distributions and checking install specs.
+
+pub mod activate;
+pub mod discover;
+pub mod packages;
+pub mod registry;
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde::Serialize;
 
 use crate::error::ConfigError;
+
+pub use registry::{EnvPlan, EnvSettings, Registry};
 
 /// What kind of prefix an environment is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -21,6 +34,16 @@ pub enum EnvKind {
     Python,
 }
 
+impl EnvKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EnvKind::Conda => "conda",
+            EnvKind::Venv => "venv",
+            EnvKind::Python => "python",
+        }
+    }
+}
+
 /// One environment the server can run code in.
 #[derive(Debug, Clone)]
 pub struct EnvSpec {
@@ -31,19 +54,70 @@ pub struct EnvSpec {
     /// The interpreter workers run.
     pub python: PathBuf,
     pub kind: EnvKind,
-    /// Variables an activated shell would have, beyond the allowlist.
+    /// Variables an activated shell would have, beyond the allowlist
+    /// (before the env's `activate.d` scripts ran; see [`activate`]).
     pub activation: HashMap<String, String>,
 }
 
-/// How the operator chose the environment.
+/// How the operator chose the default environment on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EnvChoice {
     /// `--python PATH`: any interpreter.
     Python(PathBuf),
     /// `--conda-prefix PATH`: a Conda environment's prefix.
     CondaPrefix(PathBuf),
-    /// Nothing given: the active Conda env, else `python3` on `PATH`.
+    /// `--conda-env NAME`: a discovered Conda environment, by name.
+    CondaEnv(String),
+    /// Nothing given: the active Conda env, else Conda's base env, else
+    /// `python3` on `PATH`.
     Default,
+}
+
+/// What discovery reads from the server's own environment. Captured once
+/// (see [`HostEnv::from_process`]) so that tests can pass their own.
+#[derive(Debug, Clone, Default)]
+pub struct HostEnv {
+    /// `PATH`, searched for `conda`/`mamba`/`micromamba` and `python3`.
+    pub path: Option<OsString>,
+    /// `CONDA_EXE`: the Conda the user's shell was set up with.
+    pub conda_exe: Option<PathBuf>,
+    /// `CONDA_PREFIX`: the active Conda environment.
+    pub conda_prefix: Option<PathBuf>,
+    /// `HOME`: where `~/.conda/environments.txt` lives.
+    pub home: Option<PathBuf>,
+}
+
+impl HostEnv {
+    /// The values of the server process's own environment.
+    pub fn from_process() -> HostEnv {
+        let path = |name: &str| {
+            std::env::var_os(name)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        HostEnv {
+            path: std::env::var_os("PATH"),
+            conda_exe: path("CONDA_EXE"),
+            conda_prefix: path("CONDA_PREFIX"),
+            home: path("HOME"),
+        }
+    }
+
+    /// The first executable file called `name` in `PATH`.
+    pub fn which(&self, name: &str) -> Option<PathBuf> {
+        let path = self.path.as_ref()?;
+        std::env::split_paths(path)
+            .filter(|dir| !dir.as_os_str().is_empty())
+            .map(|dir| dir.join(name))
+            .find(|p| is_executable(p))
+    }
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.metadata()
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
 }
 
 /// Variables of the server's own environment that workers may see. Nothing
@@ -51,38 +125,17 @@ pub enum EnvChoice {
 const ALLOWED_VARS: &[&str] = &["LANG", "LC_ALL", "LC_CTYPE", "TZ", "SSL_CERT_FILE"];
 
 impl EnvSpec {
-    /// Resolve the operator's choice to a concrete environment.
-    pub fn resolve(choice: &EnvChoice) -> Result<EnvSpec, ConfigError> {
-        match choice {
-            EnvChoice::Python(python) => Self::from_interpreter(python, None),
-            EnvChoice::CondaPrefix(prefix) => Self::from_prefix(prefix),
-            EnvChoice::Default => match std::env::var_os("CONDA_PREFIX") {
-                Some(prefix) if !prefix.is_empty() => Self::from_prefix(Path::new(&prefix)),
-                _ => Self::from_interpreter(Path::new("python3"), Some("default")),
-            },
-        }
-    }
-
-    /// A Conda prefix: its interpreter is `bin/python`, its name the folder's.
-    pub fn from_prefix(prefix: &Path) -> Result<EnvSpec, ConfigError> {
+    /// A prefix: its interpreter is `bin/python` (or `bin/python3`), its name
+    /// the folder's unless `name` is given.
+    pub fn from_prefix(prefix: &Path, name: Option<&str>) -> Result<EnvSpec, ConfigError> {
         let prefix = prefix
             .canonicalize()
             .map_err(|e| ConfigError::NoInterpreter(format!("prefix {}: {e}", prefix.display())))?;
-        let python = ["python", "python3"]
-            .iter()
-            .map(|n| prefix.join("bin").join(n))
-            .find(|p| p.is_file())
-            .ok_or_else(|| {
-                ConfigError::NoInterpreter(format!("prefix {} has no bin/python", prefix.display()))
-            })?;
-        let kind = kind_of(&prefix);
-        Ok(EnvSpec {
-            name: name_of(&prefix),
-            activation: activation_vars(&prefix, kind, &name_of(&prefix)),
-            prefix,
-            python,
-            kind,
-        })
+        let python = python_in(&prefix).ok_or_else(|| {
+            ConfigError::NoInterpreter(format!("prefix {} has no bin/python", prefix.display()))
+        })?;
+        let name = name.map(str::to_string).unwrap_or_else(|| name_of(&prefix));
+        Ok(EnvSpec::new(name, prefix, python))
     }
 
     /// Any interpreter: ask it for its real executable and prefix (this also
@@ -107,19 +160,66 @@ impl EnvSpec {
             )));
         };
         let prefix = PathBuf::from(prefix);
-        let kind = kind_of(&prefix);
+        let prefix = prefix.canonicalize().unwrap_or(prefix);
         let name = name.map(str::to_string).unwrap_or_else(|| name_of(&prefix));
-        Ok(EnvSpec {
+        Ok(EnvSpec::new(name, prefix, PathBuf::from(exe)))
+    }
+
+    fn new(name: String, prefix: PathBuf, python: PathBuf) -> EnvSpec {
+        let kind = kind_of(&prefix);
+        EnvSpec {
             activation: activation_vars(&prefix, kind, &name),
             name,
-            python: PathBuf::from(exe),
             prefix,
+            python,
             kind,
+        }
+    }
+
+    /// Give the environment another name (clash resolution); the activation
+    /// variables follow.
+    pub fn rename(&mut self, name: String) {
+        if self.kind == EnvKind::Conda {
+            self.activation
+                .insert("CONDA_DEFAULT_ENV".into(), name.clone());
+            self.activation
+                .insert("CONDA_PROMPT_MODIFIER".into(), format!("({name}) "));
+        }
+        self.name = name;
+    }
+
+    /// The Python version, read from the prefix without running anything:
+    /// Conda's `conda-meta/python-X.Y.Z-*.json` or a venv's `pyvenv.cfg`.
+    pub fn python_version_hint(&self) -> Option<String> {
+        if let Ok(entries) = std::fs::read_dir(self.prefix.join("conda-meta")) {
+            for entry in entries.flatten() {
+                let file = entry.file_name().to_string_lossy().into_owned();
+                if let Some(rest) = file.strip_prefix("python-")
+                    && file.ends_with(".json")
+                    && let Some(version) = rest.split('-').next()
+                    && version.starts_with(|c: char| c.is_ascii_digit())
+                {
+                    return Some(version.to_string());
+                }
+            }
+        }
+        let cfg = std::fs::read_to_string(self.prefix.join("pyvenv.cfg")).ok()?;
+        cfg.lines().find_map(|line| {
+            let (key, value) = line.split_once('=')?;
+            matches!(key.trim(), "version" | "version_info").then(|| value.trim().to_string())
         })
     }
 }
 
-fn kind_of(prefix: &Path) -> EnvKind {
+/// `bin/python` or `bin/python3` of a prefix.
+pub fn python_in(prefix: &Path) -> Option<PathBuf> {
+    ["python", "python3"]
+        .iter()
+        .map(|n| prefix.join("bin").join(n))
+        .find(|p| p.is_file())
+}
+
+pub fn kind_of(prefix: &Path) -> EnvKind {
     if prefix.join("conda-meta").is_dir() {
         EnvKind::Conda
     } else if prefix.join("pyvenv.cfg").is_file() {
@@ -130,7 +230,7 @@ fn kind_of(prefix: &Path) -> EnvKind {
 }
 
 /// Conda's naming: the prefix's last path component.
-fn name_of(prefix: &Path) -> String {
+pub fn name_of(prefix: &Path) -> String {
     prefix
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -154,6 +254,7 @@ fn activation_vars(prefix: &Path, kind: EnvKind, name: &str) -> HashMap<String, 
             vars.insert("CONDA_PREFIX".into(), prefix.display().to_string());
             vars.insert("CONDA_DEFAULT_ENV".into(), name.to_string());
             vars.insert("CONDA_SHLVL".into(), "1".into());
+            vars.insert("CONDA_PROMPT_MODIFIER".into(), format!("({name}) "));
         }
         EnvKind::Venv => {
             vars.insert("VIRTUAL_ENV".into(), prefix.display().to_string());
@@ -174,19 +275,37 @@ mod tests {
         std::fs::create_dir_all(prefix.join("bin")).unwrap();
         std::fs::create_dir_all(prefix.join("conda-meta")).unwrap();
         std::fs::write(prefix.join("bin/python"), "").unwrap();
-        let spec = EnvSpec::from_prefix(&prefix).unwrap();
+        std::fs::write(prefix.join("conda-meta/python-3.12.1-h1_0.json"), "{}").unwrap();
+        let spec = EnvSpec::from_prefix(&prefix, None).unwrap();
         assert_eq!(spec.name, "target_env");
         assert_eq!(spec.kind, EnvKind::Conda);
         assert_eq!(spec.activation["CONDA_DEFAULT_ENV"], "target_env");
         assert!(
             spec.activation["PATH"].starts_with(&format!("{}", spec.prefix.join("bin").display()))
         );
+        assert_eq!(spec.python_version_hint().as_deref(), Some("3.12.1"));
     }
 
     #[test]
     fn prefix_without_interpreter_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let err = EnvSpec::from_prefix(dir.path()).unwrap_err();
+        let err = EnvSpec::from_prefix(dir.path(), None).unwrap_err();
         assert!(err.to_string().contains("no bin/python"), "{err}");
+    }
+
+    #[test]
+    fn which_searches_the_given_path_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("conda");
+        std::fs::write(&exe, "#!/bin/sh\n").unwrap();
+        let host = HostEnv {
+            path: Some(dir.path().as_os_str().to_owned()),
+            ..HostEnv::default()
+        };
+        assert_eq!(host.which("conda"), None, "not executable yet");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(host.which("conda"), Some(exe));
+        assert_eq!(HostEnv::default().which("conda"), None);
     }
 }

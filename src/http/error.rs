@@ -72,7 +72,7 @@ impl From<ExecError> for ApiError {
                 retry_after: Some(1),
                 ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
             },
-            ExecError::Worker(_) => {
+            ExecError::Worker(_) | ExecError::Internal(_) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
             }
         }

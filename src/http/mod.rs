@@ -4,13 +4,14 @@ mod error;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use subtle::ConstantTimeEq;
@@ -18,7 +19,7 @@ use subtle::ConstantTimeEq;
 pub use error::ApiError;
 
 use crate::executor::Executor;
-use crate::types::{ExecRequest, ExecResult};
+use crate::types::{ExecRequest, ExecResult, InstallRequest, InstallResult};
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -26,6 +27,9 @@ pub struct AppState {
     pub executor: Arc<Executor>,
     /// Bearer token required by the execution endpoints, if configured.
     pub token: Option<Arc<str>>,
+    /// Bearer token required by `/install`; without one, installs are
+    /// refused (403) whatever the request carries.
+    pub admin_token: Option<Arc<str>>,
 }
 
 /// The HTTP API. `max_body_bytes` bounds every request body (413 above it).
@@ -33,9 +37,14 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
     let guarded = Router::new()
         .route("/execute", post(execute))
         .route("/list-envs", get(list_envs))
+        .route("/list-packages", get(list_packages))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    let admin = Router::new()
+        .route("/install", post(install))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
     Router::new()
         .merge(guarded)
+        .merge(admin)
         .route("/health", get(health))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(max_body_bytes))
@@ -53,6 +62,28 @@ async fn list_envs(State(state): State<AppState>) -> Response {
     Json(json!({ "envs": state.executor.list_envs() })).into_response()
 }
 
+/// `GET /list-packages?env=NAME` (default env without `env`).
+#[derive(Debug, Deserialize)]
+struct PackagesQuery {
+    env: Option<String>,
+}
+
+async fn list_packages(
+    State(state): State<AppState>,
+    query: Result<Query<PackagesQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let packages = state.executor.list_packages(query.env.as_deref()).await?;
+    Ok(Json(json!({ "packages": packages })).into_response())
+}
+
+async fn install(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<InstallRequest>,
+) -> Result<Json<InstallResult>, ApiError> {
+    Ok(Json(state.executor.install(req).await?))
+}
+
 async fn health(State(state): State<AppState>) -> Response {
     let health = state.executor.health();
     let status = if health.status == "ok" {
@@ -65,23 +96,47 @@ async fn health(State(state): State<AppState>) -> Response {
 
 /// Bearer-token check, compared in constant time.
 async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(token) = &state.token {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "missing or wrong bearer token",
-            )
-            .into_response();
-        }
+    if let Some(token) = &state.token
+        && !bool::from(bearer(&req).as_bytes().ct_eq(token.as_bytes()))
+    {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong bearer token",
+        )
+        .into_response();
     }
     next.run(req).await
+}
+
+/// Admin bearer-token check for `/install`: 403 when no admin token is
+/// configured (installs disabled) or the request does not carry it.
+async fn require_admin(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(token) = &state.admin_token else {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "installs are disabled: the server has no admin token (start it with --admin-token)",
+        )
+        .into_response();
+    };
+    if !bool::from(bearer(&req).as_bytes().ct_eq(token.as_bytes())) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "this endpoint needs the admin bearer token",
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+fn bearer(req: &Request) -> &str {
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("")
 }
 
 /// A JSON body parsed whatever its content type, whose every rejection is an

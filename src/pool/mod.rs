@@ -6,12 +6,22 @@
 //! background and parked as a *spare*. `Manager::create` hands out a spare
 //! when there is one, so a request only pays for a Python start when the pool
 //! is sized below its load.
+//!
+//! A *lazy* pool (an environment discovered but not configured) starts no
+//! worker ahead of need and keeps no spares: its first request waits for a
+//! worker, later ones reuse it, and [`EnvPool::shrink_if_idle`] retires its
+//! workers after an idle period. Every worker of every pool holds a permit
+//! of one shared [`WorkerBudget`], the server-wide cap on live workers.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+mod budget;
 
-use deadpool::managed::{self, Metrics, Object, RecycleError, RecycleResult, Timeouts};
+pub use budget::{PooledWorker, WorkerBudget};
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use deadpool::managed::{self, Metrics, Object, RecycleError, RecycleResult, Timeouts, WeakPool};
 use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -46,6 +56,19 @@ pub struct PoolStatus {
 struct Shared {
     spec: WorkerSpec,
     config: PoolConfig,
+    /// Whether workers are started ahead of need (configured envs) or only
+    /// on demand (lazy, discovered envs).
+    keep_warm: bool,
+    /// The server-wide cap on live workers; every worker holds a permit.
+    budget: Arc<WorkerBudget>,
+    /// The deadpool pool itself, for retiring idle workers from outside.
+    pool: OnceLock<WeakPool<WorkerManager>>,
+    /// Bumped by [`EnvPool::replace`]: workers of an older generation are
+    /// retired instead of reused (after an install, for instance).
+    generation: AtomicU64,
+    /// When a worker was last handed out or returned; orders eviction and
+    /// drives the idle shrink of lazy pools.
+    last_used: Mutex<Instant>,
     /// Started workers not yet handed to deadpool, plus the number starting.
     spares: Mutex<Spares>,
     /// Reports the pid of every worker process that ends.
@@ -59,7 +82,7 @@ struct Shared {
 
 #[derive(Default)]
 struct Spares {
-    ready: Vec<Worker>,
+    ready: Vec<PooledWorker>,
     starting: usize,
 }
 
@@ -70,21 +93,37 @@ pub struct WorkerManager {
 }
 
 impl managed::Manager for WorkerManager {
-    type Type = Worker;
+    type Type = PooledWorker;
     type Error = WorkerError;
 
-    async fn create(&self) -> Result<Worker, WorkerError> {
-        if let Some(worker) = self.shared.spares.lock().ready.pop() {
-            return Ok(worker);
+    async fn create(&self) -> Result<PooledWorker, WorkerError> {
+        let shared = &self.shared;
+        loop {
+            let Some(spare) = shared.spares.lock().ready.pop() else {
+                break;
+            };
+            if spare.generation == shared.generation.load(Ordering::Acquire) {
+                return Ok(spare);
+            }
+            tokio::spawn(spare.terminate(shared.spec.grace_period));
         }
-        let result = Worker::create(&self.shared.spec, Some(self.shared.exited_tx.clone())).await;
-        self.shared.record(&result);
-        result
+        let permit = shared
+            .budget
+            .acquire(shared, shared.config.queue_timeout)
+            .await?;
+        let generation = shared.generation.load(Ordering::Acquire);
+        let result = Worker::create(&shared.spec, Some(shared.exited_tx.clone())).await;
+        shared.record(&result);
+        result.map(|worker| PooledWorker::new(worker, generation, permit))
     }
 
-    async fn recycle(&self, worker: &mut Worker, _: &Metrics) -> RecycleResult<WorkerError> {
+    async fn recycle(&self, worker: &mut PooledWorker, _: &Metrics) -> RecycleResult<WorkerError> {
         let max = self.shared.config.max_runs;
-        if worker.is_poisoned() || !worker.is_alive() || (max > 0 && worker.runs() >= max) {
+        if worker.is_poisoned()
+            || !worker.is_alive()
+            || (max > 0 && worker.runs() >= max)
+            || worker.generation != self.shared.generation.load(Ordering::Acquire)
+        {
             // Dropped by deadpool (which kills it); the exit report refills.
             return Err(RecycleError::message("worker is not reusable"));
         }
@@ -93,6 +132,46 @@ impl managed::Manager for WorkerManager {
 }
 
 impl Shared {
+    fn touch(&self) {
+        *self.last_used.lock() = Instant::now();
+    }
+
+    /// Take up to `n` idle workers (spares first) out of the pool and
+    /// terminate them in the background. Returns how many were taken.
+    fn retire_idle(&self, n: usize) -> usize {
+        let mut workers = Vec::new();
+        {
+            let mut spares = self.spares.lock();
+            while workers.len() < n {
+                match spares.ready.pop() {
+                    Some(w) => workers.push(w),
+                    None => break,
+                }
+            }
+        }
+        if workers.len() < n
+            && let Some(pool) = self.pool.get().and_then(WeakPool::upgrade)
+        {
+            let mut left = n - workers.len();
+            workers.extend(
+                pool.retain(|_, _| {
+                    if left > 0 {
+                        left -= 1;
+                        false
+                    } else {
+                        true
+                    }
+                })
+                .removed,
+            );
+        }
+        let taken = workers.len();
+        for worker in workers {
+            tokio::spawn(worker.terminate(self.spec.grace_period));
+        }
+        taken
+    }
+
     fn record(&self, result: &Result<Worker, WorkerError>) {
         match result {
             Ok(worker) => {
@@ -118,13 +197,31 @@ pub struct EnvPool {
 }
 
 impl EnvPool {
-    /// Build the pool and its supervisor; no worker is started yet (see
+    /// Build a pool kept warm, with a budget of its own (no cap beyond its
+    /// size), and its supervisor; no worker is started yet (see
     /// [`EnvPool::prewarm`]).
     pub fn new(spec: WorkerSpec, config: PoolConfig) -> EnvPool {
+        let budget = WorkerBudget::new(config.size.max(1));
+        Self::with_budget(spec, config, budget, true)
+    }
+
+    /// Build a pool whose workers count against `budget`. A pool that does
+    /// not `keep_warm` starts workers only on demand and keeps no spares.
+    pub fn with_budget(
+        spec: WorkerSpec,
+        config: PoolConfig,
+        budget: Arc<WorkerBudget>,
+        keep_warm: bool,
+    ) -> EnvPool {
         let (exited_tx, exited_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             spec,
             config: config.clone(),
+            keep_warm,
+            budget: budget.clone(),
+            pool: OnceLock::new(),
+            generation: AtomicU64::new(0),
+            last_used: Mutex::new(Instant::now()),
             spares: Mutex::new(Spares::default()),
             exited_tx,
             last_error: Mutex::new(None),
@@ -141,6 +238,8 @@ impl EnvPool {
         .runtime(deadpool::Runtime::Tokio1)
         .build()
         .expect("a runtime is configured");
+        let _ = shared.pool.set(pool.weak());
+        budget.register(&shared);
         let env_pool = EnvPool { pool, shared };
         tokio::spawn(supervise(env_pool.clone(), exited_rx));
         env_pool
@@ -179,6 +278,7 @@ impl EnvPool {
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(PoolError::Closed);
         }
+        self.shared.touch();
         let timeouts = Timeouts {
             wait: Some(self.shared.config.queue_timeout),
             ..self.pool.timeouts()
@@ -191,6 +291,9 @@ impl EnvPool {
                 "worker did not start within {:?}",
                 self.shared.spec.start_timeout
             )),
+            managed::PoolError::Backend(WorkerError::AtCapacity(_)) => {
+                PoolError::Busy(self.shared.config.queue_timeout)
+            }
             managed::PoolError::Backend(e) => PoolError::Unavailable(error_chain(&e)),
             managed::PoolError::Closed => PoolError::Closed,
             other => PoolError::Unavailable(other.to_string()),
@@ -199,8 +302,10 @@ impl EnvPool {
 
     /// Give a worker back after a run: retired after `max_runs`, else idle.
     pub fn put(&self, worker: Object<WorkerManager>) {
+        self.shared.touch();
         let max = self.shared.config.max_runs;
-        if max > 0 && worker.runs() >= max {
+        let stale = worker.generation != self.shared.generation.load(Ordering::Acquire);
+        if stale || (max > 0 && worker.runs() >= max) {
             self.discard(worker);
         }
     }
@@ -214,32 +319,80 @@ impl EnvPool {
         self.refill();
     }
 
-    /// Start spares until busy + idle + spare + starting reaches the size.
+    /// Start spares until busy + idle + spare + starting reaches the size
+    /// (only for pools kept warm, and only within the worker budget).
     pub fn refill(&self) {
-        if self.shared.closed.load(Ordering::Acquire) {
+        if self.shared.closed.load(Ordering::Acquire) || !self.shared.keep_warm {
             return;
         }
-        let missing = {
+        let permits = {
             let mut spares = self.shared.spares.lock();
             let live = self.pool.status().size + spares.ready.len() + spares.starting;
             let missing = self.shared.config.size.saturating_sub(live);
-            spares.starting += missing;
-            missing
+            let permits: Vec<_> = (0..missing)
+                .map_while(|_| self.shared.budget.try_acquire())
+                .collect();
+            spares.starting += permits.len();
+            permits
         };
-        for _ in 0..missing {
+        for permit in permits {
             let shared = self.shared.clone();
             tokio::spawn(async move {
+                let generation = shared.generation.load(Ordering::Acquire);
                 let result = Worker::create(&shared.spec, Some(shared.exited_tx.clone())).await;
                 shared.record(&result);
+                let worker = result.map(|w| PooledWorker::new(w, generation, permit));
                 let mut spares = shared.spares.lock();
                 spares.starting -= 1;
-                if let Ok(worker) = result
-                    && !shared.closed.load(Ordering::Acquire)
-                {
-                    spares.ready.push(worker);
+                match worker {
+                    Ok(worker)
+                        if !shared.closed.load(Ordering::Acquire)
+                            && generation == shared.generation.load(Ordering::Acquire) =>
+                    {
+                        spares.ready.push(worker);
+                    }
+                    Ok(worker) => {
+                        tokio::spawn(worker.terminate(shared.spec.grace_period));
+                    }
+                    Err(_) => {}
                 }
             });
         }
+    }
+
+    /// Retire every worker of the current generation: idle ones and spares
+    /// now, busy ones when their run returns them. Runs in flight finish on
+    /// the old workers; the next request gets a new one.
+    pub fn replace(&self) {
+        self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        self.shared.retire_idle(usize::MAX);
+        self.refill();
+    }
+
+    /// A lazy pool unused for `idle` retires its idle workers. Returns how
+    /// many were retired.
+    pub fn shrink_if_idle(&self, idle: Duration) -> usize {
+        if self.shared.keep_warm || self.shared.last_used.lock().elapsed() < idle {
+            return 0;
+        }
+        let retired = self.shared.retire_idle(usize::MAX);
+        if retired > 0 {
+            tracing::info!(
+                python = %self.shared.spec.python.display(),
+                workers = retired,
+                "idle environment: workers stopped"
+            );
+        }
+        retired
+    }
+
+    /// Whether this pool starts workers ahead of need.
+    pub fn keeps_warm(&self) -> bool {
+        self.shared.keep_warm
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire)
     }
 
     pub fn status(&self) -> PoolStatus {
@@ -269,7 +422,7 @@ impl EnvPool {
     pub async fn close(&self) {
         self.shared.closed.store(true, Ordering::Release);
         let grace = self.shared.spec.grace_period;
-        let mut workers: Vec<Worker> = self.pool.retain(|_, _| false).removed;
+        let mut workers: Vec<PooledWorker> = self.pool.retain(|_, _| false).removed;
         workers.append(&mut std::mem::take(&mut self.shared.spares.lock().ready));
         self.pool.close();
         futures_util::future::join_all(workers.into_iter().map(|w| w.terminate(grace))).await;

@@ -5,6 +5,7 @@ mod common;
 mod codec;
 mod concurrency;
 mod crashes;
+mod envs;
 mod execute;
 mod http_api;
 mod isolation;

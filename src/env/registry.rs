@@ -1,0 +1,290 @@
+//! Every environment the server serves: the configured ones (command line,
+//! `[[envs]]` tables, or the automatic default) and the discovered Conda
+//! environments, each under a unique name.
+//!
+//! Naming follows Conda: `base` for the root prefix, else the prefix's folder
+//! name. Configured names win; a discovered env whose name is taken gets
+//! `NAME-2`, `NAME-3`, ... in discovery order (root first, then by path),
+//! which is deterministic, and the rename is logged.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use super::discover::{Discovered, discover, find_conda};
+use super::{EnvChoice, EnvSpec, name_of};
+use crate::config::Config;
+use crate::error::ConfigError;
+use crate::protocol::RunLimits;
+
+/// Execution settings of one environment.
+#[derive(Debug, Clone)]
+pub struct EnvSettings {
+    /// Workers kept warm (configured envs) or at most started (lazy envs).
+    pub pool_size: usize,
+    /// Modules every worker imports before it serves.
+    pub preload: Vec<String>,
+    /// Default wall-clock timeout of a run, seconds.
+    pub timeout: f64,
+    /// Largest timeout a request may ask for, seconds.
+    pub max_timeout: f64,
+    pub run_limits: RunLimits,
+}
+
+/// One environment the server will serve.
+#[derive(Debug, Clone)]
+pub struct EnvPlan {
+    pub spec: EnvSpec,
+    pub settings: EnvSettings,
+    /// Configured envs are pre-warmed and kept warm; discovered ones start
+    /// on first use and shrink back when idle.
+    pub configured: bool,
+}
+
+/// The environments and which one serves requests that name none.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    pub envs: Vec<EnvPlan>,
+    /// Index into `envs`.
+    pub default: usize,
+    /// The Conda front end found (for `conda install`).
+    pub conda: Option<PathBuf>,
+}
+
+impl Registry {
+    /// Discover (unless disabled), resolve the configured environments and
+    /// name everything. Fails when a configured environment cannot be found.
+    pub async fn build(config: &Config) -> Result<Registry, ConfigError> {
+        let host = &config.host_env;
+        let found = if config.discover {
+            discover(host, config.activation_timeout).await
+        } else {
+            Discovered {
+                conda: find_conda(host),
+                ..Discovered::default()
+            }
+        };
+        let root = found.root.clone();
+        let candidates: Vec<(String, PathBuf)> = found
+            .prefixes
+            .iter()
+            .filter(|p| super::python_in(p).is_some())
+            .map(|p| (conda_name(p, root.as_deref()), p.clone()))
+            .collect();
+        let resolve = |choice: &EnvChoice, name: Option<&str>| -> Result<EnvSpec, ConfigError> {
+            match choice {
+                EnvChoice::Python(python) => EnvSpec::from_interpreter(python, name),
+                EnvChoice::CondaPrefix(prefix) => {
+                    let canonical = prefix.canonicalize().unwrap_or_else(|_| prefix.clone());
+                    let derived = conda_name(&canonical, root.as_deref());
+                    EnvSpec::from_prefix(prefix, Some(name.unwrap_or(&derived)))
+                }
+                EnvChoice::CondaEnv(wanted) => {
+                    let (_, prefix) =
+                        candidates
+                            .iter()
+                            .find(|(n, _)| n == wanted)
+                            .ok_or_else(|| ConfigError::UnknownCondaEnv {
+                                name: wanted.clone(),
+                                found: names(candidates.iter().map(|(n, _)| n.as_str())),
+                            })?;
+                    EnvSpec::from_prefix(prefix, Some(name.unwrap_or(wanted)))
+                }
+                EnvChoice::Default => auto_default(config, &candidates),
+            }
+        };
+
+        let global = EnvSettings {
+            pool_size: config.pool_size,
+            preload: config.preload.clone(),
+            timeout: config.timeout,
+            max_timeout: config.max_timeout,
+            run_limits: config.run_limits.clone(),
+        };
+        let mut envs = Vec::new();
+        if config.env != EnvChoice::Default || config.envs.is_empty() {
+            envs.push(EnvPlan {
+                spec: resolve(&config.env, None)?,
+                settings: global.clone(),
+                configured: true,
+            });
+        }
+        let flagged = envs.len();
+        for table in &config.envs {
+            envs.push(EnvPlan {
+                spec: resolve(&table.location, table.name.as_deref())?,
+                settings: EnvSettings {
+                    pool_size: table.pool_size,
+                    preload: table.preload.clone(),
+                    timeout: table.timeout,
+                    max_timeout: table.max_timeout,
+                    run_limits: table.run_limits.clone(),
+                },
+                configured: true,
+            });
+        }
+        let default = if flagged == 1 {
+            0
+        } else {
+            config.envs.iter().position(|t| t.default).unwrap_or(0)
+        };
+
+        let mut taken = HashSet::new();
+        let mut prefixes = HashSet::new();
+        for env in &envs {
+            if !taken.insert(env.spec.name.clone()) {
+                return Err(ConfigError::Invalid(format!(
+                    "two configured environments are named {:?}; give one a `name`",
+                    env.spec.name
+                )));
+            }
+            prefixes.insert(env.spec.prefix.clone());
+        }
+        let workers: usize = envs.iter().map(|e| e.settings.pool_size).sum();
+        if workers > config.max_workers {
+            return Err(ConfigError::Invalid(format!(
+                "the configured environments keep {workers} workers warm, over max_workers = {}",
+                config.max_workers
+            )));
+        }
+
+        for (name, prefix) in candidates {
+            if prefixes.contains(&prefix) {
+                continue;
+            }
+            let mut spec = match EnvSpec::from_prefix(&prefix, Some(&name)) {
+                Ok(spec) => spec,
+                Err(e) => {
+                    tracing::debug!("skipping discovered environment: {e}");
+                    continue;
+                }
+            };
+            if taken.contains(&name) {
+                let unique = (2..)
+                    .map(|i| format!("{name}-{i}"))
+                    .find(|n| !taken.contains(n))
+                    .expect("an unused suffix exists");
+                tracing::warn!(
+                    prefix = %prefix.display(),
+                    "environment name {name:?} is taken; serving this one as {unique:?}"
+                );
+                spec.rename(unique);
+            }
+            taken.insert(spec.name.clone());
+            prefixes.insert(prefix);
+            envs.push(EnvPlan {
+                spec,
+                settings: global.clone(),
+                configured: false,
+            });
+        }
+        Ok(Registry {
+            envs,
+            default,
+            conda: found.conda,
+        })
+    }
+
+    /// The environment requests use when they name none.
+    pub fn default_env(&self) -> &EnvPlan {
+        &self.envs[self.default]
+    }
+
+    /// A table of the environments, as `code-executor envs` prints it:
+    /// name, kind, Python version, default, prefix.
+    pub async fn describe(&self) -> String {
+        let versions = futures_util::future::join_all(self.envs.iter().map(|e| async {
+            match e.spec.python_version_hint() {
+                Some(v) => v,
+                None => probe_version(&e.spec.python)
+                    .await
+                    .unwrap_or_else(|| "?".into()),
+            }
+        }))
+        .await;
+        let width = self
+            .envs
+            .iter()
+            .map(|e| e.spec.name.len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
+        let mut out = format!(
+            "{:<width$}  {:<6}  {:<8}  {:<7}  PREFIX\n",
+            "NAME", "KIND", "PYTHON", "DEFAULT"
+        );
+        for (i, (env, version)) in self.envs.iter().zip(versions).enumerate() {
+            out.push_str(&format!(
+                "{:<width$}  {:<6}  {:<8}  {:<7}  {}\n",
+                env.spec.name,
+                env.spec.kind.as_str(),
+                version,
+                if i == self.default { "*" } else { "" },
+                env.spec.prefix.display()
+            ));
+        }
+        out
+    }
+}
+
+/// `platform.python_version()` of an interpreter (bounded to 10 s).
+async fn probe_version(python: &Path) -> Option<String> {
+    let child = tokio::process::Command::new(python)
+        .args([
+            "-I",
+            "-c",
+            "import platform; print(platform.python_version())",
+        ])
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .ok()?;
+    let out = tokio::time::timeout(std::time::Duration::from_secs(10), child.wait_with_output())
+        .await
+        .ok()?
+        .ok()?;
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !version.is_empty()).then_some(version)
+}
+
+/// With nothing configured: the active Conda env, else Conda's base env,
+/// else `python3` on `PATH` (named `default`).
+fn auto_default(config: &Config, candidates: &[(String, PathBuf)]) -> Result<EnvSpec, ConfigError> {
+    let host = &config.host_env;
+    if let Some(active) = &host.conda_prefix {
+        let canonical = active.canonicalize().unwrap_or_else(|_| active.clone());
+        let name = candidates
+            .iter()
+            .find(|(_, p)| *p == canonical)
+            .map(|(n, _)| n.clone());
+        return EnvSpec::from_prefix(active, name.as_deref());
+    }
+    if let Some((name, prefix)) = candidates.iter().find(|(n, _)| n == "base") {
+        return EnvSpec::from_prefix(prefix, Some(name));
+    }
+    let python3 = host.which("python3").ok_or_else(|| {
+        ConfigError::NoInterpreter(
+            "no active Conda environment, no Conda base environment and no python3 on PATH".into(),
+        )
+    })?;
+    EnvSpec::from_interpreter(&python3, Some("default"))
+}
+
+fn conda_name(prefix: &Path, root: Option<&Path>) -> String {
+    if Some(prefix) == root {
+        "base".into()
+    } else {
+        name_of(prefix)
+    }
+}
+
+fn names<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let list: Vec<&str> = names.collect();
+    if list.is_empty() {
+        "none".into()
+    } else {
+        list.join(", ")
+    }
+}
