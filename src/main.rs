@@ -38,6 +38,12 @@ async fn run() -> anyhow::Result<()> {
             server::run(listener, executor, &config, server::shutdown_signal()).await?;
             Ok(())
         }
+        Command::Mcp(args) => {
+            let config = Config::load(&args)?;
+            let executor = Arc::new(Executor::start(&config).await?);
+            code_executor::mcp::serve_stdio(executor, &config, server::shutdown_signal()).await?;
+            Ok(())
+        }
         Command::Envs(args) => {
             let config = Config::load(&args)?;
             let spec = code_executor::env::EnvSpec::resolve(&config.env)?;
