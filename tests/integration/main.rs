@@ -2,5 +2,8 @@
 
 mod common;
 
+mod mcp;
+mod mcp_python;
+
 
 mod execute;
