@@ -47,7 +47,7 @@ async fn run() -> anyhow::Result<()> {
         Command::Envs(args) => {
             let config = Config::load(&args)?;
             let spec = code_executor::env::EnvSpec::resolve(&config.env)?;
-            println!("{:<16} {:<7} {}", "NAME", "KIND", "PREFIX");
+            println!("{:<16} {:<7} PREFIX", "NAME", "KIND");
             println!(
                 "{:<16} {:<7} {} (default)",
                 spec.name,

@@ -92,7 +92,10 @@ mod tests {
     use super::*;
 
     fn text_of(result: &CallToolResult) -> &str {
-        result.content[0].as_text().map(|t| t.text.as_str()).unwrap_or("")
+        result.content[0]
+            .as_text()
+            .map(|t| t.text.as_str())
+            .unwrap_or("")
     }
 
     #[test]
@@ -146,7 +149,10 @@ mod tests {
             limit: Some("output".into()),
             ..ExecResult::default()
         };
-        assert_eq!(status_line(&truncated, 5.0), "exit code 0, output truncated");
+        assert_eq!(
+            status_line(&truncated, 5.0),
+            "exit code 0, output truncated"
+        );
         assert_eq!(
             text_of(&run_result(&ExecResult::default(), 1.0)),
             "(no output)\n[exit code 0]"

@@ -16,7 +16,10 @@ use crate::common::{TestServer, config, processes_mentioning, python};
 async fn start() -> (McpClient, Arc<Executor>) {
     let config = config();
     let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
-    (connect_in_process(executor.clone(), &config).await, executor)
+    (
+        connect_in_process(executor.clone(), &config).await,
+        executor,
+    )
 }
 
 async fn stop(client: McpClient, executor: Arc<Executor>) {
@@ -91,19 +94,38 @@ async fn initialize_and_tools_list_describe_the_server() {
     let input = Value::Object((*exec.input_schema).clone());
     assert_eq!(input["required"], json!(["code"]));
     for field in ["code", "env", "timeout", "files", "stdin"] {
-        assert!(input["properties"][field].is_object(), "no {field} in {input}");
+        assert!(
+            input["properties"][field].is_object(),
+            "no {field} in {input}"
+        );
     }
     assert_eq!(input["additionalProperties"], false);
     let output = Value::Object((*exec.output_schema.clone().expect("outputSchema")).clone());
-    for field in ["stdout", "stderr", "exit_code", "timed_out", "truncated", "duration_ms"] {
-        assert!(output["properties"][field].is_object(), "no {field} in {output}");
+    for field in [
+        "stdout",
+        "stderr",
+        "exit_code",
+        "timed_out",
+        "truncated",
+        "duration_ms",
+    ] {
+        assert!(
+            output["properties"][field].is_object(),
+            "no {field} in {output}"
+        );
     }
     let description = exec.description.as_deref().unwrap_or("");
-    assert!(description.contains(&format!("`{default_env}`")), "{description}");
+    assert!(
+        description.contains(&format!("`{default_env}`")),
+        "{description}"
+    );
     assert!(description.contains("clean state"), "{description}");
     assert!(description.contains("30 s wall clock"), "{description}");
 
-    let list = tools.iter().find(|t| t.name == "list_environments").unwrap();
+    let list = tools
+        .iter()
+        .find(|t| t.name == "list_environments")
+        .unwrap();
     assert!(list.output_schema.is_some());
     stop(client, executor).await;
 }
@@ -111,7 +133,9 @@ async fn initialize_and_tools_list_describe_the_server() {
 #[tokio::test]
 async fn execute_code_returns_text_and_structured_result() {
     let (client, executor) = start().await;
-    let result = execute_code(&client, json!({"code": "print(2+2)"})).await.unwrap();
+    let result = execute_code(&client, json!({"code": "print(2+2)"}))
+        .await
+        .unwrap();
     assert_eq!(result.is_error, Some(false));
     assert_eq!(text(&result), "4\n[exit code 0]");
     let structured = result.structured_content.expect("structuredContent");
@@ -152,7 +176,10 @@ async fn failing_code_is_a_tool_error_with_the_traceback() {
     assert_eq!(result.is_error, Some(true));
     let shown = text(&result);
     assert!(shown.starts_with("before\n[stderr]\nTraceback"), "{shown}");
-    assert!(shown.contains("ZeroDivisionError: division by zero"), "{shown}");
+    assert!(
+        shown.contains("ZeroDivisionError: division by zero"),
+        "{shown}"
+    );
     assert!(shown.ends_with("[exit code 1]"), "{shown}");
     assert_eq!(result.structured_content.unwrap()["exit_code"], 1);
     stop(client, executor).await;
@@ -165,7 +192,11 @@ async fn timeout_is_a_tool_error_naming_the_limit() {
     let result = execute_code(&client, json!({"code": "while True: pass", "timeout": 1}))
         .await
         .unwrap();
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(result.is_error, Some(true));
     assert_eq!(text(&result), "(no output)\n[timed out after 1 s]");
     let structured = result.structured_content.unwrap();
@@ -198,9 +229,15 @@ async fn refused_requests_are_tool_errors_with_the_reason() {
     assert_eq!(result.is_error, Some(true));
     assert!(text(&result).starts_with("error (bad_request): timeout must be a positive"));
 
-    let result = execute_code(&client, json!({"cod": "print(1)"})).await.unwrap();
+    let result = execute_code(&client, json!({"cod": "print(1)"}))
+        .await
+        .unwrap();
     assert_eq!(result.is_error, Some(true));
-    assert!(text(&result).contains("unknown field `cod`"), "{}", text(&result));
+    assert!(
+        text(&result).contains("unknown field `cod`"),
+        "{}",
+        text(&result)
+    );
 
     // A tool that does not exist is a protocol fault.
     let err = call(&client, "no_such_tool", json!({})).await.unwrap_err();
@@ -218,11 +255,14 @@ async fn list_environments_shows_the_default_env() {
     assert_eq!(result.is_error, Some(false));
     let default_env = executor.default_env().to_string();
     let shown = text(&result);
-    assert!(shown.starts_with(&format!("{default_env} (default): Python 3.")), "{shown}");
+    assert!(
+        shown.starts_with(&format!("{default_env} (default): Python 3.")),
+        "{shown}"
+    );
     let envs = &result.structured_content.unwrap()["envs"];
     assert_eq!(envs[0]["name"], default_env.as_str());
     assert_eq!(envs[0]["default"], true);
-    assert_eq!(envs[0]["prefix"].as_str().is_some(), true);
+    assert!(envs[0]["prefix"].as_str().is_some_and(|p| !p.is_empty()));
     stop(client, executor).await;
 }
 
@@ -230,7 +270,10 @@ async fn list_environments_shows_the_default_env() {
 async fn cancelling_a_call_kills_the_run() {
     let (client, executor) = start().await;
     let marker = unique_marker("cancel");
-    let call = execute_code(&client, json!({"code": marked_sleeper(&marker), "timeout": 60}));
+    let call = execute_code(
+        &client,
+        json!({"code": marked_sleeper(&marker), "timeout": 60}),
+    );
     // Dropping rmcp's call future sends notifications/cancelled.
     let outcome = tokio::time::timeout(Duration::from_secs(5), async {
         tokio::select! {
@@ -241,14 +284,22 @@ async fn cancelling_a_call_kills_the_run() {
     .await;
     assert!(outcome.is_ok(), "the run never started");
     let gone_after = wait_until_gone(marker.as_ref(), Duration::from_secs(5)).await;
-    assert!(gone_after < Duration::from_secs(2), "killed only after {gone_after:?}");
+    assert!(
+        gone_after < Duration::from_secs(2),
+        "killed only after {gone_after:?}"
+    );
 
     // The worker is replaced and the next call works.
-    let result = execute_code(&client, json!({"code": "print('alive')"})).await.unwrap();
+    let result = execute_code(&client, json!({"code": "print('alive')"}))
+        .await
+        .unwrap();
     assert_eq!(text(&result), "alive\n[exit code 0]");
     let start = Instant::now();
     while executor.list_envs()[0].pool.size != 2 {
-        assert!(start.elapsed() < Duration::from_secs(10), "pool not refilled");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "pool not refilled"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(executor.health().status, "ok");
@@ -265,9 +316,14 @@ async fn stdio_server_exits_cleanly_on_stdin_eof() {
         &[("TMPDIR", tmp.path())],
     )
     .await;
-    let result = execute_code(&client, json!({"code": "print(2+2)"})).await.unwrap();
+    let result = execute_code(&client, json!({"code": "print(2+2)"}))
+        .await
+        .unwrap();
     assert_eq!(text(&result), "4\n[exit code 0]");
-    assert!(!processes_mentioning(tmp.path()).is_empty(), "workers live under TMPDIR");
+    assert!(
+        !processes_mentioning(tmp.path()).is_empty(),
+        "workers live under TMPDIR"
+    );
 
     // A run still in flight when the client goes away is killed too.
     let marker = unique_marker("stdio-eof");
@@ -276,7 +332,9 @@ async fn stdio_server_exits_cleanly_on_stdin_eof() {
         let code = marked_sleeper(&marker);
         async move {
             let args = json!({"code": code, "timeout": 60});
-            let Value::Object(args) = args else { unreachable!() };
+            let Value::Object(args) = args else {
+                unreachable!()
+            };
             peer.call_tool(
                 rmcp::model::CallToolRequestParams::new("execute_code").with_arguments(args),
             )
@@ -292,7 +350,10 @@ async fn stdio_server_exits_cleanly_on_stdin_eof() {
         .expect("server exits after stdin EOF")
         .unwrap();
     assert!(status.success(), "{status}");
-    assert!(in_flight.await.unwrap().is_err(), "the in-flight call got no answer");
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "the in-flight call got no answer"
+    );
     wait_until_gone(marker.as_ref(), Duration::from_secs(2)).await;
     wait_until_gone(tmp.path(), Duration::from_secs(2)).await;
 }

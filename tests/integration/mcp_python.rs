@@ -38,7 +38,12 @@ async fn sdk_python() -> &'static Path {
             String::from_utf8_lossy(&out.stderr)
         );
         let stdout = String::from_utf8_lossy(&out.stdout);
-        PathBuf::from(stdout.lines().last().expect("setup.sh prints the venv python"))
+        PathBuf::from(
+            stdout
+                .lines()
+                .last()
+                .expect("setup.sh prints the venv python"),
+        )
     })
     .await
 }
@@ -75,7 +80,11 @@ fn default_env_name() -> String {
 /// What every transport must show a Python SDK client.
 fn check_report(report: &Value) {
     let env = default_env_name();
-    assert!(report["protocol_version"].as_str().is_some_and(|v| !v.is_empty()));
+    assert!(
+        report["protocol_version"]
+            .as_str()
+            .is_some_and(|v| !v.is_empty())
+    );
     assert_eq!(report["server_name"], "code-executor");
     let instructions = report["instructions"].as_str().unwrap_or("");
     assert!(instructions.contains(&format!("`{env}`")), "{instructions}");
@@ -89,7 +98,12 @@ fn check_report(report: &Value) {
     assert_eq!(exec["input_schema"]["required"], json!(["code"]));
     assert!(exec["input_schema"]["properties"]["files"].is_object());
     assert!(exec["output_schema"]["properties"]["exit_code"].is_object());
-    assert!(exec["description"].as_str().unwrap_or("").contains("clean state"));
+    assert!(
+        exec["description"]
+            .as_str()
+            .unwrap_or("")
+            .contains("clean state")
+    );
 
     let calls = &report["calls"];
     let success = &calls["success"];
@@ -101,13 +115,19 @@ fn check_report(report: &Value) {
     let syntax = &calls["syntax_error"];
     assert_eq!(syntax["is_error"], true, "{syntax}");
     let shown = syntax["text"].as_str().unwrap_or("");
-    assert!(shown.contains("SyntaxError") && shown.ends_with("[exit code 1]"), "{shown}");
+    assert!(
+        shown.contains("SyntaxError") && shown.ends_with("[exit code 1]"),
+        "{shown}"
+    );
 
     let zero = &calls["zero_division"];
     assert_eq!(zero["is_error"], true, "{zero}");
     let shown = zero["text"].as_str().unwrap_or("");
     assert!(shown.starts_with("before\n[stderr]\nTraceback"), "{shown}");
-    assert!(shown.contains("ZeroDivisionError: division by zero"), "{shown}");
+    assert!(
+        shown.contains("ZeroDivisionError: division by zero"),
+        "{shown}"
+    );
     assert_eq!(zero["structured"]["exit_code"], 1);
 
     let timeout = &calls["timeout"];
@@ -125,10 +145,19 @@ fn check_report(report: &Value) {
         )
     );
 
-    assert_eq!(calls["files_and_stdin"]["text"], "from file from stdin\n[exit code 0]");
+    assert_eq!(
+        calls["files_and_stdin"]["text"],
+        "from file from stdin\n[exit code 0]"
+    );
     let bad = &calls["bad_args"];
     assert_eq!(bad["is_error"], true, "{bad}");
-    assert!(bad["text"].as_str().unwrap_or("").contains("unknown field `cod`"), "{bad}");
+    assert!(
+        bad["text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("unknown field `cod`"),
+        "{bad}"
+    );
 
     let envs = &report["list_environments"];
     assert_eq!(envs["is_error"], false);
@@ -137,11 +166,17 @@ fn check_report(report: &Value) {
     let cancel = &report["cancel"];
     assert_eq!(cancel["seen_running"], true, "{cancel}");
     assert!(
-        cancel["client_error"].as_str().unwrap_or("").contains("timed out"),
+        cancel["client_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("timed out"),
         "{cancel}"
     );
     let gone = cancel["gone_after_s"].as_f64();
-    assert!(gone.is_some_and(|s| s < 2.0), "run not killed promptly: {cancel}");
+    assert!(
+        gone.is_some_and(|s| s < 2.0),
+        "run not killed promptly: {cancel}"
+    );
     assert_eq!(cancel["after"]["text"], "alive\n[exit code 0]");
 }
 

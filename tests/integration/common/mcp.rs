@@ -64,7 +64,9 @@ pub async fn connect_http(url: &str, token: Option<&str>) -> McpClient {
         config = config.auth_header(token);
     }
     let transport = StreamableHttpClientTransport::from_config(config);
-    ().serve(transport).await.expect("MCP handshake over streamable HTTP")
+    ().serve(transport)
+        .await
+        .expect("MCP handshake over streamable HTTP")
 }
 
 /// Call `execute_code` with `args` (a JSON object).
@@ -73,7 +75,11 @@ pub async fn execute_code(client: &McpClient, args: Value) -> Result<CallToolRes
 }
 
 /// Call tool `name` with `args` (a JSON object).
-pub async fn call(client: &McpClient, name: &str, args: Value) -> Result<CallToolResult, ServiceError> {
+pub async fn call(
+    client: &McpClient,
+    name: &str,
+    args: Value,
+) -> Result<CallToolResult, ServiceError> {
     let Value::Object(args) = args else {
         panic!("tool arguments must be a JSON object, got {args}");
     };
