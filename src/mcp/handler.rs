@@ -8,10 +8,13 @@ use std::sync::Arc;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::schema_for_output;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, JsonObject, ServerCapabilities, ServerConfig,
+};
 use rmcp::{ServerHandler, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -95,6 +98,12 @@ impl McpHandler {
             .map(|v| format!(" (Python {v})"))
             .unwrap_or_default();
         let mut tool_router = Self::tool_router();
+        for route in tool_router.map.values_mut() {
+            route.attr.input_schema = without_uint_formats(&route.attr.input_schema);
+            if let Some(output) = &route.attr.output_schema {
+                route.attr.output_schema = Some(without_uint_formats(output));
+            }
+        }
         if let Some(route) = tool_router.map.get_mut("execute_code") {
             route.attr.description = Some(execute_code_description(config, &default_env).into());
         }
@@ -140,7 +149,7 @@ impl McpHandler {
         tokio::select! {
             biased;
             _ = cancelled.cancelled() => {
-                tracing::info!("execute_code cancelled by the client: run killed");
+                tracing::info!("execute_code cancelled (by the client or shutdown): run killed");
                 CallToolResult::error(vec![ContentBlock::text("cancelled: the run was killed")])
             }
             outcome = self.executor.execute(args.into_request()) => match outcome {
@@ -221,6 +230,34 @@ fn execute_code_description(config: &Config, default_env: &str) -> String {
     )
 }
 
+/// `schema` without `"format": "uint…"`: schemars emits it for unsigned
+/// integers beside `"minimum": 0`, which says the same in standard JSON
+/// Schema, and validators such as the MCP Inspector's warn about it.
+fn without_uint_formats(schema: &JsonObject) -> Arc<JsonObject> {
+    fn strip(value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                if map
+                    .get("format")
+                    .and_then(Value::as_str)
+                    .is_some_and(|f| f.starts_with("uint"))
+                {
+                    map.remove("format");
+                }
+                map.values_mut().for_each(strip);
+            }
+            Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut value = Value::Object(schema.clone());
+    strip(&mut value);
+    match value {
+        Value::Object(map) => Arc::new(map),
+        _ => Arc::new(schema.clone()),
+    }
+}
+
 /// `2 GiB`, `1 MiB`, `512 KiB`, `100 bytes`.
 fn human_bytes(bytes: u64) -> String {
     const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
@@ -247,6 +284,19 @@ mod tests {
         assert_eq!(human_bytes(1 << 20), "1 MiB");
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(100), "100 bytes");
+    }
+
+    #[test]
+    fn uint_formats_are_dropped_from_schemas() {
+        let schema = schema_for_output::<EnvListing>();
+        assert!(
+            serde_json::to_string(&*schema)
+                .unwrap()
+                .contains("\"uint\"")
+        );
+        let cleaned = serde_json::to_string(&*without_uint_formats(&schema)).unwrap();
+        assert!(!cleaned.contains("uint"), "{cleaned}");
+        assert!(cleaned.contains("\"minimum\":0"), "{cleaned}");
     }
 
     #[test]
