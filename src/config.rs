@@ -29,8 +29,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve the HTTP API.
+    /// Serve the HTTP API (and MCP over streamable HTTP at /mcp).
     Serve(ServeArgs),
+    /// Serve MCP over stdin/stdout (for MCP clients that launch servers).
+    Mcp(ServeArgs),
     /// Print the environments this server can see.
     Envs(ServeArgs),
 }

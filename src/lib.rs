@@ -11,7 +11,8 @@
 //! * [`executor`]: the one service front ends call: validate, pick a pool, run, shape the result.
 //! * [`types`]: request and result types shared by every front end.
 //! * [`http`]: the axum HTTP/JSON API and its error type.
-//! * [`server`]: serving the HTTP API with graceful shutdown.
+//! * [`mcp`]: the MCP server (`rmcp`): tools over the executor, stdio and streamable HTTP.
+//! * [`server`]: serving the HTTP API (and MCP at `/mcp`) with graceful shutdown.
 //! * [`error`]: typed errors, one enum per layer.
 
 #![forbid(unsafe_code)]
@@ -21,6 +22,7 @@ pub mod env;
 pub mod error;
 pub mod executor;
 pub mod http;
+pub mod mcp;
 pub mod pool;
 pub mod protocol;
 pub mod server;

@@ -18,7 +18,8 @@ async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_env("CODE_EXECUTOR_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_env("CODE_EXECUTOR_LOG")
+                .unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn")),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -36,6 +37,12 @@ async fn run() -> anyhow::Result<()> {
                 "code-executor ready"
             );
             server::run(listener, executor, &config, server::shutdown_signal()).await?;
+            Ok(())
+        }
+        Command::Mcp(args) => {
+            let config = Config::load(&args)?;
+            let executor = Arc::new(Executor::start(&config).await?);
+            code_executor::mcp::serve_stdio(executor, &config, server::shutdown_signal()).await?;
             Ok(())
         }
         Command::Envs(args) => {

@@ -3,11 +3,15 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use axum::Router;
+use axum::middleware;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::executor::Executor;
-use crate::http::{AppState, router};
+use crate::http::{AppState, require_token, router};
+use crate::mcp;
 
 /// Serve `executor` on `listener` until `shutdown` resolves; then stop
 /// accepting, let in-flight requests finish (at most `shutdown_timeout`) and
@@ -18,19 +22,27 @@ pub async fn run(
     config: &Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = router(
-        AppState {
-            executor: executor.clone(),
-            token: config.token.as_deref().map(Arc::from),
-            admin_token: config.admin_token.as_deref().map(Arc::from),
-        },
-        config.max_body_bytes,
-    );
+    let state = AppState {
+        executor: executor.clone(),
+        token: config.token.as_deref().map(Arc::from),
+        admin_token: config.admin_token.as_deref().map(Arc::from),
+    };
+    // MCP sessions are long-lived event streams: they end (and cancel their
+    // in-flight runs) when shutdown starts, or they would hold it up.
+    let mcp_stop = CancellationToken::new();
+    let mcp = Router::new()
+        .nest_service(
+            "/mcp",
+            mcp::http_service(executor.clone(), config, mcp_stop.child_token()),
+        )
+        .layer(middleware::from_fn_with_state(state.clone(), require_token));
+    let app = router(state, config.max_body_bytes).merge(mcp);
     let stop = Arc::new(tokio::sync::Notify::new());
     let stopped = stop.clone();
     let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown.await;
         tracing::info!("shutting down: finishing in-flight requests");
+        mcp_stop.cancel();
         stopped.notify_one();
     });
     let drain_limit = config.shutdown_timeout;

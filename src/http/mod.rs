@@ -94,8 +94,8 @@ async fn health(State(state): State<AppState>) -> Response {
     (status, Json(health)).into_response()
 }
 
-/// Bearer-token check, compared in constant time.
-async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
+/// Bearer-token check, compared in constant time. Also guards MCP at `/mcp`.
+pub async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(token) = &state.token
         && !bool::from(bearer(&req).as_bytes().ct_eq(token.as_bytes()))
     {

@@ -9,6 +9,8 @@ mod envs;
 mod execute;
 mod http_api;
 mod isolation;
+mod mcp;
+mod mcp_python;
 mod readme;
 mod shutdown;
 mod timeouts;

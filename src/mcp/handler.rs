@@ -1,0 +1,311 @@
+//! The MCP tools: thin adapters over [`Executor`], with descriptions written
+//! for a model (the default environment, the limits, how to pass files, that
+//! each call starts from a clean state).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::schema_for_output;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, JsonObject, ServerCapabilities, ServerConfig,
+};
+use rmcp::{ServerHandler, tool, tool_handler, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::executor::{EnvInfo, Executor};
+use crate::mcp::result::{refusal, run_result};
+use crate::types::{ExecRequest, ExecResult, FileContent};
+
+/// Arguments of `execute_code`: the fields of [`ExecRequest`] a model may
+/// set, converted into one by [`ExecuteCodeArgs::into_request`]. Unknown
+/// fields are refused so that a misspelt argument is reported, not ignored.
+/// (`session` joins when sessions exist.)
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecuteCodeArgs {
+    /// Python source, run as a script (`python script.py`): print() what you
+    /// want to see; the value of the last expression is not shown.
+    pub code: String,
+    /// Environment to run in: a name from `list_environments`. The default
+    /// environment if omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+    /// Wall-clock limit in seconds. The server's default if omitted; capped
+    /// at the server's maximum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<f64>,
+    /// Input files, written into the run's working directory before the code
+    /// starts: relative path -> UTF-8 text, or {"base64": "..."} for binary
+    /// content. Example: {"data/in.csv": "a,b\n1,2\n"}.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<BTreeMap<String, FileContent>>,
+    /// Text fed to the program's standard input (empty if omitted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+}
+
+impl ExecuteCodeArgs {
+    pub fn into_request(self) -> ExecRequest {
+        ExecRequest {
+            code: self.code,
+            env: self.env,
+            timeout: self.timeout,
+            files: self.files,
+            stdin: self.stdin,
+            session: None,
+        }
+    }
+}
+
+/// What `list_environments` returns (the body of `GET /list-envs`).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct EnvListing {
+    pub envs: Vec<EnvInfo>,
+}
+
+/// The MCP server: one per stdio connection or streamable-HTTP session, all
+/// sharing one [`Executor`].
+#[derive(Clone)]
+pub struct McpHandler {
+    executor: Arc<Executor>,
+    /// Default wall-clock limit of a run, seconds: named in the status line
+    /// of a run that timed out without asking for a timeout.
+    default_timeout: f64,
+    /// Largest timeout a run may ask for, seconds (the executor caps at it).
+    max_timeout: f64,
+    /// The server's `instructions`: what it is for and the default env.
+    instructions: Arc<str>,
+    /// The tools, with descriptions naming this server's default environment
+    /// and limits. Served by `#[tool_handler(router = self.tool_router)]`.
+    tool_router: ToolRouter<McpHandler>,
+}
+
+#[tool_router]
+impl McpHandler {
+    pub fn new(executor: Arc<Executor>, config: &Config) -> McpHandler {
+        let default_env = executor.default_env().to_string();
+        let python_version = executor
+            .list_envs()
+            .into_iter()
+            .find(|e| e.default)
+            .and_then(|e| e.python_version)
+            .map(|v| format!(" (Python {v})"))
+            .unwrap_or_default();
+        let mut tool_router = Self::tool_router();
+        for route in tool_router.map.values_mut() {
+            route.attr.input_schema = without_uint_formats(&route.attr.input_schema);
+            if let Some(output) = &route.attr.output_schema {
+                route.attr.output_schema = Some(without_uint_formats(output));
+            }
+        }
+        if let Some(route) = tool_router.map.get_mut("execute_code") {
+            route.attr.description = Some(execute_code_description(config, &default_env).into());
+        }
+        // Hook point for the package tools (`install_packages`,
+        // `list_packages`, API.md): when the executor grows `install` and a
+        // package listing, add them as `#[tool]` methods below, and here
+        // `tool_router.remove_route("install_packages")` unless an admin token
+        // is configured and the transport is authenticated.
+        let instructions = format!(
+            "code-executor runs Python code in isolated, pre-warmed interpreters and returns \
+             its stdout, stderr and exit status. Use `execute_code` to run a script; every \
+             call starts from a clean state (no variables, imports or files carry over). \
+             The default environment is `{default_env}`{python_version}; \
+             `list_environments` shows every environment and its Python version."
+        );
+        McpHandler {
+            executor,
+            default_timeout: config.timeout,
+            max_timeout: config.max_timeout,
+            instructions: instructions.into(),
+            tool_router,
+        }
+    }
+
+    /// Run Python code in a fresh process and return its output and exit
+    /// status.
+    #[tool(
+        output_schema = schema_for_output::<ExecResult>(),
+        annotations(read_only_hint = false, destructive_hint = false, open_world_hint = true)
+    )]
+    async fn execute_code(
+        &self,
+        Parameters(args): Parameters<ExecuteCodeArgs>,
+        cancelled: CancellationToken,
+    ) -> CallToolResult {
+        let timeout = args
+            .timeout
+            .filter(|t| t.is_finite() && *t > 0.0)
+            .unwrap_or(self.default_timeout)
+            .min(self.max_timeout);
+        // Dropping the run's future on cancellation kills the run's process
+        // tree; the pool replaces the worker.
+        tokio::select! {
+            biased;
+            _ = cancelled.cancelled() => {
+                tracing::info!("execute_code cancelled (by the client or shutdown): run killed");
+                CallToolResult::error(vec![ContentBlock::text("cancelled: the run was killed")])
+            }
+            outcome = self.executor.execute(args.into_request()) => match outcome {
+                Ok(result) => run_result(&result, timeout),
+                Err(err) => refusal(err),
+            },
+        }
+    }
+
+    /// List the Python environments code can run in: name, kind, prefix,
+    /// Python version, which one is the default, and their worker pools.
+    #[tool(
+        output_schema = schema_for_output::<EnvListing>(),
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn list_environments(&self) -> CallToolResult {
+        let envs = self.executor.list_envs();
+        let text = envs
+            .iter()
+            .map(|e| {
+                format!(
+                    "{}{}: Python {}, {} at {}",
+                    e.name,
+                    if e.default { " (default)" } else { "" },
+                    e.python_version.as_deref().unwrap_or("unknown"),
+                    e.kind,
+                    e.prefix
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut out = match serde_json::to_value(EnvListing { envs }) {
+            Ok(value) => CallToolResult::structured(value),
+            Err(_) => CallToolResult::success(Vec::new()),
+        };
+        out.content = vec![ContentBlock::text(text)];
+        out
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for McpHandler {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(
+                env!("CARGO_PKG_NAME"),
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(self.instructions.to_string())
+    }
+}
+
+/// The description of `execute_code`, naming this server's defaults.
+fn execute_code_description(config: &Config, default_env: &str) -> String {
+    let memory = config
+        .run_limits
+        .memory_bytes
+        .map(|b| format!(", memory {}", human_bytes(b)))
+        .unwrap_or_default();
+    format!(
+        "Run Python code in a fresh process and return its stdout, stderr and exit status.\n\
+         \n\
+         - The code runs as a script (`python script.py`): print() what you want to see.\n\
+         - Every call starts from a clean state: no variables, imports or files carry over \
+         from earlier calls. Put everything one run needs into one call.\n\
+         - Environment: `{default_env}` unless `env` names another one from \
+         `list_environments`.\n\
+         - Limits: {timeout} s wall clock by default (`timeout` may ask for up to {max} s){memory}, \
+         output {output} per stream (longer output is cut and flagged).\n\
+         - Input files: `files` maps relative paths to UTF-8 text or {{\"base64\": \"...\"}}; \
+         they are written into the working directory before the code runs. \
+         `stdin` feeds standard input.\n\
+         - The result is an error when the code fails (non-zero exit, uncaught exception, \
+         timeout); the traceback is in the output.",
+        timeout = config.timeout,
+        max = config.max_timeout,
+        output = human_bytes(config.max_output_bytes),
+    )
+}
+
+/// `schema` without `"format": "uint…"`: schemars emits it for unsigned
+/// integers beside `"minimum": 0`, which says the same in standard JSON
+/// Schema, and validators such as the MCP Inspector's warn about it.
+fn without_uint_formats(schema: &JsonObject) -> Arc<JsonObject> {
+    fn strip(value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                if map
+                    .get("format")
+                    .and_then(Value::as_str)
+                    .is_some_and(|f| f.starts_with("uint"))
+                {
+                    map.remove("format");
+                }
+                map.values_mut().for_each(strip);
+            }
+            Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut value = Value::Object(schema.clone());
+    strip(&mut value);
+    match value {
+        Value::Object(map) => Arc::new(map),
+        _ => Arc::new(schema.clone()),
+    }
+}
+
+/// `2 GiB`, `1 MiB`, `512 KiB`, `100 bytes`.
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    for (size, unit) in UNITS {
+        if bytes >= size && bytes.is_multiple_of(size) {
+            return format!("{} {unit}", bytes / size);
+        }
+    }
+    for (size, unit) in UNITS {
+        if bytes >= size {
+            return format!("{:.1} {unit}", bytes as f64 / size as f64);
+        }
+    }
+    format!("{bytes} bytes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_read_naturally() {
+        assert_eq!(human_bytes(2 << 30), "2 GiB");
+        assert_eq!(human_bytes(1 << 20), "1 MiB");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(100), "100 bytes");
+    }
+
+    #[test]
+    fn uint_formats_are_dropped_from_schemas() {
+        let schema = schema_for_output::<EnvListing>();
+        assert!(
+            serde_json::to_string(&*schema)
+                .unwrap()
+                .contains("\"uint\"")
+        );
+        let cleaned = serde_json::to_string(&*without_uint_formats(&schema)).unwrap();
+        assert!(!cleaned.contains("uint"), "{cleaned}");
+        assert!(cleaned.contains("\"minimum\":0"), "{cleaned}");
+    }
+
+    #[test]
+    fn description_names_env_and_limits() {
+        let text = execute_code_description(&Config::default(), "ml");
+        assert!(text.contains("`ml`"), "{text}");
+        assert!(text.contains("30 s wall clock"), "{text}");
+        assert!(text.contains("up to 300 s"), "{text}");
+        assert!(text.contains("memory 2 GiB"), "{text}");
+        assert!(text.contains("output 1 MiB per stream"), "{text}");
+    }
+}

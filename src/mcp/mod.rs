@@ -1,0 +1,18 @@
+//! The MCP front end, on the official Rust SDK (`rmcp`): a thin adapter over
+//! [`Executor`](crate::executor::Executor), served over stdio
+//! (`code-executor mcp`) and over streamable HTTP at `/mcp`.
+//!
+//! * [`handler`]: the tools (`execute_code`, `list_environments`), their
+//!   descriptions and the server's `instructions`.
+//! * [`result`]: shaping a run or a refusal into a tool result.
+//! * [`stdio`]: serving one client on standard input/output.
+//! * [`http`]: the streamable HTTP service the axum server nests at `/mcp`.
+
+pub mod handler;
+pub mod http;
+pub mod result;
+pub mod stdio;
+
+pub use handler::{ExecuteCodeArgs, McpHandler};
+pub use http::http_service;
+pub use stdio::{StdioError, serve_stdio};

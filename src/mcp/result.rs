@@ -1,0 +1,175 @@
+//! Tool results: what a model reads (one text block) and what a program reads
+//! (`structuredContent`, the same fields as `POST /execute`).
+//!
+//! A run that happened is a result whatever its exit status; it is flagged
+//! `isError` when the code failed (non-zero exit, signal, timeout). A request
+//! the executor refused (unknown environment, bad argument, busy) is an
+//! `isError` result whose text carries the same code and message as the HTTP
+//! error body. Protocol errors are left to `rmcp` for protocol faults.
+
+use rmcp::model::{CallToolResult, ContentBlock};
+
+use crate::error::ExecError;
+use crate::http::ApiError;
+use crate::types::ExecResult;
+
+/// The tool result of a run. `timeout` is the effective wall-clock limit of
+/// the run in seconds, named in the status line when the run hit it.
+pub fn run_result(result: &ExecResult, timeout: f64) -> CallToolResult {
+    let failed = result.exit_code != 0 || result.timed_out;
+    let text = ContentBlock::text(run_text(result, timeout));
+    let mut out = match serde_json::to_value(result) {
+        Ok(value) if failed => CallToolResult::structured_error(value),
+        Ok(value) => CallToolResult::structured(value),
+        // `ExecResult` is plain data; serializing it cannot fail. Should it,
+        // the text still tells the whole story.
+        Err(_) if failed => CallToolResult::error(Vec::new()),
+        Err(_) => CallToolResult::success(Vec::new()),
+    };
+    out.content = vec![text];
+    out
+}
+
+/// The tool result of a request the executor refused or could not run.
+pub fn refusal(err: ExecError) -> CallToolResult {
+    let api = ApiError::from(err);
+    if api.status.is_server_error() {
+        tracing::error!(code = api.code, "execute_code failed: {}", api.message);
+    }
+    CallToolResult::error(vec![ContentBlock::text(format!(
+        "error ({}): {}",
+        api.code, api.message
+    ))])
+}
+
+/// stdout, then stderr under a `[stderr]` line, then one bracketed status
+/// line such as `[exit code 1]`, `[timed out after 5 s]` or
+/// `[exit code 0, output truncated]`.
+pub fn run_text(result: &ExecResult, timeout: f64) -> String {
+    let mut text = String::with_capacity(result.stdout.len() + result.stderr.len() + 48);
+    let push_stream = |text: &mut String, stream: &str| {
+        text.push_str(stream);
+        if !stream.ends_with('\n') {
+            text.push('\n');
+        }
+    };
+    if !result.stdout.is_empty() {
+        push_stream(&mut text, &result.stdout);
+    }
+    if !result.stderr.is_empty() {
+        text.push_str("[stderr]\n");
+        push_stream(&mut text, &result.stderr);
+    }
+    if result.stdout.is_empty() && result.stderr.is_empty() {
+        text.push_str("(no output)\n");
+    }
+    text.push('[');
+    text.push_str(&status_line(result, timeout));
+    text.push(']');
+    text
+}
+
+/// One line saying how the run ended.
+pub fn status_line(result: &ExecResult, timeout: f64) -> String {
+    let mut line = if result.timed_out {
+        format!("timed out after {timeout} s")
+    } else if let Some(signal) = &result.signal {
+        match result.limit.as_deref() {
+            Some(limit) if limit != "output" => format!("killed by {signal} ({limit} limit)"),
+            _ => format!("killed by {signal}"),
+        }
+    } else {
+        format!("exit code {}", result.exit_code)
+    };
+    if result.truncated {
+        line.push_str(", output truncated");
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text_of(result: &CallToolResult) -> &str {
+        result.content[0]
+            .as_text()
+            .map(|t| t.text.as_str())
+            .unwrap_or("")
+    }
+
+    #[test]
+    fn success_is_stdout_then_status() {
+        let run = ExecResult {
+            stdout: "4\n".into(),
+            ..ExecResult::default()
+        };
+        let out = run_result(&run, 30.0);
+        assert_eq!(out.is_error, Some(false));
+        assert_eq!(text_of(&out), "4\n[exit code 0]");
+        assert_eq!(out.structured_content.as_ref().unwrap()["stdout"], "4\n");
+    }
+
+    #[test]
+    fn failures_are_errors_with_stderr_and_status() {
+        let run = ExecResult {
+            stdout: "partial".into(),
+            stderr: "Traceback\nZeroDivisionError: division by zero\n".into(),
+            exit_code: 1,
+            ..ExecResult::default()
+        };
+        let out = run_result(&run, 30.0);
+        assert_eq!(out.is_error, Some(true));
+        assert_eq!(
+            text_of(&out),
+            "partial\n[stderr]\nTraceback\nZeroDivisionError: division by zero\n[exit code 1]"
+        );
+        assert_eq!(out.structured_content.as_ref().unwrap()["exit_code"], 1);
+    }
+
+    #[test]
+    fn status_names_timeouts_signals_and_truncation() {
+        let timed_out = ExecResult {
+            timed_out: true,
+            exit_code: -9,
+            signal: Some("SIGKILL".into()),
+            ..ExecResult::default()
+        };
+        assert_eq!(status_line(&timed_out, 5.0), "timed out after 5 s");
+        assert_eq!(status_line(&timed_out, 0.5), "timed out after 0.5 s");
+        let cpu = ExecResult {
+            exit_code: -24,
+            signal: Some("SIGXCPU".into()),
+            limit: Some("cpu".into()),
+            ..ExecResult::default()
+        };
+        assert_eq!(status_line(&cpu, 5.0), "killed by SIGXCPU (cpu limit)");
+        let truncated = ExecResult {
+            truncated: true,
+            limit: Some("output".into()),
+            ..ExecResult::default()
+        };
+        assert_eq!(
+            status_line(&truncated, 5.0),
+            "exit code 0, output truncated"
+        );
+        assert_eq!(
+            text_of(&run_result(&ExecResult::default(), 1.0)),
+            "(no output)\n[exit code 0]"
+        );
+    }
+
+    #[test]
+    fn refusals_carry_the_http_error_code_and_message() {
+        let out = refusal(ExecError::UnknownEnv {
+            name: "nope".into(),
+            known: "base, ml".into(),
+        });
+        assert_eq!(out.is_error, Some(true));
+        assert!(out.structured_content.is_none());
+        assert_eq!(
+            text_of(&out),
+            "error (unknown_env): unknown environment \"nope\"; known environments: base, ml"
+        );
+    }
+}

@@ -1,0 +1,228 @@
+//! MCP interoperability with the official Python SDK: `tests/mcp_client/client.py`
+//! (pinned `mcp` from `requirements.txt`, installed by `setup.sh` into
+//! `target/tmp/mcp-venv`) drives the server over stdio and over streamable
+//! HTTP and reports what it saw; the assertions are here.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use code_executor::Config;
+use code_executor::env::EnvSpec;
+use serde_json::{Value, json};
+use tokio::process::Command;
+use tokio::sync::OnceCell;
+
+use crate::common::{TestServer, config, processes_mentioning, python};
+use crate::mcp::wait_until_gone;
+
+const CLIENT_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client");
+
+/// The venv interpreter with the pinned SDK, set up once per test run (and
+/// reused across runs). A failed install fails the test.
+async fn sdk_python() -> &'static Path {
+    static SDK: OnceCell<PathBuf> = OnceCell::const_new();
+    SDK.get_or_init(|| async {
+        let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mcp-venv");
+        let out = Command::new("bash")
+            .arg(format!("{CLIENT_DIR}/setup.sh"))
+            .arg(&venv)
+            .env("MCP_TEST_PYTHON", python())
+            .output()
+            .await
+            .expect("bash runs tests/mcp_client/setup.sh");
+        assert!(
+            out.status.success(),
+            "installing the Python MCP SDK failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        PathBuf::from(
+            stdout
+                .lines()
+                .last()
+                .expect("setup.sh prints the venv python"),
+        )
+    })
+    .await
+}
+
+/// Run client.py with `args`; its JSON report.
+async fn run_client(args: Vec<OsString>) -> Value {
+    let sdk = sdk_python().await;
+    let run = Command::new(sdk)
+        .arg(format!("{CLIENT_DIR}/client.py"))
+        .args(&args)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(90), run)
+        .await
+        .expect("the Python client finishes within 90 s")
+        .expect("the Python client starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "client.py {args:?} failed ({}):\n{stderr}",
+        out.status
+    );
+    serde_json::from_str(stdout.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("client.py printed no JSON report ({e}):\n{stdout}\n{stderr}"))
+}
+
+fn default_env_name() -> String {
+    EnvSpec::from_interpreter(&python(), None)
+        .expect("the test interpreter resolves")
+        .name
+}
+
+/// What every transport must show a Python SDK client.
+fn check_report(report: &Value) {
+    let env = default_env_name();
+    assert!(
+        report["protocol_version"]
+            .as_str()
+            .is_some_and(|v| !v.is_empty())
+    );
+    assert_eq!(report["server_name"], "code-executor");
+    let instructions = report["instructions"].as_str().unwrap_or("");
+    assert!(instructions.contains(&format!("`{env}`")), "{instructions}");
+
+    let tools = report["tools"].as_object().expect("tools");
+    assert_eq!(
+        tools.keys().collect::<Vec<_>>(),
+        ["execute_code", "list_environments"]
+    );
+    let exec = &tools["execute_code"];
+    assert_eq!(exec["input_schema"]["required"], json!(["code"]));
+    assert!(exec["input_schema"]["properties"]["files"].is_object());
+    assert!(exec["output_schema"]["properties"]["exit_code"].is_object());
+    assert!(
+        exec["description"]
+            .as_str()
+            .unwrap_or("")
+            .contains("clean state")
+    );
+
+    let calls = &report["calls"];
+    let success = &calls["success"];
+    assert_eq!(success["is_error"], false, "{success}");
+    assert_eq!(success["text"], "4\n[exit code 0]");
+    assert_eq!(success["structured"]["stdout"], "4\n");
+    assert_eq!(success["structured"]["exit_code"], 0);
+
+    let syntax = &calls["syntax_error"];
+    assert_eq!(syntax["is_error"], true, "{syntax}");
+    let shown = syntax["text"].as_str().unwrap_or("");
+    assert!(
+        shown.contains("SyntaxError") && shown.ends_with("[exit code 1]"),
+        "{shown}"
+    );
+
+    let zero = &calls["zero_division"];
+    assert_eq!(zero["is_error"], true, "{zero}");
+    let shown = zero["text"].as_str().unwrap_or("");
+    assert!(shown.starts_with("before\n[stderr]\nTraceback"), "{shown}");
+    assert!(
+        shown.contains("ZeroDivisionError: division by zero"),
+        "{shown}"
+    );
+    assert_eq!(zero["structured"]["exit_code"], 1);
+
+    let timeout = &calls["timeout"];
+    assert_eq!(timeout["is_error"], true, "{timeout}");
+    assert_eq!(timeout["text"], "(no output)\n[timed out after 1 s]");
+    assert_eq!(timeout["structured"]["timed_out"], true);
+    assert!(timeout["elapsed_s"].as_f64().unwrap() < 5.0, "{timeout}");
+
+    let unknown = &calls["unknown_env"];
+    assert_eq!(unknown["is_error"], true, "{unknown}");
+    assert_eq!(
+        unknown["text"],
+        format!(
+            "error (unknown_env): unknown environment \"no-such-env\"; known environments: {env}"
+        )
+    );
+
+    assert_eq!(
+        calls["files_and_stdin"]["text"],
+        "from file from stdin\n[exit code 0]"
+    );
+    let bad = &calls["bad_args"];
+    assert_eq!(bad["is_error"], true, "{bad}");
+    assert!(
+        bad["text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("unknown field `cod`"),
+        "{bad}"
+    );
+
+    let envs = &report["list_environments"];
+    assert_eq!(envs["is_error"], false);
+    assert_eq!(envs["structured"]["envs"][0]["name"], env.as_str());
+
+    let cancel = &report["cancel"];
+    assert_eq!(cancel["seen_running"], true, "{cancel}");
+    assert!(
+        cancel["client_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("timed out"),
+        "{cancel}"
+    );
+    let gone = cancel["gone_after_s"].as_f64();
+    assert!(
+        gone.is_some_and(|s| s < 2.0),
+        "run not killed promptly: {cancel}"
+    );
+    assert_eq!(cancel["after"]["text"], "alive\n[exit code 0]");
+}
+
+#[tokio::test]
+async fn python_sdk_over_stdio() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut tmpdir = OsString::from("TMPDIR=");
+    tmpdir.push(tmp.path());
+    let report = run_client(vec![
+        "stdio".into(),
+        env!("CARGO_BIN_EXE_code-executor").into(),
+        python().into(),
+        tmpdir,
+        "CODE_EXECUTOR_LOG=warn".into(),
+    ])
+    .await;
+    check_report(&report);
+    // The server, its workers and the cancelled run are all gone.
+    wait_until_gone(tmp.path(), Duration::from_secs(3)).await;
+}
+
+#[tokio::test]
+async fn python_sdk_over_streamable_http() {
+    let server = TestServer::with_config(Config {
+        token: Some("s3cret".into()),
+        ..config()
+    })
+    .await;
+    let report = run_client(vec![
+        "http".into(),
+        format!("{}/mcp", server.url).into(),
+        "s3cret".into(),
+    ])
+    .await;
+    check_report(&report);
+
+    let concurrent = report["concurrent"].as_array().expect("concurrent results");
+    assert_eq!(concurrent.len(), 10);
+    for (i, result) in concurrent.iter().enumerate() {
+        assert_eq!(result["is_error"], false, "{result}");
+        assert_eq!(result["text"], format!("{}\n[exit code 0]", i * i));
+    }
+
+    let marker = report["cancel"]["marker"].as_str().unwrap();
+    assert!(processes_mentioning(marker.as_ref()).is_empty());
+    let pool = server.wait_for_pool_size(2, Duration::from_secs(10)).await;
+    assert_eq!(pool["busy"], 0, "{pool}");
+    server.stop().await;
+}
