@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use crate::env::{EnvChoice, HostEnv};
 use crate::error::ConfigError;
+use crate::executor::ResultLimits;
 use crate::protocol::RunLimits;
 
 const MIB: u64 = 1 << 20;
@@ -107,6 +108,9 @@ pub struct FileConfig {
     pub queue_timeout_secs: Option<f64>,
     pub max_runs: Option<u64>,
     pub max_output_bytes: Option<u64>,
+    pub max_artifact_bytes: Option<u64>,
+    pub max_artifacts_bytes: Option<u64>,
+    pub max_result_chars: Option<u64>,
     pub max_body_bytes: Option<usize>,
     pub worker_start_timeout_secs: Option<f64>,
     pub grace_period_secs: Option<f64>,
@@ -184,6 +188,8 @@ pub struct Config {
     pub max_runs: u64,
     /// Output kept per stream and run.
     pub max_output_bytes: u64,
+    /// Caps on artifacts and on the `result` repr.
+    pub results: ResultLimits,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
     /// Bound on a worker's start and handshake (preloads included).
@@ -229,6 +235,11 @@ impl Default for Config {
             queue_timeout: Duration::from_secs(10),
             max_runs: 10_000,
             max_output_bytes: MIB,
+            results: ResultLimits {
+                max_artifact_bytes: 10 * MIB,
+                max_artifacts_bytes: 32 * MIB,
+                max_result_chars: 10_000,
+            },
             max_body_bytes: 32 * MIB as usize,
             worker_start_timeout: Duration::from_secs(60),
             grace_period: Duration::from_secs(1),
@@ -367,6 +378,15 @@ impl Config {
             )?,
             max_runs: file.max_runs.unwrap_or(d.max_runs),
             max_output_bytes: file.max_output_bytes.unwrap_or(d.max_output_bytes),
+            results: ResultLimits {
+                max_artifact_bytes: file
+                    .max_artifact_bytes
+                    .unwrap_or(d.results.max_artifact_bytes),
+                max_artifacts_bytes: file
+                    .max_artifacts_bytes
+                    .unwrap_or(d.results.max_artifacts_bytes),
+                max_result_chars: file.max_result_chars.unwrap_or(d.results.max_result_chars),
+            },
             max_body_bytes: file.max_body_bytes.unwrap_or(d.max_body_bytes),
             worker_start_timeout: secs(
                 file.worker_start_timeout_secs,

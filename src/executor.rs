@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use base64::Engine;
 use serde::Serialize;
 
 use crate::config::Config;
@@ -16,12 +17,12 @@ use crate::env::packages::{LIST_SCRIPT, check_conda_spec, check_pip_spec, conda_
 use crate::env::{EnvSettings, EnvSpec, Registry, activate::activate};
 use crate::error::{ExecError, PoolError, WorkerError};
 use crate::pool::{EnvPool, PoolConfig, PoolStatus, WorkerBudget, error_chain};
-use crate::protocol::{self, ExecFrame, FileEntry};
+use crate::protocol::{self, ExecFrame, FileEntry, WireSelection};
 use crate::types::{
-    ExecRequest, ExecResult, InstallRequest, InstallResult, PackageInfo, PackageManager,
-    check_file_path,
+    Artifact, ArtifactSelection, ExecRequest, ExecResult, InstallRequest, InstallResult,
+    PackageInfo, PackageManager, RunError, check_file_path,
 };
-use crate::worker::{WorkerSpec, kill_process_tree, worker_env};
+use crate::worker::{OutputSink, WorkerSpec, kill_process_tree, worker_env};
 
 /// The bootstrap every worker runs, embedded in the binary.
 pub const WORKER_SCRIPT: &str = include_str!("../python/worker.py");
@@ -53,6 +54,25 @@ const INSTALL_VARS: &[&str] = &[
     "CONDA_PKGS_DIRS",
     "CONDARC",
 ];
+
+/// A validated request, encoded and bound to its environment.
+pub struct PreparedRun {
+    /// Index of the environment in the executor's list.
+    env: usize,
+    frame: Vec<u8>,
+    timeout: f64,
+}
+
+/// Caps on what a run returns besides its output.
+#[derive(Debug, Clone, Copy)]
+pub struct ResultLimits {
+    /// Largest single artifact returned with its content.
+    pub max_artifact_bytes: u64,
+    /// Content of all artifacts of one run together.
+    pub max_artifacts_bytes: u64,
+    /// Longest `result` repr before it is cut.
+    pub max_result_chars: u64,
+}
 
 /// One environment and its pool.
 struct EnvEntry {
@@ -109,6 +129,7 @@ pub struct Executor {
     /// Bound on one install run.
     install_timeout: Duration,
     max_output_bytes: u64,
+    results: ResultLimits,
     /// Holds the bootstrap script and every worker's scratch root; removed
     /// when the executor is dropped.
     base_dir: tempfile::TempDir,
@@ -224,6 +245,7 @@ impl Executor {
             budget,
             install_timeout: config.install_timeout,
             max_output_bytes: config.max_output_bytes,
+            results: config.results,
             base_dir,
             next_id: AtomicU64::new(1),
             closing: AtomicBool::new(false),
@@ -232,6 +254,13 @@ impl Executor {
 
     /// Run one request to completion.
     pub async fn execute(&self, req: ExecRequest) -> Result<ExecResult, ExecError> {
+        let prepared = self.prepare(&req)?;
+        self.run(prepared, None).await
+    }
+
+    /// Validate a request and encode its frame; every refusal of a request
+    /// happens here, before any worker is involved.
+    pub fn prepare(&self, req: &ExecRequest) -> Result<PreparedRun, ExecError> {
         if self.closing.load(Ordering::Acquire) {
             return Err(ExecError::ShuttingDown);
         }
@@ -258,6 +287,18 @@ impl Executor {
                 .map_err(|e| ExecError::BadRequest(format!("file {path:?}: {e}")))?;
             contents.push((path.as_str(), bytes));
         }
+        let artifacts = match &req.artifacts {
+            None => WireSelection::All(true),
+            Some(ArtifactSelection::All(all)) => WireSelection::All(*all),
+            Some(ArtifactSelection::Globs(globs)) => {
+                if globs.iter().any(|g| g.is_empty()) {
+                    return Err(ExecError::BadRequest(
+                        "artifact globs must not be empty".into(),
+                    ));
+                }
+                WireSelection::Globs(globs)
+            }
+        };
         let mut run = entry.settings.run_limits.clone();
         run.cpu_seconds.get_or_insert(timeout.ceil() as u64 + 1);
         let frame = protocol::encode_frame(&ExecFrame {
@@ -273,10 +314,38 @@ impl Executor {
             timeout,
             max_output: self.max_output_bytes,
             limits: &run,
+            stream: req.stream.unwrap_or(false),
+            artifacts,
+            max_artifact_bytes: self.results.max_artifact_bytes,
+            max_artifacts_bytes: self.results.max_artifacts_bytes,
+            max_result_chars: self.results.max_result_chars,
         })
         .map_err(|e| ExecError::BadRequest(format!("request cannot be encoded: {e}")))?;
-        drop(contents);
+        Ok(PreparedRun {
+            env: self
+                .envs
+                .iter()
+                .position(|e| std::ptr::eq(e, entry))
+                .expect("the entry is one of ours"),
+            frame,
+            timeout,
+        })
+    }
 
+    /// Run a prepared request on a worker of its environment. With `output`,
+    /// the worker streams output chunks there while the run goes on.
+    /// Dropping the returned future kills the run.
+    pub async fn run(
+        &self,
+        prepared: PreparedRun,
+        output: Option<OutputSink>,
+    ) -> Result<ExecResult, ExecError> {
+        let PreparedRun {
+            env,
+            frame,
+            timeout,
+        } = prepared;
+        let entry = &self.envs[env];
         let mut worker = entry.pool.get().await.map_err(|e| match e {
             PoolError::Busy(_) => ExecError::Busy(e),
             PoolError::Closed => ExecError::ShuttingDown,
@@ -286,7 +355,7 @@ impl Executor {
             },
         })?;
         let deadline = Duration::from_secs_f64(timeout) + HARD_DEADLINE_SLACK;
-        match worker.execute(&frame, deadline).await {
+        match worker.execute(&frame, deadline, output.as_ref()).await {
             Ok(out) => {
                 entry.pool.put(worker);
                 Ok(shape_result(out))
@@ -656,13 +725,30 @@ fn shape_result(out: crate::worker::RunOutput) -> ExecResult {
         stdout: utf8(out.stdout),
         stderr: utf8(out.stderr),
         exit_code: out.exit_code,
-        artifacts: Vec::new(),
+        artifacts: out
+            .artifacts
+            .into_iter()
+            .map(|a| Artifact {
+                path: a.path,
+                size: a.size,
+                mime: a.mime,
+                base64: a
+                    .data
+                    .map(|d| base64::engine::general_purpose::STANDARD.encode(d)),
+                omitted: a.omitted,
+            })
+            .collect(),
         timed_out: out.timed_out,
         truncated,
         duration_ms: (out.duration_ms * 1000.0).round() / 1000.0,
         signal: out.signal,
-        result: None,
-        error: None,
+        result: out.result,
+        error: out.error.map(|e| RunError {
+            kind: e.kind,
+            message: e.message,
+            traceback: e.traceback,
+            line: e.line,
+        }),
         limit: limit.map(str::to_string),
     }
 }

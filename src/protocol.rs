@@ -7,11 +7,15 @@
 //! |------------------|----------|-------------------------------------------------------------|
 //! | worker -> server | `ready`  | `protocol`, `python`, `executable`, `pid`                    |
 //! | worker -> server | `result` | `id`, `stdout`, `stderr` (bin), `exit_code`, `signal`,       |
-//! |                  |          | `timed_out`, `stdout_truncated`, `stderr_truncated`, `duration_ms` |
+//! |                  |          | `timed_out`, `stdout_truncated`, `stderr_truncated`, `duration_ms`, |
+//! |                  |          | `result` (repr or nil), `error` (map or nil), `artifacts`      |
+//! | worker -> server | `output` | `id`, `stream` (`stdout`/`stderr`), `data` (bin): streaming    |
 //! | worker -> server | `error`  | `id`, `message`, `traceback`: a fault of the worker itself   |
 //! | worker -> server | `echo`   | `value`, `repr`: answer to `echo`                            |
 //! | server -> worker | `exec`   | `id`, `code`, `stdin` (bin or nil), `files` ([path, bin] pairs), |
-//! |                  |          | `argv`, `timeout` (s), `max_output` (bytes per stream), `limits` |
+//! |                  |          | `argv`, `timeout` (s), `max_output` (bytes per stream), `limits`, |
+//! |                  |          | `stream` (send `output` frames), `artifacts` (true/false/globs), |
+//! |                  |          | `max_artifact_bytes`, `max_artifacts_bytes`, `max_result_chars`  |
 //! | server -> worker | `echo`   | `value`: codec check, answered with the value re-encoded     |
 //!
 //! The worker speaks on private duplicates of its original stdin and stdout;
@@ -70,6 +74,42 @@ pub struct ExecFrame<'a> {
     pub timeout: f64,
     pub max_output: u64,
     pub limits: &'a RunLimits,
+    pub stream: bool,
+    pub artifacts: WireSelection<'a>,
+    pub max_artifact_bytes: u64,
+    pub max_artifacts_bytes: u64,
+    pub max_result_chars: u64,
+}
+
+/// Artifact selection on the wire: a bool or a list of globs.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum WireSelection<'a> {
+    All(bool),
+    Globs(&'a [String]),
+}
+
+/// One artifact as the worker reports it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct WireArtifact {
+    pub path: String,
+    pub size: u64,
+    pub mime: String,
+    #[serde(with = "serde_bytes")]
+    pub data: Option<Vec<u8>>,
+    pub omitted: bool,
+}
+
+/// An uncaught exception as the worker reports it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct WireError {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub message: String,
+    pub traceback: String,
+    pub line: Option<u32>,
 }
 
 /// Any frame the worker sends. One flat shape instead of a tagged enum, so
@@ -98,6 +138,13 @@ pub struct WorkerFrame {
     pub duration_ms: f64,
     pub message: Option<String>,
     pub traceback: Option<String>,
+    pub result: Option<String>,
+    pub error: Option<WireError>,
+    pub artifacts: Vec<WireArtifact>,
+    // output
+    pub stream: Option<String>,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
 }
 
 /// Error decoding or encoding a frame body.

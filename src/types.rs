@@ -28,6 +28,54 @@ pub struct ExecRequest {
     /// Run in a persistent session (not available yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// Which files the run wrote come back as artifacts: `true` (the
+    /// default) for all, `false` for none, or a list of globs (`["*.png"]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifacts: Option<ArtifactSelection>,
+    /// Stream output as server-sent events (same as `Accept: text/event-stream`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+}
+
+/// Which artifacts a request wants.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum ArtifactSelection {
+    /// All (`true`) or none (`false`).
+    All(bool),
+    /// Only files whose path relative to the run directory matches a glob.
+    Globs(Vec<String>),
+}
+
+/// A file the run created or changed in its working directory.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+pub struct Artifact {
+    /// Path relative to the run's working directory.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// MIME type guessed from the file name.
+    pub mime: String,
+    /// The content, base64-encoded; absent when `omitted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base64: Option<String>,
+    /// The file was over the per-artifact or total cap; only listed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub omitted: bool,
+}
+
+/// An uncaught exception of the run, with the user's own line numbers.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+pub struct RunError {
+    /// Exception class (`ZeroDivisionError`, `mymodule.MyError`).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// `str()` of the exception.
+    pub message: String,
+    /// The traceback as Python prints it, without the server's own frames.
+    pub traceback: String,
+    /// Line of the user's code where it was raised (innermost), if known.
+    pub line: Option<u32>,
 }
 
 /// Content of one input file.
@@ -61,8 +109,8 @@ pub struct ExecResult {
     pub stderr: String,
     /// Exit status; `-N` when the run was killed by signal N.
     pub exit_code: i32,
-    /// Files the run created or changed (not collected yet: always empty).
-    pub artifacts: Vec<serde_json::Value>,
+    /// Files the run created or changed, plots included.
+    pub artifacts: Vec<Artifact>,
     /// The run hit its wall-clock timeout and was killed.
     pub timed_out: bool,
     /// Output went over the per-stream cap and was cut.
@@ -71,11 +119,12 @@ pub struct ExecResult {
     pub duration_ms: f64,
     /// Name of the signal that killed the run (`"SIGKILL"`), if any.
     pub signal: Option<String>,
-    /// Repr of the last expression (not computed yet: always null).
+    /// Repr of the last expression statement, as a notebook shows it; null
+    /// when there is none or it is `None`.
     pub result: Option<String>,
-    /// Structured uncaught exception (not computed yet: always null).
-    pub error: Option<serde_json::Value>,
-    /// Which limit stopped the run: `"timeout"` or `"output"`.
+    /// The uncaught exception, if the run raised one.
+    pub error: Option<RunError>,
+    /// Which limit stopped the run: `"timeout"`, `"cpu"`, `"file_size"`, `"output"`.
     pub limit: Option<String>,
 }
 

@@ -33,16 +33,19 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The JSON body: `{"error": {"code": "...", "message": "..."}}`.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"code": self.code, "message": self.message}})
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.status.is_server_error() {
             tracing::error!(code = self.code, "{}", self.message);
         }
-        let mut response = (
-            self.status,
-            Json(json!({"error": {"code": self.code, "message": self.message}})),
-        )
-            .into_response();
+        let mut response = (self.status, Json(self.body())).into_response();
         if let Some(secs) = self.retry_after {
             response
                 .headers_mut()

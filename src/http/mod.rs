@@ -1,6 +1,7 @@
 //! The HTTP/JSON front end (axum): a thin adapter over [`Executor`].
 
 mod error;
+mod stream;
 
 use std::sync::Arc;
 
@@ -53,9 +54,19 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
 
 async fn execute(
     State(state): State<AppState>,
-    JsonBody(req): JsonBody<ExecRequest>,
-) -> Result<Json<ExecResult>, ApiError> {
-    Ok(Json(state.executor.execute(req).await?))
+    headers: axum::http::HeaderMap,
+    JsonBody(mut req): JsonBody<ExecRequest>,
+) -> Result<Response, ApiError> {
+    let wants_events = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/event-stream"));
+    if wants_events || req.stream == Some(true) {
+        req.stream = Some(true);
+        return stream::execute_stream(state.executor.clone(), req);
+    }
+    Ok(Json::<ExecResult>(state.executor.execute(req).await?).into_response())
 }
 
 async fn list_envs(State(state): State<AppState>) -> Response {

@@ -9,18 +9,20 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::schema_for_output;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, ContentBlock, Implementation, JsonObject, ServerCapabilities, ServerConfig,
+    CallToolResult, ContentBlock, Implementation, JsonObject, ProgressNotificationParam,
+    ServerCapabilities, ServerConfig,
 };
-use rmcp::{ServerHandler, tool, tool_handler, tool_router};
+use rmcp::service::RequestContext;
+use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::executor::{EnvInfo, Executor};
 use crate::mcp::result::{refusal, run_result};
-use crate::types::{ExecRequest, ExecResult, FileContent};
+use crate::types::{ArtifactSelection, ExecRequest, ExecResult, FileContent};
+use crate::worker::OutputStream;
 
 /// Arguments of `execute_code`: the fields of [`ExecRequest`] a model may
 /// set, converted into one by [`ExecuteCodeArgs::into_request`]. Unknown
@@ -29,8 +31,9 @@ use crate::types::{ExecRequest, ExecResult, FileContent};
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecuteCodeArgs {
-    /// Python source, run as a script (`python script.py`): print() what you
-    /// want to see; the value of the last expression is not shown.
+    /// Python source, run as a script (`python script.py`). Output printed
+    /// to stdout/stderr is returned, and so is the repr of a final bare
+    /// expression (as a notebook cell shows it).
     pub code: String,
     /// Environment to run in: a name from `list_environments`. The default
     /// environment if omitted.
@@ -48,6 +51,10 @@ pub struct ExecuteCodeArgs {
     /// Text fed to the program's standard input (empty if omitted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<String>,
+    /// Files the run writes come back (plots as images): true (default) for
+    /// all, false for none, or globs such as ["*.png"].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifacts: Option<ArtifactSelection>,
 }
 
 impl ExecuteCodeArgs {
@@ -59,6 +66,8 @@ impl ExecuteCodeArgs {
             files: self.files,
             stdin: self.stdin,
             session: None,
+            artifacts: self.artifacts,
+            stream: None,
         }
     }
 }
@@ -137,25 +146,60 @@ impl McpHandler {
     async fn execute_code(
         &self,
         Parameters(args): Parameters<ExecuteCodeArgs>,
-        cancelled: CancellationToken,
+        ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
         let timeout = args
             .timeout
             .filter(|t| t.is_finite() && *t > 0.0)
             .unwrap_or(self.default_timeout)
             .min(self.max_timeout);
+        let mut request = args.into_request();
+        // With a progress token, output goes out as progress notifications
+        // while the run goes on; the final result is the same.
+        let progress = ctx.meta.get_progress_token();
+        request.stream = Some(progress.is_some());
+        let prepared = match self.executor.prepare(&request) {
+            Ok(prepared) => prepared,
+            Err(err) => return refusal(err),
+        };
+        drop(request);
+        let (sink, mut chunks) = tokio::sync::mpsc::unbounded_channel();
+        let run = self
+            .executor
+            .run(prepared, progress.is_some().then_some(sink));
+        tokio::pin!(run);
+        let mut sent = 0u32;
         // Dropping the run's future on cancellation kills the run's process
         // tree; the pool replaces the worker.
-        tokio::select! {
-            biased;
-            _ = cancelled.cancelled() => {
-                tracing::info!("execute_code cancelled (by the client or shutdown): run killed");
-                CallToolResult::error(vec![ContentBlock::text("cancelled: the run was killed")])
+        loop {
+            tokio::select! {
+                biased;
+                _ = ctx.ct.cancelled() => {
+                    tracing::info!("execute_code cancelled (by the client or shutdown): run killed");
+                    return CallToolResult::error(vec![ContentBlock::text("cancelled: the run was killed")]);
+                }
+                Some(chunk) = chunks.recv(), if progress.is_some() => {
+                    if let Some(token) = &progress {
+                        sent += 1;
+                        let stream = match chunk.stream {
+                            OutputStream::Stdout => "stdout",
+                            OutputStream::Stderr => "stderr",
+                        };
+                        let message = format!("[{stream}] {}", String::from_utf8_lossy(&chunk.data));
+                        let _ = ctx
+                            .peer
+                            .notify_progress(
+                                ProgressNotificationParam::new(token.clone(), f64::from(sent))
+                                    .with_message(message),
+                            )
+                            .await;
+                    }
+                }
+                outcome = &mut run => return match outcome {
+                    Ok(result) => run_result(&result, timeout),
+                    Err(err) => refusal(err),
+                },
             }
-            outcome = self.executor.execute(args.into_request()) => match outcome {
-                Ok(result) => run_result(&result, timeout),
-                Err(err) => refusal(err),
-            },
         }
     }
 

@@ -13,12 +13,67 @@ use crate::error::ExecError;
 use crate::http::ApiError;
 use crate::types::ExecResult;
 
+/// Image bytes (base64 text) one tool result may carry as image content.
+const MAX_IMAGE_CONTENT: usize = 4 << 20;
+/// Text of other artifacts one tool result may embed as resources.
+const MAX_TEXT_CONTENT: usize = 64 << 10;
+
 /// The tool result of a run. `timeout` is the effective wall-clock limit of
 /// the run in seconds, named in the status line when the run hit it.
+///
+/// Image artifacts become image content and small text artifacts embedded
+/// resources, within caps; whatever does not fit is named in the text and
+/// its content left out of `structuredContent` too (`omitted: true`), so a
+/// result never floods a model's context.
 pub fn run_result(result: &ExecResult, timeout: f64) -> CallToolResult {
     let failed = result.exit_code != 0 || result.timed_out;
-    let text = ContentBlock::text(run_text(result, timeout));
-    let mut out = match serde_json::to_value(result) {
+    let mut result = result.clone();
+    let mut text = run_text(&result, timeout);
+    let mut blocks = Vec::new();
+    let (mut images, mut texts) = (0usize, 0usize);
+    for artifact in &mut result.artifacts {
+        let Some(b64) = &artifact.base64 else {
+            text.push_str(&format!(
+                "\n[artifact {} ({} bytes, {}): too large to return]",
+                artifact.path, artifact.size, artifact.mime
+            ));
+            continue;
+        };
+        let uri = format!("artifact:///{}", artifact.path);
+        if artifact.mime.starts_with("image/") && images + b64.len() <= MAX_IMAGE_CONTENT {
+            images += b64.len();
+            blocks.push(ContentBlock::image(b64.clone(), artifact.mime.clone()));
+            text.push_str(&format!(
+                "\n[artifact {} ({} bytes, shown as an image)]",
+                artifact.path, artifact.size
+            ));
+            continue;
+        }
+        let decoded = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b64)
+            .ok()
+            .and_then(|bytes| String::from_utf8(bytes).ok());
+        match decoded {
+            Some(content) if texts + content.len() <= MAX_TEXT_CONTENT => {
+                texts += content.len();
+                text.push_str(&format!(
+                    "\n[artifact {} ({} bytes, embedded as {uri})]",
+                    artifact.path, artifact.size
+                ));
+                blocks.push(ContentBlock::embedded_text(uri, content));
+            }
+            _ => {
+                text.push_str(&format!(
+                    "\n[artifact {} ({} bytes, {}): not included; ask for it with a smaller selection]",
+                    artifact.path, artifact.size, artifact.mime
+                ));
+                artifact.base64 = None;
+                artifact.omitted = true;
+            }
+        }
+    }
+    let mut content = vec![ContentBlock::text(text)];
+    content.extend(blocks);
+    let mut out = match serde_json::to_value(&result) {
         Ok(value) if failed => CallToolResult::structured_error(value),
         Ok(value) => CallToolResult::structured(value),
         // `ExecResult` is plain data; serializing it cannot fail. Should it,
@@ -26,7 +81,7 @@ pub fn run_result(result: &ExecResult, timeout: f64) -> CallToolResult {
         Err(_) if failed => CallToolResult::error(Vec::new()),
         Err(_) => CallToolResult::success(Vec::new()),
     };
-    out.content = vec![text];
+    out.content = content;
     out
 }
 
@@ -60,7 +115,11 @@ pub fn run_text(result: &ExecResult, timeout: f64) -> String {
         text.push_str("[stderr]\n");
         push_stream(&mut text, &result.stderr);
     }
-    if result.stdout.is_empty() && result.stderr.is_empty() {
+    if let Some(value) = &result.result {
+        text.push_str("[result]\n");
+        push_stream(&mut text, value);
+    }
+    if result.stdout.is_empty() && result.stderr.is_empty() && result.result.is_none() {
         text.push_str("(no output)\n");
     }
     text.push('[');

@@ -66,7 +66,27 @@ pub struct RunOutput {
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub duration_ms: f64,
+    pub result: Option<String>,
+    pub error: Option<protocol::WireError>,
+    pub artifacts: Vec<protocol::WireArtifact>,
 }
+
+/// Which stream a chunk of streamed output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// A chunk of output sent while the run is going (streaming requests only).
+#[derive(Debug)]
+pub struct OutputChunk {
+    pub stream: OutputStream,
+    pub data: Vec<u8>,
+}
+
+/// Where a streaming request's output chunks go.
+pub type OutputSink = tokio::sync::mpsc::UnboundedSender<OutputChunk>;
 
 /// A running worker process.
 pub struct Worker {
@@ -234,6 +254,7 @@ impl Worker {
         &mut self,
         frame: &[u8],
         deadline: Duration,
+        output: Option<&OutputSink>,
     ) -> Result<RunOutput, WorkerError> {
         if self.is_poisoned() {
             return Err(WorkerError::Crashed(" before the run started".into()));
@@ -243,7 +264,7 @@ impl Worker {
             pid: self.info.pid,
             armed: true,
         };
-        let result = self.round_trip(frame, deadline).await;
+        let result = self.round_trip(frame, deadline, output).await;
         guard.disarm();
         if result.is_ok() {
             self.in_flight = false;
@@ -256,6 +277,7 @@ impl Worker {
         &mut self,
         frame: &[u8],
         deadline: Duration,
+        output: Option<&OutputSink>,
     ) -> Result<RunOutput, WorkerError> {
         let started = Instant::now();
         let stdin = self
@@ -271,33 +293,58 @@ impl Worker {
             Ok(Err(e)) => return Err(self.died(e)),
             Ok(Ok(())) => {}
         }
-        let remaining = deadline.saturating_sub(started.elapsed());
-        let body = match tokio::time::timeout(remaining, self.frames.next()).await {
-            Err(_) => return Err(WorkerError::Unresponsive(deadline)),
-            Ok(None) => return Err(self.died(std::io::ErrorKind::UnexpectedEof.into())),
-            Ok(Some(Err(e))) => {
-                return Err(WorkerError::Protocol(protocol::FrameError::Decode(
-                    rmp_serde::decode::Error::Uncategorized(e.to_string()),
-                )));
+        loop {
+            let remaining = deadline.saturating_sub(started.elapsed());
+            let body = match tokio::time::timeout(remaining, self.frames.next()).await {
+                Err(_) => return Err(WorkerError::Unresponsive(deadline)),
+                Ok(None) => return Err(self.died(std::io::ErrorKind::UnexpectedEof.into())),
+                Ok(Some(Err(e))) => {
+                    return Err(WorkerError::Protocol(protocol::FrameError::Decode(
+                        rmp_serde::decode::Error::Uncategorized(e.to_string()),
+                    )));
+                }
+                Ok(Some(Ok(body))) => body,
+            };
+            let frame = protocol::decode_frame(&body).map_err(WorkerError::Protocol)?;
+            match frame.t.as_str() {
+                "output" => {
+                    let stream = match frame.stream.as_deref() {
+                        Some("stderr") => OutputStream::Stderr,
+                        _ => OutputStream::Stdout,
+                    };
+                    if let Some(sink) = output {
+                        // A closed sink means the client left; the run goes on
+                        // until the caller drops this future.
+                        let _ = sink.send(OutputChunk {
+                            stream,
+                            data: frame.data,
+                        });
+                    }
+                }
+                "result" => {
+                    return Ok(RunOutput {
+                        stdout: frame.stdout,
+                        stderr: frame.stderr,
+                        exit_code: frame.exit_code,
+                        signal: frame.signal,
+                        timed_out: frame.timed_out,
+                        stdout_truncated: frame.stdout_truncated,
+                        stderr_truncated: frame.stderr_truncated,
+                        duration_ms: frame.duration_ms,
+                        result: frame.result,
+                        error: frame.error,
+                        artifacts: frame.artifacts,
+                    });
+                }
+                "error" => return Err(WorkerError::Internal(frame.message.unwrap_or_default())),
+                other => {
+                    return Err(WorkerError::Protocol(protocol::FrameError::Decode(
+                        rmp_serde::decode::Error::Uncategorized(format!(
+                            "unexpected frame type {other:?}"
+                        )),
+                    )));
+                }
             }
-            Ok(Some(Ok(body))) => body,
-        };
-        let frame = protocol::decode_frame(&body).map_err(WorkerError::Protocol)?;
-        match frame.t.as_str() {
-            "result" => Ok(RunOutput {
-                stdout: frame.stdout,
-                stderr: frame.stderr,
-                exit_code: frame.exit_code,
-                signal: frame.signal,
-                timed_out: frame.timed_out,
-                stdout_truncated: frame.stdout_truncated,
-                stderr_truncated: frame.stderr_truncated,
-                duration_ms: frame.duration_ms,
-            }),
-            "error" => Err(WorkerError::Internal(frame.message.unwrap_or_default())),
-            other => Err(WorkerError::Protocol(protocol::FrameError::Decode(
-                rmp_serde::decode::Error::Uncategorized(format!("unexpected frame type {other:?}")),
-            ))),
         }
     }
 

@@ -12,5 +12,7 @@ mod isolation;
 mod mcp;
 mod mcp_python;
 mod readme;
+mod results;
 mod shutdown;
+mod streaming;
 mod timeouts;

@@ -105,6 +105,41 @@ fn check_report(report: &Value) {
             .contains("clean state")
     );
 
+    // Image artifacts arrive as image content.
+    let image = &report["image"];
+    assert_eq!(image["is_error"], false, "{image}");
+    assert_eq!(image["content"][0]["type"], "image", "{image}");
+    assert_eq!(image["content"][0]["mime"], "image/png");
+    assert!(
+        image["content"][0]["data"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("iVBORw0KGgo")
+    );
+    assert_eq!(image["structured"]["artifacts"][0]["path"], "pixel.png");
+
+    // With a progress token, output chunks arrive as progress notifications
+    // before the result; the result itself is unchanged.
+    let progress = &report["progress"];
+    assert_eq!(
+        progress["result"]["text"], "tick\ntock\n[exit code 0]",
+        "{progress}"
+    );
+    let events = progress["events"].as_array().expect("progress events");
+    let tick = events
+        .iter()
+        .find(|e| e["message"].as_str().is_some_and(|m| m.contains("tick")))
+        .unwrap_or_else(|| panic!("no progress event carries the first output: {progress}"));
+    assert_eq!(
+        tick["message"].as_str().unwrap().trim_end(),
+        "[stdout] tick"
+    );
+    let before_end = progress["elapsed_s"].as_f64().unwrap() - tick["after_s"].as_f64().unwrap();
+    assert!(
+        before_end >= 0.3,
+        "first chunk arrived only {before_end} s before the result"
+    );
+
     let calls = &report["calls"];
     let success = &calls["success"];
     assert_eq!(success["is_error"], false, "{success}");

@@ -31,12 +31,25 @@ async fn infinite_loop_times_out_and_the_next_run_succeeds() {
 #[tokio::test]
 async fn timeouts_kill_subprocesses_of_the_run() {
     let server = TestServer::start().await;
-    let marker = format!("sleep-marker-{}", std::process::id());
+    // A sleep with a duration no other process uses marks the run's subprocess.
+    let marker = format!("1001.{}", std::process::id());
     let code = format!(
-        "import subprocess\nsubprocess.Popen(['sh', '-c', 'exec -a {marker} sleep 1000'])\nsubprocess.run(['sleep', '1000'])"
+        "import subprocess\nsubprocess.Popen(['sleep', '{marker}'])\nprint('spawned', flush=True)\nsubprocess.run(['sleep', '1000'])"
     );
-    let (_, body) = server.execute(json!({"code": code, "timeout": 0.5})).await;
+    let run = server.execute(json!({"code": code, "timeout": 1.5}));
+    let watch = async {
+        let started = Instant::now();
+        while common::processes_mentioning(std::path::Path::new(&marker)).is_empty() {
+            assert!(
+                started.elapsed() < Duration::from_secs(1),
+                "subprocess never seen"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let ((_, body), ()) = tokio::join!(run, watch);
     assert_eq!(body["timed_out"], true);
+    assert_eq!(body["stdout"], "spawned\n");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
         common::processes_mentioning(std::path::Path::new(&marker)).is_empty(),

@@ -27,7 +27,18 @@ def call_report(result):
         "is_error": result.is_error,
         "text": "\n".join(c.text for c in result.content if c.type == "text"),
         "structured": result.structured_content,
+        "content": [
+            {"type": c.type, "mime": getattr(c, "mime_type", None), "data": getattr(c, "data", None)}
+            for c in result.content
+            if c.type != "text"
+        ],
     }
+
+
+# A 1x1 PNG, written by the run to come back as image content.
+PIXEL = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
 
 
 def processes_with(marker):
@@ -131,6 +142,26 @@ async def exercise(session, concurrent):
         report["calls"][name] = result
 
     report["list_environments"] = call_report(await session.call_tool("list_environments", {}))
+
+    image_code = f"import base64\nopen('pixel.png', 'wb').write(base64.b64decode('{PIXEL}'))"
+    report["image"] = call_report(await session.call_tool("execute_code", {"code": image_code}))
+
+    progress = []
+
+    async def on_progress(value, total, message):
+        progress.append({"value": value, "message": message, "at": time.monotonic()})
+
+    started = time.monotonic()
+    code = "import time\nprint('tick', flush=True)\ntime.sleep(0.6)\nprint('tock')"
+    result = await session.call_tool("execute_code", {"code": code}, progress_callback=on_progress)
+    report["progress"] = {
+        "result": call_report(result),
+        "events": [
+            {"value": p["value"], "message": p["message"], "after_s": p["at"] - started}
+            for p in progress
+        ],
+        "elapsed_s": time.monotonic() - started,
+    }
 
     if concurrent:
         codes = [f"import time\ntime.sleep(0.2)\nprint({i} * {i})" for i in range(concurrent)]

@@ -4,6 +4,7 @@
 
 pub mod conda;
 pub mod mcp;
+pub mod pyenvs;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};

@@ -1,0 +1,124 @@
+//! `POST /execute` as server-sent events: `stdout` / `stderr` events carry
+//! output chunks as the run produces them (each a JSON string, so newlines
+//! survive the SSE framing exactly), then one `result` event carries
+//! the whole result (the JSON of the non-streaming answer), or one `error`
+//! event the JSON error body. A client that disconnects cancels its run.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use tokio::sync::mpsc;
+
+use super::ApiError;
+use crate::executor::Executor;
+use crate::types::ExecRequest;
+use crate::worker::{OutputChunk, OutputStream};
+
+/// Events buffered towards a slow client before the run waits for it.
+const EVENT_BUFFER: usize = 64;
+
+pub(super) fn execute_stream(
+    executor: Arc<Executor>,
+    req: ExecRequest,
+) -> Result<Response, ApiError> {
+    // Refusals keep their HTTP status: they happen before the stream starts.
+    let prepared = executor.prepare(&req)?;
+    let (events, rx) = mpsc::channel::<Event>(EVENT_BUFFER);
+    tokio::spawn(async move {
+        let (sink, mut chunks) = mpsc::unbounded_channel::<OutputChunk>();
+        let run = executor.run(prepared, Some(sink));
+        tokio::pin!(run);
+        let mut text = TextDecoder::default();
+        let outcome = loop {
+            tokio::select! {
+                Some(chunk) = chunks.recv() => {
+                    if let Some(event) = text.event(chunk)
+                        && events.send(event).await.is_err()
+                    {
+                        return; // the client left: dropping `run` kills it
+                    }
+                }
+                outcome = &mut run => break outcome,
+                _ = events.closed() => return,
+            }
+        };
+        while let Ok(chunk) = chunks.try_recv() {
+            if let Some(event) = text.event(chunk) {
+                let _ = events.send(event).await;
+            }
+        }
+        let last = match outcome {
+            Ok(result) => Event::default()
+                .event("result")
+                .json_data(&result)
+                .unwrap_or_else(|_| Event::default().event("result")),
+            Err(err) => {
+                let err = ApiError::from(err);
+                Event::default().event("error").data(err.body().to_string())
+            }
+        };
+        let _ = events.send(last).await;
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|event| (Ok::<_, Infallible>(event), rx))
+    });
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+/// Turns byte chunks into text events without splitting a UTF-8 character
+/// across two events: an incomplete tail waits for the next chunk.
+#[derive(Default)]
+struct TextDecoder {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+impl TextDecoder {
+    fn event(&mut self, chunk: OutputChunk) -> Option<Event> {
+        let (name, pending) = match chunk.stream {
+            OutputStream::Stdout => ("stdout", &mut self.stdout),
+            OutputStream::Stderr => ("stderr", &mut self.stderr),
+        };
+        pending.extend_from_slice(&chunk.data);
+        let valid = match std::str::from_utf8(pending) {
+            Ok(_) => pending.len(),
+            // An incomplete sequence at the end waits; invalid bytes are replaced.
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => pending.len(),
+        };
+        if valid == 0 {
+            return None;
+        }
+        let text = String::from_utf8_lossy(&pending[..valid]).into_owned();
+        pending.drain(..valid);
+        Some(
+            Event::default()
+                .event(name)
+                .data(serde_json::Value::String(text).to_string()),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_characters_wait_for_their_tail() {
+        let mut d = TextDecoder::default();
+        let bytes = "é!".as_bytes();
+        let chunk = |data: &[u8]| OutputChunk {
+            stream: OutputStream::Stdout,
+            data: data.to_vec(),
+        };
+        assert!(d.event(chunk(&bytes[..1])).is_none());
+        assert!(d.event(chunk(&bytes[1..])).is_some());
+        assert!(d.stdout.is_empty());
+    }
+}

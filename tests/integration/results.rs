@@ -1,0 +1,211 @@
+//! Rich results: the last expression's value, structured errors, artifacts, plots.
+
+use base64::Engine;
+use serde_json::{Value, json};
+
+use crate::common::{self, TestServer, pyenvs};
+
+fn decode(artifact: &Value) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD
+        .decode(artifact["base64"].as_str().expect("artifact has content"))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn result_is_the_repr_of_the_last_expression() {
+    let server = TestServer::start().await;
+    assert_eq!(server.run("1+1").await["result"], "2");
+    assert_eq!(server.run("x = 1").await["result"], Value::Null);
+    assert_eq!(server.run("None").await["result"], Value::Null);
+    assert_eq!(server.run("print('hi')").await["result"], Value::Null);
+    let body = server.run("import math\nx = [1, 'a']\nx").await;
+    assert_eq!(body["result"], "[1, 'a']");
+    assert_eq!(body["stdout"], "", "the value is returned, not printed");
+    // A trailing semicolon hides the value, as in a notebook.
+    assert_eq!(server.run("1+1;").await["result"], Value::Null);
+    // An exception leaves no result.
+    assert_eq!(server.run("1/0").await["result"], Value::Null);
+
+    let body = server.run("'x' * 100_000").await;
+    let result = body["result"].as_str().unwrap();
+    assert!(
+        result.len() < 11_000,
+        "cut to the cap: {} chars",
+        result.len()
+    );
+    assert!(result.starts_with("'xxxx"));
+    assert!(
+        result.ends_with("[truncated, 100002 characters in all]"),
+        "{}",
+        &result[result.len() - 60..]
+    );
+
+    let body = server
+        .run("class C:\n    def __repr__(self): raise ValueError('no')\nC()")
+        .await;
+    assert_eq!(body["exit_code"], 0);
+    assert!(
+        body["result"]
+            .as_str()
+            .unwrap()
+            .contains("repr failed: ValueError: no")
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn error_describes_the_uncaught_exception_at_the_users_line() {
+    let server = TestServer::start().await;
+    let code = "a = 1\nb = 0\nvalue = a / b\nprint('never')";
+    let body = server.run(code).await;
+    assert_eq!(body["exit_code"], 1);
+    let error = &body["error"];
+    assert_eq!(error["type"], "ZeroDivisionError");
+    assert_eq!(error["message"], "division by zero");
+    assert_eq!(error["line"], 3);
+    let tb = error["traceback"].as_str().unwrap();
+    assert!(tb.contains("File \"<code>\", line 3, in <module>"), "{tb}");
+    assert!(
+        tb.contains("value = a / b"),
+        "the source line is shown: {tb}"
+    );
+    assert!(!tb.contains("worker.py"), "{tb}");
+    // stderr still shows the traceback as Python prints it.
+    assert_eq!(body["stderr"].as_str().unwrap(), tb);
+
+    let body = server
+        .run("class BadInput(Exception):\n    pass\n\ndef check():\n    raise BadInput('nope')\n\ncheck()")
+        .await;
+    assert_eq!(body["error"]["type"], "BadInput");
+    assert_eq!(body["error"]["message"], "nope");
+    assert_eq!(body["error"]["line"], 5);
+
+    let body = server.run("x = 1\nif x\n    pass").await;
+    assert_eq!(body["error"]["type"], "SyntaxError");
+    assert_eq!(body["error"]["line"], 2);
+
+    let body = server.run("import sys; sys.exit(2)").await;
+    assert_eq!(body["error"], Value::Null, "sys.exit is not an error");
+    assert_eq!(body["exit_code"], 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn artifacts_are_new_or_changed_files_only() {
+    let server = TestServer::start().await;
+    let code = r#"
+import os
+os.makedirs("out", exist_ok=True)
+open("out/new.txt", "w").write("created")
+open("changed.txt", "a").write(" + more")
+open("blob.bin", "wb").write(bytes(range(256)))
+os.symlink("/etc/passwd", "link")
+"#;
+    let (status, body) = server
+        .execute(json!({
+            "code": code,
+            "files": {"changed.txt": "input", "same.txt": "unchanged", "data/keep.csv": "a,b"}
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let artifacts = body["artifacts"].as_array().unwrap();
+    let paths: Vec<&str> = artifacts
+        .iter()
+        .map(|a| a["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["blob.bin", "changed.txt", "out/new.txt"], "{body}");
+    let by_path = |p: &str| artifacts.iter().find(|a| a["path"] == p).unwrap();
+    assert_eq!(decode(by_path("changed.txt")), b"input + more");
+    assert_eq!(by_path("changed.txt")["mime"], "text/plain");
+    assert_eq!(decode(by_path("out/new.txt")), b"created");
+    assert_eq!(decode(by_path("blob.bin")), (0..=255u8).collect::<Vec<_>>());
+    assert_eq!(by_path("blob.bin")["size"], 256);
+    assert_eq!(by_path("blob.bin")["mime"], "application/octet-stream");
+
+    // Globs select; `false` turns artifacts off.
+    let (_, body) = server
+        .execute(json!({"code": "open('a.png','wb').write(b'x'); open('b.txt','w').write('y')", "artifacts": ["*.png"]}))
+        .await;
+    let paths: Vec<&str> = body["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["a.png"]);
+    assert_eq!(body["artifacts"][0]["mime"], "image/png");
+    let (_, body) = server
+        .execute(json!({"code": "open('a.txt','w').write('x')", "artifacts": false}))
+        .await;
+    assert_eq!(body["artifacts"], json!([]));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn artifacts_over_a_cap_are_listed_but_omitted() {
+    let mut config = common::config();
+    config.results.max_artifact_bytes = 1000;
+    config.results.max_artifacts_bytes = 1500;
+    let server = TestServer::with_config(config).await;
+    let code = "open('a_small.txt','w').write('s' * 800)\nopen('b_big.txt','w').write('b' * 5000)\nopen('c_small.txt','w').write('c' * 800)";
+    let body = server.run(code).await;
+    let artifacts = body["artifacts"].as_array().unwrap();
+    assert_eq!(artifacts.len(), 3, "{body}");
+    assert_eq!(artifacts[0]["path"], "a_small.txt");
+    assert_eq!(decode(&artifacts[0]).len(), 800);
+    assert_eq!(artifacts[1]["path"], "b_big.txt");
+    assert_eq!(artifacts[1]["omitted"], true, "over the per-artifact cap");
+    assert_eq!(artifacts[1]["size"], 5000);
+    assert!(artifacts[1].get("base64").is_none());
+    assert_eq!(artifacts[2]["path"], "c_small.txt");
+    assert_eq!(artifacts[2]["omitted"], true, "over the total cap");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn matplotlib_figures_come_back_as_png_artifacts() {
+    let python = pyenvs::plot_python().await;
+    let server = TestServer::with_config(code_executor::Config {
+        env: code_executor::env::EnvChoice::Python(python),
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    let code = "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [4, 1, 9])\nplt.title('shown')\nplt.show()\nplt.figure()\nplt.bar([1, 2], [3, 4])\nprint('done')";
+    let body = server.run(code).await;
+    assert_eq!(body["exit_code"], 0, "{body}");
+    assert_eq!(body["stdout"], "done\n");
+    assert!(
+        !body["stderr"].as_str().unwrap().contains("non-interactive"),
+        "{body}"
+    );
+    let artifacts = body["artifacts"].as_array().unwrap();
+    let paths: Vec<&str> = artifacts
+        .iter()
+        .map(|a| a["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["figure-1.png", "figure-2.png"]);
+    for artifact in artifacts {
+        assert_eq!(artifact["mime"], "image/png");
+        let png = decode(artifact);
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
+        assert!(
+            png.len() > 5000,
+            "a real plot, not an empty image: {} bytes",
+            png.len()
+        );
+        assert_eq!(artifact["size"], png.len());
+    }
+    // A file the user saves is an ordinary artifact; no figure is left open.
+    let body = server
+        .run("import matplotlib.pyplot as plt\nplt.plot([1])\nplt.savefig('mine.png')\nplt.close('all')")
+        .await;
+    let paths: Vec<&str> = body["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["mine.png"]);
+    server.stop().await;
+}

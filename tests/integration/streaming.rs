@@ -1,0 +1,171 @@
+//! `POST /execute` as server-sent events.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+use crate::common::{self, TestServer};
+
+/// One parsed event and when it arrived.
+struct Received {
+    event: String,
+    data: String,
+    at: Instant,
+}
+
+async fn stream_events(
+    server: &TestServer,
+    body: Value,
+    accept_header: bool,
+) -> (u16, Vec<Received>) {
+    let mut request = server
+        .client
+        .post(format!("{}/execute", server.url))
+        .json(&body);
+    if accept_header {
+        request = request.header("accept", "text/event-stream");
+    }
+    let resp = request.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let mut events = Vec::new();
+    let mut buffer = String::new();
+    let mut bytes = resp.bytes_stream();
+    while let Some(chunk) = bytes.next().await {
+        buffer.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+        while let Some(end) = buffer.find("\n\n") {
+            let raw: String = buffer.drain(..end + 2).collect();
+            let mut event = String::from("message");
+            let mut data = Vec::new();
+            for line in raw.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    event = v.trim_start().to_string();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push(v.strip_prefix(' ').unwrap_or(v).to_string());
+                }
+            }
+            if !data.is_empty() {
+                let mut data = data.join("\n");
+                if event == "stdout" || event == "stderr" {
+                    // Output chunks are JSON strings.
+                    data = serde_json::from_str::<String>(&data).expect("chunk is a JSON string");
+                }
+                events.push(Received {
+                    event,
+                    data,
+                    at: Instant::now(),
+                });
+            }
+        }
+    }
+    (status, events)
+}
+
+#[tokio::test]
+async fn output_chunks_arrive_while_the_run_goes_on() {
+    let server = TestServer::start().await;
+    let code = "import time, sys\nprint(1, flush=True)\ntime.sleep(1)\nprint('oops', file=sys.stderr, flush=True)\nprint(2)";
+    let (status, events) = stream_events(&server, json!({ "code": code }), true).await;
+    assert_eq!(status, 200);
+    let first = events
+        .iter()
+        .find(|e| e.event == "stdout")
+        .expect("a stdout event");
+    assert_eq!(first.data, "1\n");
+    let result = events.last().unwrap();
+    assert_eq!(result.event, "result");
+    let gap = result.at - first.at;
+    assert!(
+        gap >= Duration::from_millis(500),
+        "the first chunk came only {gap:?} before the result"
+    );
+    let stdout: String = events
+        .iter()
+        .filter(|e| e.event == "stdout")
+        .map(|e| e.data.as_str())
+        .collect();
+    assert_eq!(stdout, "1\n2\n");
+    assert!(
+        events
+            .iter()
+            .any(|e| e.event == "stderr" && e.data == "oops\n")
+    );
+    // The result event is the whole non-streaming result.
+    let result: Value = serde_json::from_str(&result.data).unwrap();
+    assert_eq!(result["stdout"], "1\n2\n");
+    assert_eq!(result["stderr"], "oops\n");
+    assert_eq!(result["exit_code"], 0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn stream_flag_in_the_body_also_streams_and_refusals_keep_their_status() {
+    let server = TestServer::start().await;
+    let (status, events) = stream_events(
+        &server,
+        json!({"code": "print('x')\n1+1", "stream": true}),
+        false,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(events[0].event, "stdout");
+    let result: Value = serde_json::from_str(&events.last().unwrap().data).unwrap();
+    assert_eq!(result["result"], "2");
+
+    let resp = server
+        .client
+        .post(format!("{}/execute", server.url))
+        .header("accept", "text/event-stream")
+        .json(&json!({"code": "1", "env": "nope"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "unknown_env");
+
+    // A worker crash mid-stream ends it with an error event.
+    let (_, events) = stream_events(&server, json!({"code": "import os\nprint('a', flush=True)\nos.kill(os.getppid(), 9)\nimport time; time.sleep(5)", "stream": true}), false).await;
+    let last = events.last().unwrap();
+    assert_eq!(last.event, "error");
+    let err: Value = serde_json::from_str(&last.data).unwrap();
+    assert_eq!(err["error"]["code"], "internal");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_cancels_its_run() {
+    let server = TestServer::start().await;
+    // A sleep with a duration no other process uses marks the run's subprocess.
+    let marker = format!("1000.{}", std::process::id());
+    let code = format!(
+        "import subprocess, time\nsubprocess.Popen(['sleep', '{marker}'])\nprint('started', flush=True)\ntime.sleep(60)"
+    );
+    let resp = server
+        .client
+        .post(format!("{}/execute", server.url))
+        .json(&json!({"code": code, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut bytes = resp.bytes_stream();
+    let first = bytes.next().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("started"));
+    let started = Instant::now();
+    while common::processes_mentioning(std::path::Path::new(&marker)).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "the run's subprocess never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(bytes);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !common::processes_mentioning(std::path::Path::new(&marker)).is_empty() {
+        assert!(Instant::now() < deadline, "the run outlived its client");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server.wait_for_pool_size(2, Duration::from_secs(3)).await;
+    assert_eq!(server.run("print('ok')").await["stdout"], "ok\n");
+    server.stop().await;
+}
