@@ -3,7 +3,9 @@
 use std::hint::black_box;
 
 use bytes::BytesMut;
-use code_executor::protocol::{ExecFrame, FileEntry, RunLimits, decode_frame, encode_frame};
+use code_executor::protocol::{
+    ExecFrame, FileEntry, RunLimits, WireSelection, decode_frame, encode_frame,
+};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde::Serialize;
 
@@ -49,6 +51,11 @@ fn encode(c: &mut Criterion) {
                     timeout: 30.0,
                     max_output: 1 << 20,
                     limits: &limits,
+                    stream: false,
+                    artifacts: WireSelection::All(true),
+                    max_artifact_bytes: 10 << 20,
+                    max_artifacts_bytes: 32 << 20,
+                    max_result_chars: 10_000,
                 };
                 black_box(encode_frame(black_box(&frame)).unwrap())
             })
