@@ -305,17 +305,14 @@ _LIMITS = {
 }
 
 
-def apply_limits(limits, applied=None):
-    """Set the run's rlimits; skip those already set to the same value
-    (``applied``, the limits a child set while it warmed up)."""
+def apply_limits(limits):
+    """Set the run's rlimits, soft and hard: the run cannot raise them."""
     if not limits or resource is None:
         return
     for key, name in _LIMITS.items():
         value = limits.get(key)
         res = getattr(resource, name, None)
         if value is None or res is None:
-            continue
-        if applied is not None and applied.get(key) == value:
             continue
         soft, hard = resource.getrlimit(res)
         value = int(value)
@@ -661,7 +658,7 @@ def set_parent_death_signal(worker_pid):
         os._exit(70)
 
 
-def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, limits_hint):
+def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds):
     """Body of a forked child; never returns."""
     status = 70
     try:
@@ -684,11 +681,10 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, limit
         os.environ["PWD"] = rundir
         sys.path.insert(0, rundir)
         # Everything that does not depend on the request is done now, while
-        # no client waits: limits as the last run had them, stdin on
-        # /dev/null (fd 0 already is), a fresh __main__, and one pass over
-        # the request path so that its copy-on-write page faults (refcounts
-        # written in pages shared with the worker) happen here.
-        apply_limits(limits_hint)
+        # no client waits: stdin on /dev/null (fd 0 already is), a fresh
+        # __main__, and one pass over the request path so that its
+        # copy-on-write page faults (refcounts written in pages shared with
+        # the worker) happen here.
         install_plot_capture(rundir)
         warm = unpackb(packb(WARM_REQUEST))
         run_user_code(warm["code"], warm.get("argv"), types.ModuleType("__warm__"), at_exit=False)
@@ -701,7 +697,7 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, limit
         req.close()
         msg = unpackb(frame)
         del frame
-        apply_limits(msg.get("limits"), limits_hint)
+        apply_limits(msg.get("limits"))
         write_files(rundir, msg.get("files"))
         set_stdin(msg.get("stdin"))
         code = msg.get("code") or ""
@@ -851,7 +847,6 @@ class Worker:
         os.set_blocking(self.wake_r, False)
         self.next = None
         self.counter = 0
-        self.limits = None  # the last run's limits, pre-applied by the next child
 
     def spawn(self):
         """Fork the next child; it warms up and waits for its request."""
@@ -866,7 +861,7 @@ class Worker:
         worker_pid = os.getpid()
         pid = os.fork()
         if pid == 0:
-            child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, self.limits)
+            child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds)
         for fd in (req_r, out_w, err_w, ctl_w):
             os.close(fd)
         try:
@@ -907,7 +902,6 @@ class Worker:
         raise RuntimeError("unreachable")
 
     def execute(self, msg, frame):
-        self.limits = msg.get("limits")
         timeout = float(msg.get("timeout") or 30.0)
         cap = int(msg.get("max_output") or (1 << 20))
         stream_id = msg.get("id") if msg.get("stream") else None

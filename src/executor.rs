@@ -17,7 +17,7 @@ use crate::env::packages::{LIST_SCRIPT, check_conda_spec, check_pip_spec, conda_
 use crate::env::{EnvSettings, EnvSpec, Registry, activate::activate};
 use crate::error::{ExecError, PoolError, WorkerError};
 use crate::pool::{EnvPool, PoolConfig, PoolStatus, WorkerBudget, error_chain};
-use crate::protocol::{self, ExecFrame, FileEntry, WireSelection};
+use crate::protocol::{self, ExecFrame, FileEntry, RunLimits, WireSelection};
 use crate::types::{
     Artifact, ArtifactSelection, ExecRequest, ExecResult, InstallRequest, InstallResult,
     PackageInfo, PackageManager, RunError, check_file_path,
@@ -301,6 +301,9 @@ impl Executor {
         };
         let mut run = entry.settings.run_limits.clone();
         run.cpu_seconds.get_or_insert(timeout.ceil() as u64 + 1);
+        if let Some(asked) = &req.limits {
+            run = narrow_limits(&run, asked)?;
+        }
         let frame = protocol::encode_frame(&ExecFrame {
             t: "exec",
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -751,6 +754,41 @@ fn shape_result(out: crate::worker::RunOutput) -> ExecResult {
         }),
         limit: limit.map(str::to_string),
     }
+}
+
+/// Hard ceilings for limits a request sets where the server sets none.
+const MAX_PROCESSES: u64 = 4096;
+const MAX_MEMORY_BYTES: u64 = 16 << 30;
+
+/// A request's own limits, each within what the server allows: a request may
+/// lower a configured limit, never raise it.
+fn narrow_limits(configured: &RunLimits, asked: &RunLimits) -> Result<RunLimits, ExecError> {
+    let pick = |name: &str, asked: Option<u64>, ceiling: Option<u64>| match asked {
+        Some(0) => Err(ExecError::BadRequest(format!(
+            "limits.{name} must be positive"
+        ))),
+        Some(v) => Ok(Some(ceiling.map_or(v, |c| v.min(c)))),
+        None => Ok(ceiling),
+    };
+    Ok(RunLimits {
+        cpu_seconds: pick("cpu_seconds", asked.cpu_seconds, configured.cpu_seconds)?,
+        memory_bytes: pick(
+            "memory_bytes",
+            asked.memory_bytes,
+            configured.memory_bytes.or(Some(MAX_MEMORY_BYTES)),
+        )?,
+        file_size_bytes: pick(
+            "file_size_bytes",
+            asked.file_size_bytes,
+            configured.file_size_bytes,
+        )?,
+        open_files: pick("open_files", asked.open_files, configured.open_files)?,
+        processes: pick(
+            "processes",
+            asked.processes,
+            configured.processes.or(Some(MAX_PROCESSES)),
+        )?,
+    })
 }
 
 /// Bytes as text without a copy when they are valid UTF-8.

@@ -6,6 +6,8 @@ use base64::Engine;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::protocol::RunLimits;
+
 /// One execution request (`POST /execute`, MCP `execute_code`).
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 pub struct ExecRequest {
@@ -35,6 +37,11 @@ pub struct ExecRequest {
     /// Stream output as server-sent events (same as `Accept: text/event-stream`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
+    /// Resource limits for this run (`cpu_seconds`, `memory_bytes`,
+    /// `file_size_bytes`, `open_files`, `processes`); each may only lower the
+    /// server's configured limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<RunLimits>,
 }
 
 /// Which artifacts a request wants.

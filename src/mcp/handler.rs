@@ -68,6 +68,7 @@ impl ExecuteCodeArgs {
             session: None,
             artifacts: self.artifacts,
             stream: None,
+            limits: None,
         }
     }
 }

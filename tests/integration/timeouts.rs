@@ -127,3 +127,33 @@ async fn a_full_pool_answers_busy_with_retry_after() {
     assert!(retry.is_some(), "503 busy carries Retry-After");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_request_may_lower_its_limits_but_not_raise_them() {
+    let server = TestServer::start().await;
+    let (status, body) = server
+        .execute(json!({"code": "x = bytearray(600 * 1024 * 1024)\nprint('allocated')", "limits": {"memory_bytes": 300_000_000u64}}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["exit_code"], 1, "{body}");
+    assert_eq!(body["error"]["type"], "MemoryError");
+    // Without the request's limit the same allocation fits the default 2 GiB.
+    let body = server
+        .run("x = bytearray(600 * 1024 * 1024)\nprint('allocated')")
+        .await;
+    assert_eq!(body["stdout"], "allocated\n");
+    // A request cannot raise the configured limit.
+    let (_, body) = server
+        .execute(json!({"code": "import resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[0])", "limits": {"memory_bytes": 64u64 << 30}}))
+        .await;
+    assert_eq!(body["stdout"], format!("{}\n", 2u64 << 30));
+    let (status, body) = server
+        .execute(json!({"code": "1", "limits": {"processes": 0}}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, _) = server
+        .execute(json!({"code": "1", "limits": {"memroy_bytes": 1}}))
+        .await;
+    assert_eq!(status, 400);
+    server.stop().await;
+}
