@@ -890,8 +890,8 @@ class Worker:
                 child = self.next
                 self.next = None
             try:
-                write_all(child.req_w, struct.pack("!I", len(frame)))
-                write_all(child.req_w, frame)
+                # One write: the child wakes once, with the whole frame there.
+                write_all(child.req_w, struct.pack("!I", len(frame)) + frame)
                 os.close(child.req_w)
                 child.req_w = None
                 return child
