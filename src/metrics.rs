@@ -278,7 +278,9 @@ impl Metrics {
                     outcome,
                 })
             }),
-            duration: self.run_duration.get_or_create_owned(&EnvLabel(env.clone())),
+            duration: self
+                .run_duration
+                .get_or_create_owned(&EnvLabel(env.clone())),
             queue_wait: self.queue_wait.get_or_create_owned(&EnvLabel(env)),
         }
     }

@@ -108,7 +108,9 @@ impl FileContent {
 }
 
 /// The result of a run that happened, whatever its exit code.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema,
+)]
 pub struct ExecResult {
     /// Captured standard output (invalid UTF-8 replaced).
     pub stdout: String,
@@ -136,7 +138,9 @@ pub struct ExecResult {
 }
 
 /// Which installer `POST /install` runs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum PackageManager {
     /// `<prefix>/bin/python -m pip install ...`
@@ -162,7 +166,9 @@ pub struct InstallRequest {
 }
 
 /// The outcome of an install that ran, whatever its exit code.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema,
+)]
 pub struct InstallResult {
     /// The environment's name.
     pub env: String,

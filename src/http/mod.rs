@@ -47,12 +47,13 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
     let admin = Router::new()
         .route("/install", post(install))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
-    let scraped = Router::new()
-        .route("/metrics", get(metrics))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            require_metrics_token,
-        ));
+    let scraped =
+        Router::new()
+            .route("/metrics", get(metrics))
+            .route_layer(middleware::from_fn_with_state(
+                state.clone(),
+                require_metrics_token,
+            ));
     Router::new()
         .merge(guarded)
         .merge(admin)

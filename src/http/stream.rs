@@ -28,41 +28,44 @@ pub(super) fn execute_stream(
     let (events, rx) = mpsc::channel::<Event>(EVENT_BUFFER);
     // The run goes on in its own task; it keeps the request's span (its id).
     let span = tracing::Span::current();
-    tokio::spawn(tracing::Instrument::instrument(async move {
-        let (sink, mut chunks) = mpsc::unbounded_channel::<OutputChunk>();
-        let run = executor.run(prepared, Some(sink));
-        tokio::pin!(run);
-        let mut text = TextDecoder::default();
-        let outcome = loop {
-            tokio::select! {
-                Some(chunk) = chunks.recv() => {
-                    if let Some(event) = text.event(chunk)
-                        && events.send(event).await.is_err()
-                    {
-                        return; // the client left: dropping `run` kills it
+    tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            let (sink, mut chunks) = mpsc::unbounded_channel::<OutputChunk>();
+            let run = executor.run(prepared, Some(sink));
+            tokio::pin!(run);
+            let mut text = TextDecoder::default();
+            let outcome = loop {
+                tokio::select! {
+                    Some(chunk) = chunks.recv() => {
+                        if let Some(event) = text.event(chunk)
+                            && events.send(event).await.is_err()
+                        {
+                            return; // the client left: dropping `run` kills it
+                        }
                     }
+                    outcome = &mut run => break outcome,
+                    _ = events.closed() => return,
                 }
-                outcome = &mut run => break outcome,
-                _ = events.closed() => return,
+            };
+            while let Ok(chunk) = chunks.try_recv() {
+                if let Some(event) = text.event(chunk) {
+                    let _ = events.send(event).await;
+                }
             }
-        };
-        while let Ok(chunk) = chunks.try_recv() {
-            if let Some(event) = text.event(chunk) {
-                let _ = events.send(event).await;
-            }
-        }
-        let last = match outcome {
-            Ok(result) => Event::default()
-                .event("result")
-                .json_data(&result)
-                .unwrap_or_else(|_| Event::default().event("result")),
-            Err(err) => {
-                let err = ApiError::from(err);
-                Event::default().event("error").data(err.body().to_string())
-            }
-        };
-        let _ = events.send(last).await;
-    }, span));
+            let last = match outcome {
+                Ok(result) => Event::default()
+                    .event("result")
+                    .json_data(&result)
+                    .unwrap_or_else(|_| Event::default().event("result")),
+                Err(err) => {
+                    let err = ApiError::from(err);
+                    Event::default().event("error").data(err.body().to_string())
+                }
+            };
+            let _ = events.send(last).await;
+        },
+        span,
+    ));
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await
