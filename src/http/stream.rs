@@ -26,45 +26,45 @@ pub(super) fn execute_stream(
     // Refusals keep their HTTP status: they happen before the stream starts.
     let prepared = executor.prepare(&req)?;
     let (events, rx) = mpsc::channel::<Event>(EVENT_BUFFER);
-    // The run goes on in its own task; it keeps the request's span (its id).
-    let span = tracing::Span::current();
-    tokio::spawn(tracing::Instrument::instrument(
-        async move {
-            let (sink, mut chunks) = mpsc::unbounded_channel::<OutputChunk>();
-            let run = executor.run(prepared, Some(sink));
-            tokio::pin!(run);
-            let mut text = TextDecoder::default();
-            let outcome = loop {
-                tokio::select! {
-                    Some(chunk) = chunks.recv() => {
-                        if let Some(event) = text.event(chunk)
-                            && events.send(event).await.is_err()
-                        {
-                            return; // the client left: dropping `run` kills it
-                        }
+    let run_and_send = async move {
+        let (sink, mut chunks) = mpsc::unbounded_channel::<OutputChunk>();
+        let run = executor.run(prepared, Some(sink));
+        tokio::pin!(run);
+        let mut text = TextDecoder::default();
+        let outcome = loop {
+            tokio::select! {
+                Some(chunk) = chunks.recv() => {
+                    if let Some(event) = text.event(chunk)
+                        && events.send(event).await.is_err()
+                    {
+                        return; // the client left: dropping `run` kills it
                     }
-                    outcome = &mut run => break outcome,
-                    _ = events.closed() => return,
                 }
-            };
-            while let Ok(chunk) = chunks.try_recv() {
-                if let Some(event) = text.event(chunk) {
-                    let _ = events.send(event).await;
-                }
+                outcome = &mut run => break outcome,
+                _ = events.closed() => return,
             }
-            let last = match outcome {
-                Ok(result) => Event::default()
-                    .event("result")
-                    .json_data(&result)
-                    .unwrap_or_else(|_| Event::default().event("result")),
-                Err(err) => {
-                    let err = ApiError::from(err);
-                    Event::default().event("error").data(err.body().to_string())
-                }
-            };
-            let _ = events.send(last).await;
-        },
-        span,
+        };
+        while let Ok(chunk) = chunks.try_recv() {
+            if let Some(event) = text.event(chunk) {
+                let _ = events.send(event).await;
+            }
+        }
+        let last = match outcome {
+            Ok(result) => Event::default()
+                .event("result")
+                .json_data(&result)
+                .unwrap_or_else(|_| Event::default().event("result")),
+            Err(err) => {
+                let err = ApiError::from(err);
+                Event::default().event("error").data(err.body().to_string())
+            }
+        };
+        let _ = events.send(last).await;
+    };
+    // The run goes on in its own task; it keeps the request's span (its id).
+    tokio::spawn(tracing::Instrument::instrument(
+        run_and_send,
+        tracing::Span::current(),
     ));
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv()
