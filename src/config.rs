@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
 use crate::env::{EnvChoice, HostEnv};
@@ -31,11 +31,33 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the HTTP API (and MCP over streamable HTTP at /mcp).
-    Serve(ServeArgs),
+    Serve(ServeCommand),
     /// Serve MCP over stdin/stdout (for MCP clients that launch servers).
     Mcp(ServeArgs),
     /// Print the environments this server can see.
     Envs(ServeArgs),
+}
+
+/// `code-executor serve`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeCommand {
+    #[command(flatten)]
+    pub args: ServeArgs,
+    /// Validate the configuration, print the environments it resolves to
+    /// and exit (0 when valid) without serving.
+    #[arg(long)]
+    pub check_config: bool,
+}
+
+/// How log lines are written (to stderr).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// Options shared by every subcommand that starts workers.
@@ -88,6 +110,13 @@ pub struct ServeArgs {
     /// Bound on one /install run, in seconds.
     #[arg(long, env = "CODE_EXECUTOR_INSTALL_TIMEOUT")]
     pub install_timeout: Option<f64>,
+    /// Bearer token for GET /metrics; without it /metrics takes the API
+    /// token (--token), and is open when there is none.
+    #[arg(long, env = "CODE_EXECUTOR_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
+    /// Log line format: text (default) or json.
+    #[arg(long, env = "CODE_EXECUTOR_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
 }
 
 /// The TOML file's shape; every key is optional.
@@ -126,6 +155,8 @@ pub struct FileConfig {
     pub idle_timeout_secs: Option<f64>,
     pub install_timeout_secs: Option<f64>,
     pub activation_timeout_secs: Option<f64>,
+    pub metrics_token: Option<String>,
+    pub log_format: Option<LogFormat>,
     /// `[[envs]]` tables: environments configured one by one.
     #[serde(default)]
     pub envs: Vec<EnvTable>,
@@ -218,6 +249,9 @@ pub struct Config {
     /// What discovery reads from the server's environment (PATH, CONDA_EXE,
     /// CONDA_PREFIX, HOME).
     pub host_env: HostEnv,
+    /// Bearer token for `/metrics` (else `token` guards it).
+    pub metrics_token: Option<String>,
+    pub log_format: LogFormat,
 }
 
 impl Default for Config {
@@ -259,6 +293,8 @@ impl Default for Config {
             install_timeout: Duration::from_secs(600),
             activation_timeout: Duration::from_secs(30),
             host_env: HostEnv::from_process(),
+            metrics_token: None,
+            log_format: LogFormat::Text,
         }
     }
 }
@@ -423,6 +459,12 @@ impl Config {
                 d.activation_timeout,
             )?,
             host_env: d.host_env,
+            metrics_token: args
+                .metrics_token
+                .clone()
+                .or(file.metrics_token)
+                .filter(|t| !t.is_empty()),
+            log_format: args.log_format.or(file.log_format).unwrap_or(d.log_format),
         };
         config.validate()?;
         Ok(config)
@@ -481,9 +523,26 @@ fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
         path: path.to_path_buf(),
         source,
     })?;
-    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+    parse_file(&text).map_err(|message| ConfigError::Parse {
         path: path.to_path_buf(),
-        message: e.to_string(),
+        message,
+    })
+}
+
+/// Parse a TOML config; an error names its line and column
+/// (`line 3, column 1: unknown field ...`).
+pub fn parse_file(text: &str) -> Result<FileConfig, String> {
+    toml::from_str(text).map_err(|e| {
+        let what = e.message().trim_end().to_string();
+        match e.span() {
+            Some(span) => {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                format!("line {line}, column {column}: {what}")
+            }
+            None => what,
+        }
     })
 }
 
@@ -549,6 +608,15 @@ mod tests {
         };
         let c = Config::merge(&args, file).unwrap();
         assert_eq!(c.env, EnvChoice::CondaEnv("ml".into()));
+    }
+
+    #[test]
+    fn parse_errors_name_the_line() {
+        let err = parse_file("port = 8080\n\npool_sise = 2\n").unwrap_err();
+        assert!(err.starts_with("line 3, column 1: "), "{err}");
+        assert!(err.contains("pool_sise"), "{err}");
+        let err = parse_file("port = 8080\ntimeout = \"x\"\n").unwrap_err();
+        assert!(err.starts_with("line 2, column 11: "), "{err}");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use serde::Serialize;
@@ -16,7 +16,8 @@ use crate::config::Config;
 use crate::env::packages::{LIST_SCRIPT, check_conda_spec, check_pip_spec, conda_packages};
 use crate::env::{EnvSettings, EnvSpec, Registry, activate::activate};
 use crate::error::{ExecError, PoolError, WorkerError};
-use crate::pool::{EnvPool, PoolConfig, PoolStatus, WorkerBudget, error_chain};
+use crate::metrics::{EnvMetrics, Metrics, RunOutcome};
+use crate::pool::{EnvPool, PoolConfig, PoolStatus, RestartCause, WorkerBudget, error_chain};
 use crate::protocol::{self, ExecFrame, FileEntry, RunLimits, WireSelection};
 use crate::types::{
     Artifact, ArtifactSelection, ExecRequest, ExecResult, InstallRequest, InstallResult,
@@ -86,10 +87,12 @@ struct EnvEntry {
     vars: HashMap<String, String>,
     /// Installs into one environment run one at a time.
     install_lock: tokio::sync::Mutex<()>,
+    /// This environment's run counters and histograms, resolved once.
+    metrics: EnvMetrics,
 }
 
 /// An environment as `/list-envs` and MCP `list_environments` show it.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema, utoipa::ToSchema)]
 pub struct EnvInfo {
     pub name: String,
     pub prefix: String,
@@ -103,7 +106,7 @@ pub struct EnvInfo {
 }
 
 /// Pool counts of one environment.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema, utoipa::ToSchema)]
 pub struct PoolSummary {
     pub size: usize,
     pub idle: usize,
@@ -111,8 +114,9 @@ pub struct PoolSummary {
 }
 
 /// Overall health: `ok` while at least one environment can serve.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Health {
+    /// `ok` or `unavailable`.
     pub status: &'static str,
     pub envs: BTreeMap<String, PoolStatus>,
 }
@@ -136,6 +140,8 @@ pub struct Executor {
     next_id: AtomicU64,
     /// Set by `shutdown`: new requests are refused.
     closing: AtomicBool,
+    /// What `GET /metrics` shows; shared with the front ends.
+    metrics: Arc<Metrics>,
 }
 
 impl Executor {
@@ -166,6 +172,7 @@ impl Executor {
         }))
         .await;
         let mut envs = Vec::with_capacity(registry.envs.len());
+        let mut pending = Vec::with_capacity(registry.envs.len());
         for (plan, activation) in registry.envs.into_iter().zip(activations) {
             let (vars, unavailable) = match activation {
                 Ok(vars) => (vars, None),
@@ -192,7 +199,17 @@ impl Executor {
                 budget.clone(),
                 plan.configured,
             );
+            pending.push((plan, pool, unavailable, vars));
+        }
+        let metrics = Arc::new(Metrics::new(
+            pending
+                .iter()
+                .map(|(plan, pool, ..)| (plan.spec.name.clone(), pool.clone()))
+                .collect(),
+        ));
+        for (plan, pool, unavailable, vars) in pending {
             envs.push(EnvEntry {
+                metrics: metrics.env(&plan.spec.name),
                 spec: plan.spec,
                 settings: plan.settings,
                 pool,
@@ -249,6 +266,7 @@ impl Executor {
             base_dir,
             next_id: AtomicU64::new(1),
             closing: AtomicBool::new(false),
+            metrics,
         })
     }
 
@@ -349,28 +367,63 @@ impl Executor {
             timeout,
         } = prepared;
         let entry = &self.envs[env];
-        let mut worker = entry.pool.get().await.map_err(|e| match e {
-            PoolError::Busy(_) => ExecError::Busy(e),
-            PoolError::Closed => ExecError::ShuttingDown,
-            PoolError::Unavailable(reason) => ExecError::EnvUnavailable {
-                env: entry.spec.name.clone(),
-                reason,
-            },
+        let env_name = entry.spec.name.as_str();
+        let queued = Instant::now();
+        let got = entry.pool.get().await;
+        entry.metrics.queue_wait(queued.elapsed().as_secs_f64());
+        let mut worker = got.map_err(|e| {
+            let outcome = match e {
+                PoolError::Busy(_) => RunOutcome::Busy,
+                PoolError::Closed | PoolError::Unavailable(_) => RunOutcome::Failed,
+            };
+            entry.metrics.outcome(outcome);
+            tracing::info!(env = env_name, %outcome, "run refused: {e}");
+            match e {
+                PoolError::Busy(_) => ExecError::Busy(e),
+                PoolError::Closed => ExecError::ShuttingDown,
+                PoolError::Unavailable(reason) => ExecError::EnvUnavailable {
+                    env: entry.spec.name.clone(),
+                    reason,
+                },
+            }
         })?;
+        let worker_pid = worker.pid();
+        let started = Instant::now();
         let deadline = Duration::from_secs_f64(timeout) + HARD_DEADLINE_SLACK;
-        match worker.execute(&frame, deadline, output.as_ref()).await {
+        let ran = worker.execute(&frame, deadline, output.as_ref()).await;
+        let seconds = started.elapsed().as_secs_f64();
+        match ran {
             Ok(out) => {
                 entry.pool.put(worker);
-                Ok(shape_result(out))
+                let result = shape_result(out);
+                let outcome = RunOutcome::of(&result);
+                entry.metrics.run(outcome, seconds);
+                // One line per run; never the code or its output.
+                tracing::info!(
+                    env = env_name,
+                    %outcome,
+                    duration_ms = (seconds * 1e6).round() / 1e3,
+                    exit_code = result.exit_code,
+                    worker_pid,
+                    "run finished"
+                );
+                Ok(result)
             }
             Err(e) => {
+                let cause = match e {
+                    WorkerError::Unresponsive(_) => RestartCause::Timeout,
+                    _ => RestartCause::Crash,
+                };
+                entry.metrics.run(RunOutcome::Failed, seconds);
                 tracing::warn!(
-                    env = %entry.spec.name,
-                    worker_pid = worker.pid(),
-                    "discarding worker: {}",
+                    env = env_name,
+                    outcome = %RunOutcome::Failed,
+                    duration_ms = (seconds * 1e6).round() / 1e3,
+                    worker_pid,
+                    "run failed, discarding worker: {}",
                     error_chain(&e)
                 );
-                entry.pool.discard(worker);
+                entry.pool.discard(worker, cause);
                 Err(ExecError::Worker(e))
             }
         }
@@ -631,6 +684,11 @@ impl Executor {
     pub async fn shutdown(&self) {
         self.closing.store(true, Ordering::Release);
         futures_util::future::join_all(self.envs.iter().map(|e| e.pool.close())).await;
+    }
+
+    /// The server's metrics (`GET /metrics`).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// Directory holding the bootstrap and the workers' scratch roots.

@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use code_executor::config::{Cli, Command, Config};
+use code_executor::config::{Cli, Command, Config, LogFormat};
 use code_executor::{Executor, server};
 use tracing_subscriber::EnvFilter;
 
@@ -16,17 +16,16 @@ async fn main() {
 
 async fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("CODE_EXECUTOR_LOG")
-                .unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     match cli.command {
-        Command::Serve(args) => {
-            let config = Config::load(&args)?;
+        Command::Serve(serve) => {
+            let config = Config::load(&serve.args)?;
+            if serve.check_config {
+                let registry = code_executor::env::Registry::build(&config).await?;
+                println!("configuration is valid");
+                print!("{}", registry.describe().await);
+                return Ok(());
+            }
+            init_logging(config.log_format);
             let listener = tokio::net::TcpListener::bind((config.host, config.port))
                 .await
                 .with_context(|| format!("cannot listen on {}:{}", config.host, config.port))?;
@@ -37,19 +36,43 @@ async fn run() -> anyhow::Result<()> {
                 "code-executor ready"
             );
             server::run(listener, executor, &config, server::shutdown_signal()).await?;
+            tracing::info!("code-executor stopped");
             Ok(())
         }
         Command::Mcp(args) => {
             let config = Config::load(&args)?;
+            init_logging(config.log_format);
             let executor = Arc::new(Executor::start(&config).await?);
             code_executor::mcp::serve_stdio(executor, &config, server::shutdown_signal()).await?;
             Ok(())
         }
         Command::Envs(args) => {
             let config = Config::load(&args)?;
+            init_logging(config.log_format);
             let registry = code_executor::env::Registry::build(&config).await?;
             print!("{}", registry.describe().await);
             Ok(())
         }
+    }
+}
+
+/// Log to stderr, filtered by `CODE_EXECUTOR_LOG` (default `info`), as text
+/// or one JSON object per line.
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_env("CODE_EXECUTOR_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(true)
+            .init(),
     }
 }

@@ -43,7 +43,9 @@ pub fn codec() -> LengthDelimitedCodec {
 }
 
 /// Per-run resource limits the worker applies in the forked child (rlimits).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct RunLimits {
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::executor::Executor;
+use crate::http::observe::observe;
 use crate::http::{AppState, require_token, router};
 use crate::mcp;
 
@@ -26,6 +27,7 @@ pub async fn run(
         executor: executor.clone(),
         token: config.token.as_deref().map(Arc::from),
         admin_token: config.admin_token.as_deref().map(Arc::from),
+        metrics_token: config.metrics_token.as_deref().map(Arc::from),
     };
     // MCP sessions are long-lived event streams: they end (and cancel their
     // in-flight runs) when shutdown starts, or they would hold it up.
@@ -36,7 +38,10 @@ pub async fn run(
             mcp::http_service(executor.clone(), config, mcp_stop.child_token()),
         )
         .layer(middleware::from_fn_with_state(state.clone(), require_token));
-    let app = router(state, config.max_body_bytes).merge(mcp);
+    // Request ids, request spans and HTTP metrics cover every route, MCP too.
+    let app = router(state.clone(), config.max_body_bytes)
+        .merge(mcp)
+        .layer(middleware::from_fn_with_state(state, observe));
     let stop = Arc::new(tokio::sync::Notify::new());
     let stopped = stop.clone();
     let serve = axum::serve(listener, app).with_graceful_shutdown(async move {

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::protocol::RunLimits;
 
 /// One execution request (`POST /execute`, MCP `execute_code`).
-#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
 pub struct ExecRequest {
     /// Python source to run, as `python script.py` would run it.
     pub code: String,
@@ -45,7 +45,7 @@ pub struct ExecRequest {
 }
 
 /// Which artifacts a request wants.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum ArtifactSelection {
     /// All (`true`) or none (`false`).
@@ -55,7 +55,7 @@ pub enum ArtifactSelection {
 }
 
 /// A file the run created or changed in its working directory.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
 pub struct Artifact {
     /// Path relative to the run's working directory.
     pub path: String,
@@ -72,7 +72,7 @@ pub struct Artifact {
 }
 
 /// An uncaught exception of the run, with the user's own line numbers.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
 pub struct RunError {
     /// Exception class (`ZeroDivisionError`, `mymodule.MyError`).
     #[serde(rename = "type")]
@@ -86,7 +86,7 @@ pub struct RunError {
 }
 
 /// Content of one input file.
-#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum FileContent {
     /// UTF-8 text.
@@ -108,7 +108,9 @@ impl FileContent {
 }
 
 /// The result of a run that happened, whatever its exit code.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[derive(
+    Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema,
+)]
 pub struct ExecResult {
     /// Captured standard output (invalid UTF-8 replaced).
     pub stdout: String,
@@ -136,7 +138,9 @@ pub struct ExecResult {
 }
 
 /// Which installer `POST /install` runs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum PackageManager {
     /// `<prefix>/bin/python -m pip install ...`
@@ -147,7 +151,7 @@ pub enum PackageManager {
 }
 
 /// `POST /install`, MCP `install_packages`.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InstallRequest {
     /// Environment name or prefix path; the default environment if absent.
@@ -162,7 +166,9 @@ pub struct InstallRequest {
 }
 
 /// The outcome of an install that ran, whatever its exit code.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[derive(
+    Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema,
+)]
 pub struct InstallResult {
     /// The environment's name.
     pub env: String,
@@ -176,7 +182,7 @@ pub struct InstallResult {
 }
 
 /// One installed distribution (`GET /list-packages`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
 pub struct PackageInfo {
     pub name: String,
     pub version: String,

@@ -1,6 +1,8 @@
 //! The HTTP/JSON front end (axum): a thin adapter over [`Executor`].
 
 mod error;
+pub mod observe;
+pub mod openapi;
 mod stream;
 
 use std::sync::Arc;
@@ -31,6 +33,8 @@ pub struct AppState {
     /// Bearer token required by `/install`; without one, installs are
     /// refused (403) whatever the request carries.
     pub admin_token: Option<Arc<str>>,
+    /// Bearer token required by `/metrics`; without one `token` guards it.
+    pub metrics_token: Option<Arc<str>>,
 }
 
 /// The HTTP API. `max_body_bytes` bounds every request body (413 above it).
@@ -43,15 +47,83 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
     let admin = Router::new()
         .route("/install", post(install))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
+    let scraped =
+        Router::new()
+            .route("/metrics", get(metrics))
+            .route_layer(middleware::from_fn_with_state(
+                state.clone(),
+                require_metrics_token,
+            ));
     Router::new()
         .merge(guarded)
         .merge(admin)
+        .merge(scraped)
         .route("/health", get(health))
+        .route("/openapi.json", get(openapi::serve))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
 }
 
+/// Prometheus metrics (text exposition format 0.0.4).
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "meta",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Metrics", body = String, content_type = "text/plain; version=0.0.4"),
+        (status = 401, description = "Missing or wrong token", body = openapi::ErrorBody),
+    )
+)]
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.executor.metrics().render(),
+    )
+        .into_response()
+}
+
+/// `/metrics` takes the metrics token when one is configured, else the API
+/// token (open when neither is).
+async fn require_metrics_token(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if let Some(token) = state.metrics_token.as_ref().or(state.token.as_ref())
+        && !bool::from(bearer(&req).as_bytes().ct_eq(token.as_bytes()))
+    {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong bearer token for /metrics",
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// Run code. With `Accept: text/event-stream` (or `"stream": true`) the
+/// answer is a stream of `stdout`/`stderr` events, then one `result` event.
+#[utoipa::path(
+    post,
+    path = "/execute",
+    tag = "run",
+    request_body = ExecRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The code ran (whatever its exit status)", body = ExecResult),
+        (status = 400, description = "Malformed request", body = openapi::ErrorBody),
+        (status = 401, description = "Missing or wrong token", body = openapi::ErrorBody),
+        (status = 404, description = "Unknown environment", body = openapi::ErrorBody),
+        (status = 413, description = "Request body too large", body = openapi::ErrorBody),
+        (status = 503, description = "No worker free in time, or environment unavailable", body = openapi::ErrorBody),
+    )
+)]
 async fn execute(
     State(state): State<AppState>,
     headers: axum::http::HeaderMap,
@@ -69,6 +141,17 @@ async fn execute(
     Ok(Json::<ExecResult>(state.executor.execute(req).await?).into_response())
 }
 
+/// Every environment code can run in, with its pool's counts.
+#[utoipa::path(
+    get,
+    path = "/list-envs",
+    tag = "envs",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The environments", body = openapi::EnvList),
+        (status = 401, description = "Missing or wrong token", body = openapi::ErrorBody),
+    )
+)]
 async fn list_envs(State(state): State<AppState>) -> Response {
     Json(json!({ "envs": state.executor.list_envs() })).into_response()
 }
@@ -79,6 +162,19 @@ struct PackagesQuery {
     env: Option<String>,
 }
 
+/// Installed distributions of an environment.
+#[utoipa::path(
+    get,
+    path = "/list-packages",
+    tag = "envs",
+    params(("env" = Option<String>, Query, description = "Environment name or prefix; the default one if absent")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The packages, sorted by name", body = openapi::PackageList),
+        (status = 401, description = "Missing or wrong token", body = openapi::ErrorBody),
+        (status = 404, description = "Unknown environment", body = openapi::ErrorBody),
+    )
+)]
 async fn list_packages(
     State(state): State<AppState>,
     query: Result<Query<PackagesQuery>, axum::extract::rejection::QueryRejection>,
@@ -88,6 +184,20 @@ async fn list_packages(
     Ok(Json(json!({ "packages": packages })).into_response())
 }
 
+/// Install packages with pip or Conda (admin token only).
+#[utoipa::path(
+    post,
+    path = "/install",
+    tag = "envs",
+    request_body = InstallRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The installer ran (whatever its exit status)", body = InstallResult),
+        (status = 400, description = "Refused package spec", body = openapi::ErrorBody),
+        (status = 403, description = "Installs disabled or not the admin token", body = openapi::ErrorBody),
+        (status = 404, description = "Unknown environment", body = openapi::ErrorBody),
+    )
+)]
 async fn install(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<InstallRequest>,
@@ -95,6 +205,16 @@ async fn install(
     Ok(Json(state.executor.install(req).await?))
 }
 
+/// Liveness and readiness: 200 while some environment can serve.
+#[utoipa::path(
+    get,
+    path = "/health",
+    tag = "meta",
+    responses(
+        (status = 200, description = "Serving", body = crate::executor::Health),
+        (status = 503, description = "No environment can serve, or shutting down", body = crate::executor::Health),
+    )
+)]
 async fn health(State(state): State<AppState>) -> Response {
     let health = state.executor.health();
     let status = if health.status == "ok" {

@@ -26,7 +26,7 @@ pub(super) fn execute_stream(
     // Refusals keep their HTTP status: they happen before the stream starts.
     let prepared = executor.prepare(&req)?;
     let (events, rx) = mpsc::channel::<Event>(EVENT_BUFFER);
-    tokio::spawn(async move {
+    let run_and_send = async move {
         let (sink, mut chunks) = mpsc::unbounded_channel::<OutputChunk>();
         let run = executor.run(prepared, Some(sink));
         tokio::pin!(run);
@@ -60,7 +60,12 @@ pub(super) fn execute_stream(
             }
         };
         let _ = events.send(last).await;
-    });
+    };
+    // The run goes on in its own task; it keeps the request's span (its id).
+    tokio::spawn(tracing::Instrument::instrument(
+        run_and_send,
+        tracing::Span::current(),
+    ));
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await

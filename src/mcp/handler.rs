@@ -114,6 +114,9 @@ impl McpHandler {
                 route.attr.output_schema = Some(without_uint_formats(output));
             }
         }
+        for route in tool_router.map.values_mut() {
+            count_calls(route);
+        }
         if let Some(route) = tool_router.map.get_mut("execute_code") {
             route.attr.description = Some(execute_code_description(config, &default_env).into());
         }
@@ -317,6 +320,29 @@ fn human_bytes(bytes: u64) -> String {
         }
     }
     format!("{bytes} bytes")
+}
+
+/// Wrap a tool so that each call is counted in the metrics by tool and
+/// outcome (`ok`, `error` for an `isError` result, `failed` for a protocol
+/// error); covers every tool, whoever adds it.
+fn count_calls(route: &mut rmcp::handler::server::router::tool::ToolRoute<McpHandler>) {
+    use rmcp::model::CallToolResponse;
+    let inner = route.call.clone();
+    route.call = Arc::new(move |ctx| {
+        let inner = inner.clone();
+        let metrics = ctx.service.executor.metrics().clone();
+        let tool = ctx.name.clone();
+        Box::pin(async move {
+            let response = inner(ctx).await;
+            let outcome = match &response {
+                Ok(CallToolResponse::Complete(result)) if result.is_error == Some(true) => "error",
+                Ok(_) => "ok",
+                Err(_) => "failed",
+            };
+            metrics.mcp_call(&tool, outcome);
+            response
+        })
+    });
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ pub struct PoolConfig {
 }
 
 /// Counts reported by `/health` and `/list-envs`.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct PoolStatus {
     pub size: usize,
     pub idle: usize,
@@ -50,6 +50,37 @@ pub struct PoolStatus {
     /// Why the last worker start failed, while no worker is alive.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// Why a worker was replaced (the `cause` of the restart metric).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartCause {
+    /// It did not answer within the run's hard deadline.
+    Timeout,
+    /// It died, or broke the protocol.
+    Crash,
+    /// Its request was dropped mid-run (client gone, cancelled).
+    Cancelled,
+    /// It was retired: `max_runs` reached, or replaced after an install.
+    Recycle,
+}
+
+impl RestartCause {
+    pub const ALL: [RestartCause; 4] = [
+        RestartCause::Timeout,
+        RestartCause::Crash,
+        RestartCause::Cancelled,
+        RestartCause::Recycle,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestartCause::Timeout => "timeout",
+            RestartCause::Crash => "crash",
+            RestartCause::Cancelled => "cancelled",
+            RestartCause::Recycle => "recycle",
+        }
+    }
 }
 
 /// State shared by the manager, the supervisor and the pool handle.
@@ -78,6 +109,9 @@ struct Shared {
     /// Python version from the first successful handshake.
     python_version: Mutex<Option<String>>,
     closed: AtomicBool,
+    /// Workers replaced so far, per [`RestartCause`] (in `ALL` order); read
+    /// by the metrics at scrape time.
+    restarts: [AtomicU64; 4],
 }
 
 #[derive(Default)]
@@ -119,12 +153,20 @@ impl managed::Manager for WorkerManager {
 
     async fn recycle(&self, worker: &mut PooledWorker, _: &Metrics) -> RecycleResult<WorkerError> {
         let max = self.shared.config.max_runs;
-        if worker.is_poisoned()
-            || !worker.is_alive()
-            || (max > 0 && worker.runs() >= max)
+        let cause = if worker.is_poisoned() {
+            Some(RestartCause::Cancelled)
+        } else if !worker.is_alive() {
+            Some(RestartCause::Crash)
+        } else if (max > 0 && worker.runs() >= max)
             || worker.generation != self.shared.generation.load(Ordering::Acquire)
         {
+            Some(RestartCause::Recycle)
+        } else {
+            None
+        };
+        if let Some(cause) = cause {
             // Dropped by deadpool (which kills it); the exit report refills.
+            self.shared.count_restart(cause);
             return Err(RecycleError::message("worker is not reusable"));
         }
         Ok(())
@@ -132,6 +174,14 @@ impl managed::Manager for WorkerManager {
 }
 
 impl Shared {
+    fn count_restart(&self, cause: RestartCause) {
+        let i = RestartCause::ALL
+            .iter()
+            .position(|c| *c == cause)
+            .unwrap_or(0);
+        self.restarts[i].fetch_add(1, Ordering::Relaxed);
+    }
+
     fn touch(&self) {
         *self.last_used.lock() = Instant::now();
     }
@@ -227,6 +277,7 @@ impl EnvPool {
             last_error: Mutex::new(None),
             python_version: Mutex::new(None),
             closed: AtomicBool::new(false),
+            restarts: Default::default(),
         });
         let pool = managed::Pool::builder(WorkerManager {
             shared: shared.clone(),
@@ -306,13 +357,14 @@ impl EnvPool {
         let max = self.shared.config.max_runs;
         let stale = worker.generation != self.shared.generation.load(Ordering::Acquire);
         if stale || (max > 0 && worker.runs() >= max) {
-            self.discard(worker);
+            self.discard(worker, RestartCause::Recycle);
         }
     }
 
     /// Take a worker out of the pool for good, terminate it in the background
-    /// and start its replacement.
-    pub fn discard(&self, worker: Object<WorkerManager>) {
+    /// and start its replacement; `cause` is counted for the metrics.
+    pub fn discard(&self, worker: Object<WorkerManager>, cause: RestartCause) {
+        self.shared.count_restart(cause);
         let worker = Object::take(worker);
         let grace = self.shared.spec.grace_period;
         tokio::spawn(worker.terminate(grace));
@@ -412,6 +464,15 @@ impl EnvPool {
         }
     }
 
+    /// Workers replaced so far for `cause`.
+    pub fn restarts(&self, cause: RestartCause) -> u64 {
+        let i = RestartCause::ALL
+            .iter()
+            .position(|c| *c == cause)
+            .unwrap_or(0);
+        self.shared.restarts[i].load(Ordering::Relaxed)
+    }
+
     /// Python version reported by the workers' handshake (none before one).
     pub fn python_version(&self) -> Option<String> {
         self.shared.python_version.lock().clone()
@@ -437,6 +498,7 @@ async fn supervise(pool: EnvPool, mut exited: mpsc::UnboundedReceiver<u32>) {
         }
         let removed = pool.pool.retain(|w, _| w.pid() != pid).removed;
         if !removed.is_empty() {
+            pool.shared.count_restart(RestartCause::Crash);
             tracing::warn!(worker_pid = pid, "idle worker died; replacing it");
         }
         pool.shared.spares.lock().ready.retain_mut(|w| w.is_alive());

@@ -1,0 +1,394 @@
+//! Prometheus metrics (`GET /metrics`), on `prometheus-client`.
+//!
+//! The hot path stays lean: every environment gets its counters and
+//! histograms once, at start-up ([`EnvMetrics`]), so recording a run is a few
+//! atomic adds with no lookup, lock or allocation. Worker counts and restarts
+//! are not recorded at all: the pools keep them, and [`PoolCollector`] reads
+//! them at scrape time.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelSetEncoder,
+    LabelValueEncoder,
+};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::pool::{EnvPool, RestartCause};
+
+/// Every metric name starts with this.
+const PREFIX: &str = "code_executor";
+
+/// How a run ended, as the `outcome` label shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunOutcome {
+    /// Exit status 0, no limit hit.
+    Ok,
+    /// The code failed: non-zero exit status or an uncaught exception.
+    Error,
+    /// The run hit its wall-clock timeout.
+    Timeout,
+    /// Another limit stopped the run (CPU, file size, output).
+    Limit,
+    /// No worker was free within the queue timeout.
+    Busy,
+    /// The server could not complete the run: the worker crashed, stopped
+    /// answering or the environment cannot start workers.
+    Failed,
+}
+
+impl RunOutcome {
+    pub const ALL: [RunOutcome; 6] = [
+        RunOutcome::Ok,
+        RunOutcome::Error,
+        RunOutcome::Timeout,
+        RunOutcome::Limit,
+        RunOutcome::Busy,
+        RunOutcome::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Ok => "ok",
+            RunOutcome::Error => "error",
+            RunOutcome::Timeout => "timeout",
+            RunOutcome::Limit => "limit",
+            RunOutcome::Busy => "busy",
+            RunOutcome::Failed => "failed",
+        }
+    }
+
+    /// The outcome of a run that completed on a worker.
+    pub fn of(result: &crate::types::ExecResult) -> RunOutcome {
+        if result.timed_out {
+            RunOutcome::Timeout
+        } else if result.limit.is_some() {
+            RunOutcome::Limit
+        } else if result.exit_code != 0 || result.error.is_some() {
+            RunOutcome::Error
+        } else {
+            RunOutcome::Ok
+        }
+    }
+}
+
+impl std::fmt::Display for RunOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl EncodeLabelValue for RunOutcome {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+/// Labels of the per-run metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct RunLabels {
+    env: Arc<str>,
+    outcome: RunOutcome,
+}
+
+impl EncodeLabelSet for RunLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        ([("env", &*self.env)], [("outcome", self.outcome)]).encode(encoder)
+    }
+}
+
+/// The `env` label alone.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct EnvLabel(Arc<str>);
+
+impl EncodeLabelSet for EnvLabel {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        [("env", &*self.0)].encode(encoder)
+    }
+}
+
+/// Labels of `http_requests_total`: the matched route (never the raw path,
+/// which would make one series per URL), the method and the status code.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct HttpLabels {
+    method: &'static str,
+    route: Arc<str>,
+    status: u16,
+}
+
+impl EncodeLabelSet for HttpLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        (
+            [("method", self.method), ("route", &*self.route)],
+            [("status", self.status as u64)],
+        )
+            .encode(encoder)
+    }
+}
+
+/// Labels of `mcp_tool_calls_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ToolLabels {
+    tool: Arc<str>,
+    outcome: &'static str,
+}
+
+impl EncodeLabelSet for ToolLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        [("tool", &*self.tool), ("outcome", self.outcome)].encode(encoder)
+    }
+}
+
+/// One environment's run metrics, resolved once so that recording needs no
+/// label lookup.
+#[derive(Debug, Clone)]
+pub struct EnvMetrics {
+    /// `runs_total` for each [`RunOutcome`], in [`RunOutcome::ALL`] order.
+    outcomes: [Counter; 6],
+    duration: Histogram,
+    queue_wait: Histogram,
+}
+
+impl EnvMetrics {
+    /// A run that ended with `outcome` after `seconds` on a worker.
+    pub fn run(&self, outcome: RunOutcome, seconds: f64) {
+        self.outcome(outcome);
+        self.duration.observe(seconds);
+    }
+
+    /// A request that ended with `outcome` without a run (busy, failed).
+    pub fn outcome(&self, outcome: RunOutcome) {
+        let i = RunOutcome::ALL
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or(0);
+        self.outcomes[i].inc();
+    }
+
+    /// Time a request waited for a worker.
+    pub fn queue_wait(&self, seconds: f64) {
+        self.queue_wait.observe(seconds);
+    }
+}
+
+/// The server's metrics: families recorded by the executor, the HTTP
+/// middleware and the MCP tools, plus pool state read at scrape time.
+pub struct Metrics {
+    /// Encoded at each scrape; the families inside share their values with
+    /// the handles below.
+    registry: Registry,
+    runs: Family<RunLabels, Counter>,
+    run_duration: Family<EnvLabel, Histogram, fn() -> Histogram>,
+    queue_wait: Family<EnvLabel, Histogram, fn() -> Histogram>,
+    http_requests: Family<HttpLabels, Counter>,
+    http_in_flight: Gauge,
+    mcp_calls: Family<ToolLabels, Counter>,
+    /// Route templates seen so far, shared so that a request's labels cost
+    /// a reference count, not a string copy.
+    routes: RwLock<HashMap<Box<str>, Arc<str>>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+/// Run durations: 1 ms to ~5 min.
+fn run_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.5, 14))
+}
+
+/// Queue waits: 0.1 ms to ~30 s.
+fn wait_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 3.0, 13))
+}
+
+impl Metrics {
+    /// Metrics for the given pools, keyed by environment name.
+    pub fn new(pools: Vec<(String, EnvPool)>) -> Metrics {
+        let mut registry = Registry::with_prefix(PREFIX);
+        let runs = Family::<RunLabels, Counter>::default();
+        let run_duration = Family::new_with_constructor(run_buckets as fn() -> Histogram);
+        let queue_wait = Family::new_with_constructor(wait_buckets as fn() -> Histogram);
+        let http_requests = Family::<HttpLabels, Counter>::default();
+        let http_in_flight = Gauge::default();
+        let mcp_calls = Family::<ToolLabels, Counter>::default();
+        registry.register(
+            "runs",
+            "Runs by environment and outcome (ok, error, timeout, limit, busy, failed)",
+            runs.clone(),
+        );
+        registry.register_with_unit(
+            "run_duration",
+            "Time a run held its worker, by environment",
+            Unit::Seconds,
+            run_duration.clone(),
+        );
+        registry.register_with_unit(
+            "queue_wait",
+            "Time a request waited for a free worker, by environment",
+            Unit::Seconds,
+            queue_wait.clone(),
+        );
+        registry.register(
+            "http_requests",
+            "HTTP requests by method, matched route and status code",
+            http_requests.clone(),
+        );
+        registry.register(
+            "http_requests_in_flight",
+            "HTTP requests being served now",
+            http_in_flight.clone(),
+        );
+        registry.register(
+            "mcp_tool_calls",
+            "MCP tool calls by tool and outcome (ok, error, failed)",
+            mcp_calls.clone(),
+        );
+        registry.register_collector(Box::new(PoolCollector { pools }));
+        Metrics {
+            registry,
+            runs,
+            run_duration,
+            queue_wait,
+            http_requests,
+            http_in_flight,
+            mcp_calls,
+            routes: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The handles of one environment (every outcome shows from the start,
+    /// at 0, so that rates work before the first failure).
+    pub fn env(&self, name: &str) -> EnvMetrics {
+        let env: Arc<str> = Arc::from(name);
+        EnvMetrics {
+            outcomes: RunOutcome::ALL.map(|outcome| {
+                self.runs.get_or_create_owned(&RunLabels {
+                    env: env.clone(),
+                    outcome,
+                })
+            }),
+            duration: self
+                .run_duration
+                .get_or_create_owned(&EnvLabel(env.clone())),
+            queue_wait: self.queue_wait.get_or_create_owned(&EnvLabel(env)),
+        }
+    }
+
+    /// Count one answered HTTP request.
+    pub fn http_request(&self, method: &axum::http::Method, route: &str, status: u16) {
+        let route = self.route(route);
+        let method = match *method {
+            axum::http::Method::GET => "GET",
+            axum::http::Method::POST => "POST",
+            axum::http::Method::DELETE => "DELETE",
+            axum::http::Method::PUT => "PUT",
+            axum::http::Method::HEAD => "HEAD",
+            axum::http::Method::OPTIONS => "OPTIONS",
+            axum::http::Method::PATCH => "PATCH",
+            _ => "other",
+        };
+        self.http_requests
+            .get_or_create(&HttpLabels {
+                method,
+                route,
+                status,
+            })
+            .inc();
+    }
+
+    /// The gauge of requests being served.
+    pub fn http_in_flight(&self) -> &Gauge {
+        &self.http_in_flight
+    }
+
+    /// Count one MCP tool call.
+    pub fn mcp_call(&self, tool: &str, outcome: &'static str) {
+        let tool = self.route(tool);
+        self.mcp_calls
+            .get_or_create(&ToolLabels { tool, outcome })
+            .inc();
+    }
+
+    /// A shared copy of `name` (routes and tool names are a small set).
+    fn route(&self, name: &str) -> Arc<str> {
+        if let Some(known) = self.routes.read().get(name) {
+            return known.clone();
+        }
+        self.routes
+            .write()
+            .entry(name.into())
+            .or_insert_with(|| Arc::from(name))
+            .clone()
+    }
+
+    /// The Prometheus text exposition (format 0.0.4).
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(8 << 10);
+        if prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry).is_err() {
+            // Writing to a String cannot fail; keep what was written.
+            let _ = writeln!(out, "# encoding error");
+        }
+        out
+    }
+}
+
+/// Pool state read at scrape time: workers by state, restarts by cause.
+struct PoolCollector {
+    pools: Vec<(String, EnvPool)>,
+}
+
+impl std::fmt::Debug for PoolCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolCollector").finish_non_exhaustive()
+    }
+}
+
+impl Collector for PoolCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let statuses: Vec<_> = self.pools.iter().map(|(_, p)| p.status()).collect();
+        {
+            let gauge = ConstGauge::new(0i64);
+            let mut family = encoder.encode_descriptor(
+                "workers",
+                "Live worker processes by environment and state (idle, busy, starting)",
+                None,
+                gauge.metric_type(),
+            )?;
+            for ((name, _), status) in self.pools.iter().zip(&statuses) {
+                for (state, n) in [
+                    ("idle", status.idle),
+                    ("busy", status.busy),
+                    ("starting", status.starting),
+                ] {
+                    let labels = [("env", name.as_str()), ("state", state)];
+                    ConstGauge::new(n as i64).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        let counter = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
+            "worker_restarts",
+            "Workers replaced, by environment and cause (timeout, crash, cancelled, recycle)",
+            None,
+            counter.metric_type(),
+        )?;
+        for (name, pool) in &self.pools {
+            for cause in RestartCause::ALL {
+                let labels = [("env", name.as_str()), ("cause", cause.as_str())];
+                ConstCounter::new(pool.restarts(cause)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
