@@ -227,9 +227,16 @@ async fn health(State(state): State<AppState>) -> Response {
 
 /// Bearer-token check, compared in constant time. Also guards MCP at `/mcp`.
 pub async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(token) = &state.token
-        && !bool::from(bearer(&req).as_bytes().ct_eq(token.as_bytes()))
-    {
+    // The admin token opens everything the API token opens.
+    let allowed = {
+        let given = bearer(&req).as_bytes();
+        let matches = |t: &Option<Arc<str>>| {
+            t.as_ref()
+                .is_some_and(|t| bool::from(given.ct_eq(t.as_bytes())))
+        };
+        state.token.is_none() || matches(&state.token) || matches(&state.admin_token)
+    };
+    if !allowed {
         return ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",

@@ -21,7 +21,10 @@ use serde_json::Value;
 use crate::config::Config;
 use crate::executor::{EnvInfo, Executor};
 use crate::mcp::result::{refusal, run_result};
-use crate::types::{ArtifactSelection, ExecRequest, ExecResult, FileContent};
+use crate::types::{
+    ArtifactSelection, ExecRequest, ExecResult, FileContent, InstallRequest, InstallResult,
+    PackageInfo,
+};
 use crate::worker::OutputStream;
 
 /// Arguments of `execute_code`: the fields of [`ExecRequest`] a model may
@@ -73,6 +76,21 @@ impl ExecuteCodeArgs {
     }
 }
 
+/// Arguments of `list_packages`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListPackagesArgs {
+    /// Environment name; the default environment if omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+}
+
+/// What `list_packages` returns (the body of `GET /list-packages`).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct PackageListing {
+    pub packages: Vec<PackageInfo>,
+}
+
 /// What `list_environments` returns (the body of `GET /list-envs`).
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct EnvListing {
@@ -84,6 +102,9 @@ pub struct EnvListing {
 #[derive(Clone)]
 pub struct McpHandler {
     executor: Arc<Executor>,
+    /// Token an HTTP caller of `install_packages` must present; the tool is
+    /// not listed without one.
+    admin_token: Option<Arc<str>>,
     /// Default wall-clock limit of a run, seconds: named in the status line
     /// of a run that timed out without asking for a timeout.
     default_timeout: f64,
@@ -120,11 +141,12 @@ impl McpHandler {
         if let Some(route) = tool_router.map.get_mut("execute_code") {
             route.attr.description = Some(execute_code_description(config, &default_env).into());
         }
-        // Hook point for the package tools (`install_packages`,
-        // `list_packages`, API.md): when the executor grows `install` and a
-        // package listing, add them as `#[tool]` methods below, and here
-        // `tool_router.remove_route("install_packages")` unless an admin token
-        // is configured and the transport is authenticated.
+        // Installing changes an environment for every client: the tool exists
+        // only when an admin token is configured (and over HTTP it checks the
+        // caller presents it).
+        if config.admin_token.is_none() {
+            tool_router.remove_route("install_packages");
+        }
         let instructions = format!(
             "code-executor runs Python code in isolated, pre-warmed interpreters and returns \
              its stdout, stderr and exit status. Use `execute_code` to run a script; every \
@@ -134,6 +156,7 @@ impl McpHandler {
         );
         McpHandler {
             executor,
+            admin_token: config.admin_token.as_deref().map(Arc::from),
             default_timeout: config.timeout,
             max_timeout: config.max_timeout,
             instructions: instructions.into(),
@@ -235,6 +258,105 @@ impl McpHandler {
         };
         out.content = vec![ContentBlock::text(text)];
         out
+    }
+
+    /// List the packages installed in an environment (name and version).
+    #[tool(
+        output_schema = schema_for_output::<PackageListing>(),
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn list_packages(
+        &self,
+        Parameters(args): Parameters<ListPackagesArgs>,
+    ) -> CallToolResult {
+        match self.executor.list_packages(args.env.as_deref()).await {
+            Ok(packages) => {
+                let text = packages
+                    .iter()
+                    .map(|p| format!("{}=={}", p.name, p.version))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                let mut out = match serde_json::to_value(PackageListing { packages }) {
+                    Ok(value) => CallToolResult::structured(value),
+                    Err(_) => CallToolResult::success(Vec::new()),
+                };
+                out.content = vec![ContentBlock::text(text)];
+                out
+            }
+            Err(err) => refusal(err),
+        }
+    }
+
+    /// Install packages into an environment with pip (default) or conda.
+    /// Each package is one requirement (`pkg`, `pkg==1.0`); later runs can
+    /// import them.
+    #[tool(
+        output_schema = schema_for_output::<InstallResult>(),
+        annotations(read_only_hint = false, destructive_hint = true, open_world_hint = true)
+    )]
+    async fn install_packages(
+        &self,
+        Parameters(args): Parameters<InstallRequest>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        // Over streamable HTTP the caller must hold the admin token; over
+        // stdio the client that launched the server owns it.
+        if let (Some(token), Some(parts)) = (
+            &self.admin_token,
+            ctx.extensions.get::<axum::http::request::Parts>(),
+        ) {
+            let given = parts
+                .headers
+                .get(axum::http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .unwrap_or("");
+            if !bool::from(subtle::ConstantTimeEq::ct_eq(
+                given.as_bytes(),
+                token.as_bytes(),
+            )) {
+                return CallToolResult::error(vec![ContentBlock::text(
+                    "error (forbidden): install_packages needs the admin bearer token",
+                )]);
+            }
+        }
+        let outcome = tokio::select! {
+            _ = ctx.ct.cancelled() => {
+                return CallToolResult::error(vec![ContentBlock::text("cancelled")]);
+            }
+            outcome = self.executor.install(args) => outcome,
+        };
+        match outcome {
+            Ok(result) => {
+                let failed = result.exit_code != 0 || result.timed_out;
+                let text = format!(
+                    "{}{}[{}]",
+                    if result.installed.is_empty() {
+                        String::new()
+                    } else {
+                        format!("installed: {}\n", result.installed.join(", "))
+                    },
+                    if failed {
+                        format!("{}\n", result.stderr.trim_end())
+                    } else {
+                        String::new()
+                    },
+                    if result.timed_out {
+                        "timed out".to_string()
+                    } else {
+                        format!("exit code {}", result.exit_code)
+                    }
+                );
+                let mut out = match serde_json::to_value(&result) {
+                    Ok(value) if failed => CallToolResult::structured_error(value),
+                    Ok(value) => CallToolResult::structured(value),
+                    Err(_) => CallToolResult::success(Vec::new()),
+                };
+                out.content = vec![ContentBlock::text(text)];
+                out
+            }
+            Err(err) => refusal(err),
+        }
     }
 }
 

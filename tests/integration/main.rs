@@ -10,6 +10,7 @@ mod execute;
 mod http_api;
 mod isolation;
 mod mcp;
+mod mcp_packages;
 mod mcp_python;
 mod ops;
 mod readme;
