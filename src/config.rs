@@ -88,6 +88,9 @@ pub struct ServeArgs {
     /// Bound on one /install run, in seconds.
     #[arg(long, env = "CODE_EXECUTOR_INSTALL_TIMEOUT")]
     pub install_timeout: Option<f64>,
+    /// Most test cases one /grade request may carry.
+    #[arg(long, env = "CODE_EXECUTOR_MAX_GRADE_CASES")]
+    pub max_grade_cases: Option<usize>,
 }
 
 /// The TOML file's shape; every key is optional.
@@ -126,6 +129,7 @@ pub struct FileConfig {
     pub idle_timeout_secs: Option<f64>,
     pub install_timeout_secs: Option<f64>,
     pub activation_timeout_secs: Option<f64>,
+    pub max_grade_cases: Option<usize>,
     /// `[[envs]]` tables: environments configured one by one.
     #[serde(default)]
     pub envs: Vec<EnvTable>,
@@ -218,6 +222,9 @@ pub struct Config {
     /// What discovery reads from the server's environment (PATH, CONDA_EXE,
     /// CONDA_PREFIX, HOME).
     pub host_env: HostEnv,
+    /// Most test cases one `/grade` request may carry: bounds the work (and
+    /// the answer) one request can ask for.
+    pub max_grade_cases: usize,
 }
 
 impl Default for Config {
@@ -259,6 +266,7 @@ impl Default for Config {
             install_timeout: Duration::from_secs(600),
             activation_timeout: Duration::from_secs(30),
             host_env: HostEnv::from_process(),
+            max_grade_cases: 1000,
         }
     }
 }
@@ -423,6 +431,10 @@ impl Config {
                 d.activation_timeout,
             )?,
             host_env: d.host_env,
+            max_grade_cases: args
+                .max_grade_cases
+                .or(file.max_grade_cases)
+                .unwrap_or(d.max_grade_cases),
         };
         config.validate()?;
         Ok(config)
@@ -431,6 +443,11 @@ impl Config {
     fn validate(&self) -> Result<(), ConfigError> {
         if self.pool_size == 0 {
             return Err(ConfigError::Invalid("pool_size must be at least 1".into()));
+        }
+        if self.max_grade_cases == 0 {
+            return Err(ConfigError::Invalid(
+                "max_grade_cases must be at least 1".into(),
+            ));
         }
         if !(self.timeout.is_finite() && self.timeout > 0.0) {
             return Err(ConfigError::Invalid(format!(

@@ -61,6 +61,31 @@ pub struct PreparedRun {
     env: usize,
     frame: Vec<u8>,
     timeout: f64,
+    /// The address-space limit the run gets (configured, narrowed by the
+    /// request), to tell a run that hit it.
+    memory_bytes: Option<u64>,
+}
+
+impl PreparedRun {
+    /// The effective wall-clock limit of the run, seconds.
+    pub fn timeout(&self) -> f64 {
+        self.timeout
+    }
+
+    /// The effective address-space limit of the run, bytes.
+    pub fn memory_bytes(&self) -> Option<u64> {
+        self.memory_bytes
+    }
+}
+
+/// What a caller inside the crate may add to a request's run beyond what
+/// [`ExecRequest`] carries (grading uses both).
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// `sys.argv[1:]` of the run.
+    pub argv: Vec<String>,
+    /// Reap the run before answering and report its CPU time and peak RSS.
+    pub rusage: bool,
 }
 
 /// Caps on what a run returns besides its output.
@@ -136,6 +161,8 @@ pub struct Executor {
     next_id: AtomicU64,
     /// Set by `shutdown`: new requests are refused.
     closing: AtomicBool,
+    /// Most test cases one grading request may carry.
+    max_grade_cases: usize,
 }
 
 impl Executor {
@@ -249,6 +276,7 @@ impl Executor {
             base_dir,
             next_id: AtomicU64::new(1),
             closing: AtomicBool::new(false),
+            max_grade_cases: config.max_grade_cases,
         })
     }
 
@@ -261,6 +289,15 @@ impl Executor {
     /// Validate a request and encode its frame; every refusal of a request
     /// happens here, before any worker is involved.
     pub fn prepare(&self, req: &ExecRequest) -> Result<PreparedRun, ExecError> {
+        self.prepare_with(req, &RunOptions::default())
+    }
+
+    /// [`Executor::prepare`] with extra run options.
+    pub fn prepare_with(
+        &self,
+        req: &ExecRequest,
+        options: &RunOptions,
+    ) -> Result<PreparedRun, ExecError> {
         if self.closing.load(Ordering::Acquire) {
             return Err(ExecError::ShuttingDown);
         }
@@ -313,7 +350,7 @@ impl Executor {
                 .iter()
                 .map(|(p, b)| FileEntry(p, b.as_slice()))
                 .collect(),
-            argv: &[],
+            argv: &options.argv,
             timeout,
             max_output: self.max_output_bytes,
             limits: &run,
@@ -322,6 +359,7 @@ impl Executor {
             max_artifact_bytes: self.results.max_artifact_bytes,
             max_artifacts_bytes: self.results.max_artifacts_bytes,
             max_result_chars: self.results.max_result_chars,
+            rusage: options.rusage,
         })
         .map_err(|e| ExecError::BadRequest(format!("request cannot be encoded: {e}")))?;
         Ok(PreparedRun {
@@ -332,6 +370,7 @@ impl Executor {
                 .expect("the entry is one of ours"),
             frame,
             timeout,
+            memory_bytes: run.memory_bytes,
         })
     }
 
@@ -343,10 +382,20 @@ impl Executor {
         prepared: PreparedRun,
         output: Option<OutputSink>,
     ) -> Result<ExecResult, ExecError> {
+        self.run_output(prepared, output).await.map(shape_result)
+    }
+
+    /// [`Executor::run`], returning the worker's report as it came.
+    pub async fn run_output(
+        &self,
+        prepared: PreparedRun,
+        output: Option<OutputSink>,
+    ) -> Result<crate::worker::RunOutput, ExecError> {
         let PreparedRun {
             env,
             frame,
             timeout,
+            ..
         } = prepared;
         let entry = &self.envs[env];
         let mut worker = entry.pool.get().await.map_err(|e| match e {
@@ -361,7 +410,7 @@ impl Executor {
         match worker.execute(&frame, deadline, output.as_ref()).await {
             Ok(out) => {
                 entry.pool.put(worker);
-                Ok(shape_result(out))
+                Ok(out)
             }
             Err(e) => {
                 tracing::warn!(
@@ -442,6 +491,17 @@ impl Executor {
                 }
             })
             .collect()
+    }
+
+    /// Warm workers the environment a request names keeps: how many runs of
+    /// one request may go at once without queueing on each other.
+    pub fn pool_size(&self, env: Option<&str>) -> Result<usize, ExecError> {
+        Ok(self.available_entry(env)?.settings.pool_size.max(1))
+    }
+
+    /// Most test cases one grading request may carry.
+    pub fn max_grade_cases(&self) -> usize {
+        self.max_grade_cases
     }
 
     /// Name of the environment used when a request names none.
