@@ -56,6 +56,7 @@ fn encode(c: &mut Criterion) {
                     max_artifact_bytes: 10 << 20,
                     max_artifacts_bytes: 32 << 20,
                     max_result_chars: 10_000,
+                    rusage: false,
                 };
                 black_box(encode_frame(black_box(&frame)).unwrap())
             })

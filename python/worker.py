@@ -16,6 +16,8 @@ worker -> server
     echo    {t, value, repr}                              answer to an ``echo`` frame
 server -> worker
     exec    {t, id, code, stdin, files, timeout, max_output, limits}
+            optional ``rusage: true``: reap the run before answering and add
+            ``cpu_ms`` and ``peak_rss_kb`` (os.wait4) to its ``result``
     echo    {t, value}                                    codec check
 
 The protocol channel lives on private duplicates of the original stdin and
@@ -763,6 +765,20 @@ def complete_report(buf):
         return None
 
 
+def run_usage(child):
+    """CPU time and peak RSS of the run's process, from the OS: the child is
+    reaped here (its group is already killed) with ``os.wait4``.  Subprocesses
+    count only as far as the run itself waited for them."""
+    child.reap(True)
+    usage = child.rusage
+    if usage is None:
+        return {}
+    return {
+        "cpu_ms": (usage.ru_utime + usage.ru_stime) * 1000.0,
+        "peak_rss_kb": int(usage.ru_maxrss),
+    }
+
+
 def normalize(rel):
     return "/".join(p for p in rel.split("/") if p not in ("", "."))
 
@@ -770,7 +786,8 @@ def normalize(rel):
 class Child:
     """A forked child waiting for its request, with the pipes around it."""
 
-    __slots__ = ("pid", "rundir", "req_w", "out_r", "err_r", "ctl_r", "ctl_r_open", "status")
+    __slots__ = ("pid", "rundir", "req_w", "out_r", "err_r", "ctl_r", "ctl_r_open", "status",
+                 "rusage")
 
     def __init__(self, pid, rundir, req_w, out_r, err_r, ctl_r):
         self.pid = pid
@@ -781,15 +798,17 @@ class Child:
         self.ctl_r = ctl_r
         self.ctl_r_open = True
         self.status = None  # raw wait status once reaped
+        self.rusage = None  # its resource usage (os.wait4), once reaped
 
     def reap(self, block):
         if self.status is None:
             try:
-                pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+                pid, status, usage = os.wait4(self.pid, 0 if block else os.WNOHANG)
             except ChildProcessError:
-                pid, status = self.pid, 0
+                pid, status, usage = self.pid, 0, None
             if pid:
                 self.status = status
+                self.rusage = usage
         return self.status is not None
 
     def kill_group(self):
@@ -982,7 +1001,7 @@ class Worker:
                 int(msg.get("max_artifacts_bytes") or (32 << 20)),
             )
         report = report or {}
-        write_frame(self.wfd, {
+        reply = {
             "t": "result",
             "id": msg.get("id"),
             "stdout": out.value(),
@@ -996,7 +1015,10 @@ class Worker:
             "result": report.get("result"),
             "error": report.get("error"),
             "artifacts": artifacts,
-        })
+        }
+        if msg.get("rusage"):
+            reply.update(run_usage(child))
+        write_frame(self.wfd, reply)
         # Off the request path: reap, clean up, fork the next child.
         self.retire(child)
         self.spawn()

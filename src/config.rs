@@ -117,6 +117,9 @@ pub struct ServeArgs {
     /// Log line format: text (default) or json.
     #[arg(long, env = "CODE_EXECUTOR_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Most test cases one /grade request may carry.
+    #[arg(long, env = "CODE_EXECUTOR_MAX_GRADE_CASES")]
+    pub max_grade_cases: Option<usize>,
 }
 
 /// The TOML file's shape; every key is optional.
@@ -157,6 +160,7 @@ pub struct FileConfig {
     pub activation_timeout_secs: Option<f64>,
     pub metrics_token: Option<String>,
     pub log_format: Option<LogFormat>,
+    pub max_grade_cases: Option<usize>,
     /// `[[envs]]` tables: environments configured one by one.
     #[serde(default)]
     pub envs: Vec<EnvTable>,
@@ -252,6 +256,9 @@ pub struct Config {
     /// Bearer token for `/metrics` (else `token` guards it).
     pub metrics_token: Option<String>,
     pub log_format: LogFormat,
+    /// Most test cases one `/grade` request may carry: bounds the work (and
+    /// the answer) one request can ask for.
+    pub max_grade_cases: usize,
 }
 
 impl Default for Config {
@@ -295,6 +302,7 @@ impl Default for Config {
             host_env: HostEnv::from_process(),
             metrics_token: None,
             log_format: LogFormat::Text,
+            max_grade_cases: 1000,
         }
     }
 }
@@ -465,6 +473,10 @@ impl Config {
                 .or(file.metrics_token)
                 .filter(|t| !t.is_empty()),
             log_format: args.log_format.or(file.log_format).unwrap_or(d.log_format),
+            max_grade_cases: args
+                .max_grade_cases
+                .or(file.max_grade_cases)
+                .unwrap_or(d.max_grade_cases),
         };
         config.validate()?;
         Ok(config)
@@ -473,6 +485,11 @@ impl Config {
     fn validate(&self) -> Result<(), ConfigError> {
         if self.pool_size == 0 {
             return Err(ConfigError::Invalid("pool_size must be at least 1".into()));
+        }
+        if self.max_grade_cases == 0 {
+            return Err(ConfigError::Invalid(
+                "max_grade_cases must be at least 1".into(),
+            ));
         }
         if !(self.timeout.is_finite() && self.timeout > 0.0) {
             return Err(ConfigError::Invalid(format!(

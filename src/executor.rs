@@ -62,6 +62,31 @@ pub struct PreparedRun {
     env: usize,
     frame: Vec<u8>,
     timeout: f64,
+    /// The address-space limit the run gets (configured, narrowed by the
+    /// request), to tell a run that hit it.
+    memory_bytes: Option<u64>,
+}
+
+impl PreparedRun {
+    /// The effective wall-clock limit of the run, seconds.
+    pub fn timeout(&self) -> f64 {
+        self.timeout
+    }
+
+    /// The effective address-space limit of the run, bytes.
+    pub fn memory_bytes(&self) -> Option<u64> {
+        self.memory_bytes
+    }
+}
+
+/// What a caller inside the crate may add to a request's run beyond what
+/// [`ExecRequest`] carries (grading uses both).
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// `sys.argv[1:]` of the run.
+    pub argv: Vec<String>,
+    /// Reap the run before answering and report its CPU time and peak RSS.
+    pub rusage: bool,
 }
 
 /// Caps on what a run returns besides its output.
@@ -142,6 +167,8 @@ pub struct Executor {
     closing: AtomicBool,
     /// What `GET /metrics` shows; shared with the front ends.
     metrics: Arc<Metrics>,
+    /// Most test cases one grading request may carry.
+    max_grade_cases: usize,
 }
 
 impl Executor {
@@ -267,6 +294,7 @@ impl Executor {
             next_id: AtomicU64::new(1),
             closing: AtomicBool::new(false),
             metrics,
+            max_grade_cases: config.max_grade_cases,
         })
     }
 
@@ -279,6 +307,15 @@ impl Executor {
     /// Validate a request and encode its frame; every refusal of a request
     /// happens here, before any worker is involved.
     pub fn prepare(&self, req: &ExecRequest) -> Result<PreparedRun, ExecError> {
+        self.prepare_with(req, &RunOptions::default())
+    }
+
+    /// [`Executor::prepare`] with extra run options.
+    pub fn prepare_with(
+        &self,
+        req: &ExecRequest,
+        options: &RunOptions,
+    ) -> Result<PreparedRun, ExecError> {
         if self.closing.load(Ordering::Acquire) {
             return Err(ExecError::ShuttingDown);
         }
@@ -331,7 +368,7 @@ impl Executor {
                 .iter()
                 .map(|(p, b)| FileEntry(p, b.as_slice()))
                 .collect(),
-            argv: &[],
+            argv: &options.argv,
             timeout,
             max_output: self.max_output_bytes,
             limits: &run,
@@ -340,6 +377,7 @@ impl Executor {
             max_artifact_bytes: self.results.max_artifact_bytes,
             max_artifacts_bytes: self.results.max_artifacts_bytes,
             max_result_chars: self.results.max_result_chars,
+            rusage: options.rusage,
         })
         .map_err(|e| ExecError::BadRequest(format!("request cannot be encoded: {e}")))?;
         Ok(PreparedRun {
@@ -350,6 +388,7 @@ impl Executor {
                 .expect("the entry is one of ours"),
             frame,
             timeout,
+            memory_bytes: run.memory_bytes,
         })
     }
 
@@ -361,10 +400,20 @@ impl Executor {
         prepared: PreparedRun,
         output: Option<OutputSink>,
     ) -> Result<ExecResult, ExecError> {
+        self.run_output(prepared, output).await.map(shape_result)
+    }
+
+    /// [`Executor::run`], returning the worker's report as it came.
+    pub async fn run_output(
+        &self,
+        prepared: PreparedRun,
+        output: Option<OutputSink>,
+    ) -> Result<crate::worker::RunOutput, ExecError> {
         let PreparedRun {
             env,
             frame,
             timeout,
+            ..
         } = prepared;
         let entry = &self.envs[env];
         let env_name = entry.spec.name.as_str();
@@ -395,19 +444,18 @@ impl Executor {
         match ran {
             Ok(out) => {
                 entry.pool.put(worker);
-                let result = shape_result(out);
-                let outcome = RunOutcome::of(&result);
+                let outcome = RunOutcome::of(&out);
                 entry.metrics.run(outcome, seconds);
                 // One line per run; never the code or its output.
                 tracing::info!(
                     env = env_name,
                     %outcome,
                     duration_ms = (seconds * 1e6).round() / 1e3,
-                    exit_code = result.exit_code,
+                    exit_code = out.exit_code,
                     worker_pid,
                     "run finished"
                 );
-                Ok(result)
+                Ok(out)
             }
             Err(e) => {
                 let cause = match e {
@@ -495,6 +543,17 @@ impl Executor {
                 }
             })
             .collect()
+    }
+
+    /// Warm workers the environment a request names keeps: how many runs of
+    /// one request may go at once without queueing on each other.
+    pub fn pool_size(&self, env: Option<&str>) -> Result<usize, ExecError> {
+        Ok(self.available_entry(env)?.settings.pool_size.max(1))
+    }
+
+    /// Most test cases one grading request may carry.
+    pub fn max_grade_cases(&self) -> usize {
+        self.max_grade_cases
     }
 
     /// Name of the environment used when a request names none.
@@ -769,19 +828,24 @@ fn capped(mut bytes: Vec<u8>) -> String {
     utf8(bytes)
 }
 
-fn shape_result(out: crate::worker::RunOutput) -> ExecResult {
-    let truncated = out.stdout_truncated || out.stderr_truncated;
-    let limit = if out.timed_out {
+/// Which limit stopped a run, if one did.
+pub fn limit_of(out: &crate::worker::RunOutput) -> Option<&'static str> {
+    if out.timed_out {
         Some("timeout")
     } else if out.signal.as_deref() == Some("SIGXCPU") {
         Some("cpu")
     } else if out.signal.as_deref() == Some("SIGXFSZ") {
         Some("file_size")
-    } else if truncated {
+    } else if out.stdout_truncated || out.stderr_truncated {
         Some("output")
     } else {
         None
-    };
+    }
+}
+
+fn shape_result(out: crate::worker::RunOutput) -> ExecResult {
+    let truncated = out.stdout_truncated || out.stderr_truncated;
+    let limit = limit_of(&out);
     ExecResult {
         stdout: utf8(out.stdout),
         stderr: utf8(out.stderr),

@@ -9,6 +9,7 @@
 //! * [`worker`]: one worker process: spawn, handshake, run, terminate.
 //! * [`pool`]: a pre-warmed `deadpool` of workers per environment, refilled in the background.
 //! * [`executor`]: the one service front ends call: validate, pick a pool, run, shape the result.
+//! * [`grade`]: one submission against many test cases (`Executor::grade`): verdicts, rusage.
 //! * [`metrics`]: Prometheus metrics: run, queue, worker, HTTP and MCP counters.
 //! * [`types`]: request and result types shared by every front end.
 //! * [`http`]: the axum HTTP/JSON API and its error type.
@@ -22,6 +23,7 @@ pub mod config;
 pub mod env;
 pub mod error;
 pub mod executor;
+pub mod grade;
 pub mod http;
 pub mod mcp;
 pub mod metrics;

@@ -67,10 +67,10 @@ impl RunOutcome {
     }
 
     /// The outcome of a run that completed on a worker.
-    pub fn of(result: &crate::types::ExecResult) -> RunOutcome {
+    pub fn of(result: &crate::worker::RunOutput) -> RunOutcome {
         if result.timed_out {
             RunOutcome::Timeout
-        } else if result.limit.is_some() {
+        } else if crate::executor::limit_of(result).is_some() {
             RunOutcome::Limit
         } else if result.exit_code != 0 || result.error.is_some() {
             RunOutcome::Error

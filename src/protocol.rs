@@ -8,14 +8,16 @@
 //! | worker -> server | `ready`  | `protocol`, `python`, `executable`, `pid`                    |
 //! | worker -> server | `result` | `id`, `stdout`, `stderr` (bin), `exit_code`, `signal`,       |
 //! |                  |          | `timed_out`, `stdout_truncated`, `stderr_truncated`, `duration_ms`, |
-//! |                  |          | `result` (repr or nil), `error` (map or nil), `artifacts`      |
+//! |                  |          | `result` (repr or nil), `error` (map or nil), `artifacts`,     |
+//! |                  |          | `cpu_ms`, `peak_rss_kb` (only when the exec asked for `rusage`) |
 //! | worker -> server | `output` | `id`, `stream` (`stdout`/`stderr`), `data` (bin): streaming    |
 //! | worker -> server | `error`  | `id`, `message`, `traceback`: a fault of the worker itself   |
 //! | worker -> server | `echo`   | `value`, `repr`: answer to `echo`                            |
 //! | server -> worker | `exec`   | `id`, `code`, `stdin` (bin or nil), `files` ([path, bin] pairs), |
 //! |                  |          | `argv`, `timeout` (s), `max_output` (bytes per stream), `limits`, |
 //! |                  |          | `stream` (send `output` frames), `artifacts` (true/false/globs), |
-//! |                  |          | `max_artifact_bytes`, `max_artifacts_bytes`, `max_result_chars`  |
+//! |                  |          | `max_artifact_bytes`, `max_artifacts_bytes`, `max_result_chars`, |
+//! |                  |          | `rusage` (optional: reap the run first and report its rusage) |
 //! | server -> worker | `echo`   | `value`: codec check, answered with the value re-encoded     |
 //!
 //! The worker speaks on private duplicates of its original stdin and stdout;
@@ -82,6 +84,10 @@ pub struct ExecFrame<'a> {
     pub max_artifact_bytes: u64,
     pub max_artifacts_bytes: u64,
     pub max_result_chars: u64,
+    /// Reap the run with `os.wait4` before answering and report its CPU time
+    /// and peak RSS. Off by default: the plain path answers before reaping.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub rusage: bool,
 }
 
 /// Artifact selection on the wire: a bool or a list of globs.
@@ -144,6 +150,10 @@ pub struct WorkerFrame {
     pub result: Option<String>,
     pub error: Option<WireError>,
     pub artifacts: Vec<WireArtifact>,
+    /// User + system CPU time of the run's process (with `rusage`).
+    pub cpu_ms: Option<f64>,
+    /// Peak resident set of the run's process, KiB (with `rusage`).
+    pub peak_rss_kb: Option<u64>,
     // output
     pub stream: Option<String>,
     #[serde(with = "serde_bytes")]

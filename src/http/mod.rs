@@ -22,6 +22,7 @@ use subtle::ConstantTimeEq;
 pub use error::ApiError;
 
 use crate::executor::Executor;
+use crate::grade::{GradeRequest, GradeResult};
 use crate::types::{ExecRequest, ExecResult, InstallRequest, InstallResult};
 
 /// What every handler shares.
@@ -41,6 +42,7 @@ pub struct AppState {
 pub fn router(state: AppState, max_body_bytes: usize) -> Router {
     let guarded = Router::new()
         .route("/execute", post(execute))
+        .route("/grade", post(grade))
         .route("/list-envs", get(list_envs))
         .route("/list-packages", get(list_packages))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
@@ -139,6 +141,13 @@ async fn execute(
         return stream::execute_stream(state.executor.clone(), req);
     }
     Ok(Json::<ExecResult>(state.executor.execute(req).await?).into_response())
+}
+
+async fn grade(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<GradeRequest>,
+) -> Result<Json<GradeResult>, ApiError> {
+    Ok(Json(state.executor.grade(req).await?))
 }
 
 /// Every environment code can run in, with its pool's counts.

@@ -20,7 +20,8 @@ use serde_json::Value;
 
 use crate::config::Config;
 use crate::executor::{EnvInfo, Executor};
-use crate::mcp::result::{refusal, run_result};
+use crate::grade::{GradeRequest, GradeResult};
+use crate::mcp::result::{grade_result, refusal, run_result};
 use crate::types::{
     ArtifactSelection, ExecRequest, ExecResult, FileContent, InstallRequest, InstallResult,
     PackageInfo,
@@ -227,6 +228,37 @@ impl McpHandler {
                     Err(err) => refusal(err),
                 },
             }
+        }
+    }
+
+    /// Grade one Python program against many test cases: each case is a
+    /// fresh run (stdin, args, files) whose stdout is compared with
+    /// `expected_stdout` (`compare`: exact, trim, tokens, float:1e-6), or, with
+    /// `entry`, a call of that function with the case's `input` whose return
+    /// value is compared with `expected`. Returns a verdict per case (ok,
+    /// wrong_answer with a diff, runtime_error, timeout, memory_limit,
+    /// output_limit, error, skipped) with CPU time and peak memory, and the
+    /// counts.
+    #[tool(
+        output_schema = schema_for_output::<GradeResult>(),
+        annotations(read_only_hint = false, destructive_hint = false, open_world_hint = true)
+    )]
+    async fn grade_code(
+        &self,
+        Parameters(args): Parameters<GradeRequest>,
+        ctx: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        // Dropping the grading future on cancellation kills the runs in flight.
+        tokio::select! {
+            biased;
+            _ = ctx.ct.cancelled() => {
+                tracing::info!("grade_code cancelled (by the client or shutdown): runs killed");
+                CallToolResult::error(vec![ContentBlock::text("cancelled: the runs were killed")])
+            }
+            outcome = self.executor.grade(args) => match outcome {
+                Ok(result) => grade_result(&result),
+                Err(err) => refusal(err),
+            },
         }
     }
 

@@ -10,6 +10,7 @@
 use rmcp::model::{CallToolResult, ContentBlock};
 
 use crate::error::ExecError;
+use crate::grade::{GradeResult, Verdict};
 use crate::http::ApiError;
 use crate::types::ExecResult;
 
@@ -144,6 +145,52 @@ pub fn status_line(result: &ExecResult, timeout: f64) -> String {
         line.push_str(", output truncated");
     }
     line
+}
+
+/// Failed cases listed one per line in the text of a grading result.
+const MAX_LISTED_CASES: usize = 20;
+
+/// The tool result of a grading request: the summary and one line per case
+/// that is not `ok` as text, the whole [`GradeResult`] as
+/// `structuredContent`. Grading that ran is never `isError`, whatever the
+/// verdicts: they are the answer.
+pub fn grade_result(result: &GradeResult) -> CallToolResult {
+    let mut text = result.summary();
+    let failed: Vec<_> = result
+        .cases
+        .iter()
+        .filter(|c| c.verdict != Verdict::Ok)
+        .collect();
+    for case in failed.iter().take(MAX_LISTED_CASES) {
+        let name = case
+            .name
+            .as_ref()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default();
+        let detail = case
+            .diff
+            .as_ref()
+            .or(case.message.as_ref())
+            .map(|d| format!(": {d}"))
+            .unwrap_or_default();
+        text.push_str(&format!(
+            "\ntest {}{name}: {}{detail}",
+            case.index,
+            case.verdict.as_str()
+        ));
+    }
+    if failed.len() > MAX_LISTED_CASES {
+        text.push_str(&format!(
+            "\n... and {} more not ok (see structuredContent)",
+            failed.len() - MAX_LISTED_CASES
+        ));
+    }
+    let mut out = match serde_json::to_value(result) {
+        Ok(value) => CallToolResult::structured(value),
+        Err(_) => CallToolResult::success(Vec::new()),
+    };
+    out.content = vec![ContentBlock::text(text)];
+    out
 }
 
 #[cfg(test)]

@@ -69,6 +69,11 @@ pub struct RunOutput {
     pub result: Option<String>,
     pub error: Option<protocol::WireError>,
     pub artifacts: Vec<protocol::WireArtifact>,
+    /// CPU time (user + system) of the run's process, when the exec frame
+    /// asked for `rusage`.
+    pub cpu_ms: Option<f64>,
+    /// Peak resident set of the run's process in KiB, with `rusage`.
+    pub peak_rss_kb: Option<u64>,
 }
 
 /// Which stream a chunk of streamed output came from.
@@ -334,6 +339,8 @@ impl Worker {
                         result: frame.result,
                         error: frame.error,
                         artifacts: frame.artifacts,
+                        cpu_ms: frame.cpu_ms,
+                        peak_rss_kb: frame.peak_rss_kb,
                     });
                 }
                 "error" => return Err(WorkerError::Internal(frame.message.unwrap_or_default())),

@@ -7,6 +7,7 @@ mod concurrency;
 mod crashes;
 mod envs;
 mod execute;
+mod grading;
 mod http_api;
 mod isolation;
 mod mcp;

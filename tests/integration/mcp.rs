@@ -90,7 +90,12 @@ async fn initialize_and_tools_list_describe_the_server() {
     names.sort();
     assert_eq!(
         names,
-        ["execute_code", "list_environments", "list_packages"]
+        [
+            "execute_code",
+            "grade_code",
+            "list_environments",
+            "list_packages"
+        ]
     );
 
     let exec = tools.iter().find(|t| t.name == "execute_code").unwrap();

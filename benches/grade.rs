@@ -1,0 +1,231 @@
+//! Grading benchmark: 200 trivial cases in one `POST /grade` call, against
+//! 200 sequential `POST /execute` calls and 200 `python -c` spawns, all in one
+//! run on the real server binary.
+//!
+//! `cargo bench --bench grade` (env: `BENCH_ROUNDS`, default 10;
+//! `BENCH_POOL_SIZE`, default 4; `BENCH_CASES`, default 200; `BENCH_PYTHON`,
+//! default the real `python3`).
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const CODE: &str = "print(int(input()) * 2)";
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn real_python() -> String {
+    if let Ok(p) = std::env::var("BENCH_PYTHON") {
+        return p;
+    }
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3 on PATH");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// Start `code-executor serve` and return it with its base URL.
+async fn start_server(python: &str, pool_size: usize) -> (tokio::process::Child, String) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_code-executor"))
+        .args(["serve", "--port", "0", "--python", python])
+        .args(["--pool-size", &pool_size.to_string()])
+        .env("CODE_EXECUTOR_LOG", "warn,code_executor=info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("server binary starts");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let address = loop {
+        let line = lines.next_line().await.unwrap().expect("server ready line");
+        if let Some(rest) = line.split("address=").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, format!("http://{address}"))
+}
+
+async fn post(client: &reqwest::Client, url: &str, body: &str) -> Value {
+    let resp = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("request answered");
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+/// CPU time (user + system, own and reaped children) of process `root` and
+/// all its live descendants, from /proc: the server, its workers and, through
+/// the workers' reaped-children counts, every run.
+fn tree_cpu(root: u32) -> Duration {
+    let mut parents = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rsplit(')').next() else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // After the command: state ppid ... utime(12) stime(13) cutime(14) cstime(15).
+        let ppid: u32 = fields[1].parse().unwrap_or(0);
+        let ticks: u64 = fields[11..15]
+            .iter()
+            .map(|f| f.parse::<u64>().unwrap_or(0))
+            .sum();
+        parents.push((pid, ppid, ticks));
+    }
+    let mut tree = vec![root];
+    let mut grew = true;
+    while grew {
+        grew = false;
+        for (pid, ppid, _) in &parents {
+            if tree.contains(ppid) && !tree.contains(pid) {
+                tree.push(*pid);
+                grew = true;
+            }
+        }
+    }
+    let ticks: u64 = parents
+        .iter()
+        .filter(|(pid, _, _)| tree.contains(pid))
+        .map(|(_, _, t)| t)
+        .sum();
+    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// min / median / max of `samples`, in ms.
+fn spread(samples: &mut [Duration]) -> (f64, f64, f64) {
+    samples.sort();
+    (
+        ms(samples[0]),
+        ms(samples[samples.len() / 2]),
+        ms(samples[samples.len() - 1]),
+    )
+}
+
+#[tokio::main]
+async fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` does not.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let rounds: usize = env_or("BENCH_ROUNDS", 10);
+    let pool_size: usize = env_or("BENCH_POOL_SIZE", 4);
+    let cases: usize = env_or("BENCH_CASES", 200);
+    let python = real_python();
+    let (mut server, url) = start_server(&python, pool_size).await;
+    let client = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .build()
+        .unwrap();
+
+    let tests: Vec<Value> = (0..cases)
+        .map(|i| json!({"stdin": i.to_string(), "expected_stdout": format!("{}\n", i * 2)}))
+        .collect();
+    let grade_body = json!({"code": CODE, "tests": tests}).to_string();
+    let grade_url = format!("{url}/grade");
+    // Warm-up: the connection and every worker.
+    for _ in 0..2 {
+        post(&client, &grade_url, &grade_body).await;
+    }
+    let server_pid = server.id().expect("server pid");
+    let cpu_before = tree_cpu(server_pid);
+    let mut grade = Vec::new();
+    let mut server_ms = Vec::new();
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let result = post(&client, &grade_url, &grade_body).await;
+        grade.push(t.elapsed());
+        assert_eq!(result["passed"], cases, "{}", result["counts"]);
+        server_ms.push(Duration::from_secs_f64(
+            result["wall_ms"].as_f64().unwrap() / 1e3,
+        ));
+    }
+
+    let grade_cpu = (tree_cpu(server_pid) - cpu_before) / rounds as u32;
+
+    let execute_url = format!("{url}/execute");
+    let bodies: Vec<String> = (0..cases)
+        .map(|i| json!({"code": CODE, "stdin": i.to_string()}).to_string())
+        .collect();
+    let mut execute = Vec::new();
+    for _ in 0..rounds.min(3) {
+        let t = Instant::now();
+        for (i, body) in bodies.iter().enumerate() {
+            let result = post(&client, &execute_url, body).await;
+            assert_eq!(result["stdout"], format!("{}\n", i * 2));
+        }
+        execute.push(t.elapsed());
+    }
+    let _ = server.kill().await;
+
+    let mut spawn = Vec::new();
+    {
+        let t = Instant::now();
+        for i in 0..cases {
+            let out = std::process::Command::new(&python)
+                .args(["-c", &format!("print({i} * 2)")])
+                .output()
+                .unwrap();
+            assert_eq!(out.stdout, format!("{}\n", i * 2).as_bytes());
+        }
+        spawn.push(t.elapsed());
+    }
+
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "\ninterpreter: {python}; pool size {pool_size}; {cores} cores visible; {cases} cases; \
+         {rounds} grading rounds (min / median / max, ms)\n"
+    );
+    println!("| scenario                                   |      min |   median |      max |");
+    println!("|--------------------------------------------|----------|----------|----------|");
+    let rows = [
+        (
+            format!("one /grade call, {cases} cases (client)"),
+            &mut grade,
+        ),
+        (
+            format!("one /grade call, {cases} cases (server)"),
+            &mut server_ms,
+        ),
+        (format!("{cases} sequential /execute calls"), &mut execute),
+        (format!("{cases} `python -c` spawns"), &mut spawn),
+    ];
+    let mut medians = Vec::new();
+    for (name, samples) in rows {
+        let (min, median, max) = spread(samples);
+        medians.push(median);
+        println!("| {name:<42} | {min:>8.1} | {median:>8.1} | {max:>8.1} |");
+    }
+    println!(
+        "\nCPU of the server and its workers per /grade call: {:.0} ms (over {rounds} rounds; \
+         10 ms ticks): the wall time this needs on 2 idle cores is about half of it",
+        ms(grade_cpu)
+    );
+    println!(
+        "\n/grade is {:.1}x faster than sequential /execute and {:.1}x faster than spawning; \
+         target: <= 150 ms for 200 cases on 2 cores",
+        medians[2] / medians[0],
+        medians[3] / medians[0],
+    );
+}

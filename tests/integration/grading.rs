@@ -1,0 +1,466 @@
+//! `POST /grade` and MCP `grade_code`: one submission against many cases.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use code_executor::Executor;
+use serde_json::{Value, json};
+
+use crate::common::mcp::{call, connect_in_process, text};
+use crate::common::{self, TestServer};
+
+/// POST /grade and insist on a 200; the result.
+async fn grade(server: &TestServer, body: Value) -> Value {
+    let (status, result) = server.post("/grade", body).await;
+    assert_eq!(status, 200, "unexpected answer: {result}");
+    result
+}
+
+fn verdicts(result: &Value) -> Vec<String> {
+    result["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["verdict"].as_str().unwrap().to_string())
+        .collect()
+}
+
+const ADD: &str = "a, b = map(int, input().split())\nprint(a + b)\n";
+
+fn sum_cases(pairs: &[(i64, i64, i64)]) -> Value {
+    pairs
+        .iter()
+        .map(|(a, b, sum)| json!({"stdin": format!("{a} {b}\n"), "expected_stdout": format!("{sum}\n")}))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_correct_solution_is_ok_everywhere_with_os_measurements() {
+    let server = TestServer::start().await;
+    let mut tests = sum_cases(&[(1, 2, 3), (10, 20, 30), (-5, 5, 0), (7, 8, 15)]);
+    tests.as_array_mut().unwrap()[0]["name"] = json!("small");
+    let result = grade(&server, json!({"code": ADD, "tests": tests})).await;
+    assert_eq!(verdicts(&result), ["ok", "ok", "ok", "ok"], "{result}");
+    assert_eq!(result["passed"], 4);
+    assert_eq!(result["total"], 4);
+    assert_eq!(result["counts"]["ok"], 4);
+    assert_eq!(result["counts"]["wrong_answer"], 0);
+    let first = &result["cases"][0];
+    assert_eq!(first["name"], "small");
+    assert_eq!(first["index"], 0);
+    assert_eq!(first["exit_code"], 0);
+    assert_eq!(first["stdout"], "3\n");
+    assert!(first["diff"].is_null());
+    for case in result["cases"].as_array().unwrap() {
+        let cpu = case["cpu_ms"].as_f64().expect("cpu_ms");
+        assert!((0.0..1000.0).contains(&cpu), "{case}");
+        // A Python process holds megabytes resident, never nothing.
+        let rss = case["peak_rss_kb"].as_u64().expect("peak_rss_kb");
+        assert!(rss > 1000, "{case}");
+        assert!(case["wall_ms"].as_f64().unwrap() > 0.0, "{case}");
+    }
+    // Plain /execute stays as it was: no rusage fields.
+    let body = server.run("print(1)").await;
+    assert!(body.get("cpu_ms").is_none(), "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_wrong_solution_gets_wrong_answer_with_a_diff() {
+    let server = TestServer::start().await;
+    let code = "a, b = map(int, input().split())\nprint(a + b + (1 if a > 5 else 0))\n";
+    let result = grade(
+        &server,
+        json!({"code": code, "tests": sum_cases(&[(1, 2, 3), (10, 20, 30)])}),
+    )
+    .await;
+    assert_eq!(verdicts(&result), ["ok", "wrong_answer"], "{result}");
+    assert_eq!(result["passed"], 1);
+    assert_eq!(result["counts"]["wrong_answer"], 1);
+    let wrong = &result["cases"][1];
+    assert_eq!(wrong["stdout"], "31\n");
+    assert_eq!(wrong["exit_code"], 0);
+    assert_eq!(wrong["diff"], "line 1: expected \"30\", got \"31\"");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_raise_or_crash_on_one_input_fails_only_there_and_grading_is_repeatable() {
+    let server = TestServer::start().await;
+    let code = "import os, signal\nn = int(input())\nif n == 99:\n    os.kill(os.getpid(), signal.SIGSEGV)\nprint(100 // n)\n";
+    let tests: Vec<Value> = [5, 0, 10, 99, 1]
+        .iter()
+        .map(|n: &i64| {
+            let expected = if *n == 0 || *n == 99 {
+                String::new()
+            } else {
+                format!("{}\n", 100 / n)
+            };
+            json!({"stdin": n.to_string(), "expected_stdout": expected})
+        })
+        .collect();
+    let body = json!({"code": code, "tests": tests});
+    let result = grade(&server, body.clone()).await;
+    assert_eq!(
+        verdicts(&result),
+        ["ok", "runtime_error", "ok", "runtime_error", "ok"],
+        "{result}"
+    );
+    let raised = &result["cases"][1];
+    assert_eq!(raised["error"]["type"], "ZeroDivisionError");
+    assert_eq!(raised["error"]["line"], 5);
+    assert_eq!(raised["exit_code"], 1);
+    assert!(
+        raised["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("ZeroDivisionError")
+    );
+    assert!(raised["diff"].is_null());
+    let crashed = &result["cases"][3];
+    assert_eq!(crashed["signal"], "SIGSEGV");
+    assert_eq!(crashed["exit_code"], -11);
+    assert_eq!(result["counts"]["runtime_error"], 2);
+
+    for _ in 0..2 {
+        let again = grade(&server, body.clone()).await;
+        assert_eq!(verdicts(&again), verdicts(&result));
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn hangs_time_out_alone_and_in_parallel() {
+    let server = TestServer::start().await;
+    let code = "s = input()\nif s == 'hang':\n    while True: pass\nprint(s)\n";
+    let tests: Vec<Value> = ["a", "hang", "b", "c", "hang", "d"]
+        .iter()
+        .map(|s| {
+            let expected = if *s == "hang" {
+                String::new()
+            } else {
+                format!("{s}\n")
+            };
+            json!({"stdin": s, "expected_stdout": expected, "timeout": 1})
+        })
+        .collect();
+    let started = Instant::now();
+    let result = grade(&server, json!({"code": code, "tests": tests})).await;
+    let elapsed = started.elapsed();
+    assert_eq!(
+        verdicts(&result),
+        ["ok", "timeout", "ok", "ok", "timeout", "ok"],
+        "{result}"
+    );
+    let hung = &result["cases"][1];
+    assert_eq!(hung["signal"], "SIGKILL");
+    // It burned CPU (how much depends on the machine's load: the test
+    // machine's cores are shared).
+    assert!(hung["cpu_ms"].as_f64().unwrap() > 0.0, "{hung}");
+    // Two one-second hangs on two workers: about one timeout, not the sum.
+    assert!(elapsed >= Duration::from_millis(950), "{elapsed:?}");
+    assert!(elapsed < Duration::from_millis(1800), "took {elapsed:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_memory_hog_hits_memory_limit() {
+    let server = TestServer::start().await;
+    let code = "n = int(input())\nif n < 0:\n    chunks = []\n    while True:\n        chunks.append(bytearray(8 << 20))\nblob = bytearray(n << 20)\nprint(len(blob) >> 20)\n";
+    let tests = json!([
+        {"stdin": "16", "expected_stdout": "16\n"},
+        {"stdin": "4096", "expected_stdout": "4096\n"},
+        {"stdin": "-1", "expected_stdout": ""},
+    ]);
+    let result = grade(
+        &server,
+        json!({"code": code, "tests": tests, "limits": {"memory_bytes": 512u64 << 20}}),
+    )
+    .await;
+    assert_eq!(
+        verdicts(&result),
+        ["ok", "memory_limit", "memory_limit"],
+        "{result}"
+    );
+    assert_eq!(result["cases"][1]["error"]["type"], "MemoryError");
+    assert!(
+        result["cases"][2]["message"]
+            .as_str()
+            .unwrap()
+            .contains("536870912"),
+        "{result}"
+    );
+    assert!(result["cases"][0]["peak_rss_kb"].as_u64().unwrap() >= 16 << 10);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn comparison_modes_decide_what_matches() {
+    let server = TestServer::start().await;
+    let code = "print('1 2  \\n3\\n')";
+    let case = json!([{"expected_stdout": "1 2\n3"}]);
+    let mut seen = Vec::new();
+    for mode in ["exact", "trim", "tokens"] {
+        let result = grade(
+            &server,
+            json!({"code": code, "tests": case, "compare": mode}),
+        )
+        .await;
+        seen.push(verdicts(&result)[0].clone());
+    }
+    assert_eq!(seen, ["wrong_answer", "ok", "ok"]);
+
+    let tests = json!([
+        {"stdin": "1", "expected_stdout": "0.3333333 2"},
+        {"stdin": "2", "expected_stdout": "0.33 2"},
+    ]);
+    let code = "k = int(input())\nprint(round(1/3, 8 if k == 1 else 4), 2)";
+    let float = grade(
+        &server,
+        json!({"code": code, "tests": tests, "compare": "float:1e-6"}),
+    )
+    .await;
+    assert_eq!(verdicts(&float), ["ok", "wrong_answer"], "{float}");
+    assert!(
+        float["cases"][1]["diff"]
+            .as_str()
+            .unwrap()
+            .starts_with("token 1: expected \"0.33\", got \"0.3333\""),
+        "{float}"
+    );
+    let tokens = grade(
+        &server,
+        json!({"code": code, "tests": tests, "compare": "tokens"}),
+    )
+    .await;
+    assert_eq!(verdicts(&tokens), ["wrong_answer", "wrong_answer"]);
+
+    let (status, body) = server
+        .post(
+            "/grade",
+            json!({"code": code, "tests": tests, "compare": "fuzzy"}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("fuzzy"));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn function_mode_calls_the_entry_and_compares_return_values() {
+    let server = TestServer::start().await;
+    let code = "def solve(a, b=0):\n    print('noise')\n    if a == 'boom':\n        raise ValueError('bad input')\n    return {'sum': a + b, 'items': [a, b, 0.1 + 0.2]}\n";
+    let expected = |sum: i64, a: i64, b: i64| json!({"sum": sum, "items": [a, b, 0.3]});
+    let tests = json!([
+        {"input": [1, 2], "expected": expected(3, 1, 2)},
+        {"input": {"a": 5, "b": 6}, "expected": expected(11, 5, 6)},
+        {"input": 4, "expected": expected(4, 4, 0)},
+        {"input": [1, 2], "expected": expected(4, 1, 2)},
+        {"input": ["boom"], "expected": null},
+    ]);
+    let result = grade(
+        &server,
+        json!({"code": code, "tests": tests, "entry": "solve", "compare": "float:1e-9"}),
+    )
+    .await;
+    assert_eq!(
+        verdicts(&result),
+        ["ok", "ok", "ok", "wrong_answer", "runtime_error"],
+        "{result}"
+    );
+    assert_eq!(result["cases"][0]["returned"]["sum"], 3);
+    assert_eq!(result["cases"][0]["stdout"], "noise\n");
+    assert_eq!(
+        result["cases"][3]["diff"], "at $.sum: expected 4, got 3",
+        "{result}"
+    );
+    let raised = &result["cases"][4];
+    assert_eq!(raised["error"]["type"], "ValueError");
+    assert_eq!(raised["error"]["line"], 4);
+
+    // Without the tolerance 0.1 + 0.2 is not 0.3.
+    let exact = grade(
+        &server,
+        json!({"code": code, "tests": [tests[0].clone()], "entry": "solve"}),
+    )
+    .await;
+    assert_eq!(verdicts(&exact), ["wrong_answer"]);
+    assert!(
+        exact["cases"][0]["diff"]
+            .as_str()
+            .unwrap()
+            .starts_with("at $.items[2]")
+    );
+
+    let missing = grade(
+        &server,
+        json!({"code": code, "tests": [{"input": 1}], "entry": "solver"}),
+    )
+    .await;
+    assert_eq!(verdicts(&missing), ["runtime_error"]);
+    assert_eq!(missing["cases"][0]["error"]["type"], "NameError");
+
+    let exits_first = grade(
+        &server,
+        json!({"code": "import sys\nsys.exit(0)\ndef f(): return 1", "tests": [{"expected": 1}], "entry": "f"}),
+    )
+    .await;
+    assert_eq!(verdicts(&exits_first), ["runtime_error"]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn stop_on_first_failure_skips_the_rest_without_running_it() {
+    let server = TestServer::start().await;
+    let code = "import time\ns = input()\nif s == 'slow':\n    time.sleep(0.5)\nprint(s)\n";
+    let mut tests = vec![
+        json!({"stdin": "a", "expected_stdout": "a\n"}),
+        json!({"stdin": "b", "expected_stdout": "not b\n", "name": "the bad one"}),
+    ];
+    for _ in 0..6 {
+        tests.push(json!({"stdin": "slow", "expected_stdout": "slow\n"}));
+    }
+    let started = Instant::now();
+    let result = grade(
+        &server,
+        json!({"code": code, "tests": tests, "stop_on_first_failure": true}),
+    )
+    .await;
+    let elapsed = started.elapsed();
+    let mut expected = vec!["ok", "wrong_answer"];
+    expected.extend(["skipped"; 6]);
+    assert_eq!(verdicts(&result), expected, "{result}");
+    assert_eq!(result["counts"]["skipped"], 6);
+    assert_eq!(result["passed"], 1);
+    assert_eq!(result["total"], 8);
+    let skipped = &result["cases"][5];
+    assert!(skipped["exit_code"].is_null());
+    assert_eq!(
+        skipped["message"],
+        "skipped: test 1 failed and stop_on_first_failure is set"
+    );
+    // Six half-second cases on two workers take 1.5 s; at most one of them
+    // was already running when test 1 failed.
+    assert!(elapsed < Duration::from_millis(1200), "took {elapsed:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn two_hundred_cases_in_one_request_come_back_in_order() {
+    let server = TestServer::start().await;
+    let tests: Vec<Value> = (0..200)
+        .map(|i| json!({"stdin": i.to_string(), "args": [format!("arg{i}")], "expected_stdout": format!("{} arg{i}\n", i * 2)}))
+        .collect();
+    let code = "import sys\nprint(int(input()) * 2, *sys.argv[1:])";
+    let result = grade(&server, json!({"code": code, "tests": tests})).await;
+    assert_eq!(result["passed"], 200, "{}", result["counts"]);
+    assert_eq!(result["total"], 200);
+    for (i, case) in result["cases"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(case["index"], i);
+        assert_eq!(case["stdout"], format!("{} arg{i}\n", i * 2));
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn cpu_ms_counts_cpu_burned_not_time_waited() {
+    let server = TestServer::start().await;
+    let code = "import time\nif input() == 'burn':\n    t = time.process_time()\n    while time.process_time() - t < 0.2: pass\nelse:\n    time.sleep(0.3)\n";
+    let result = grade(
+        &server,
+        json!({"code": code, "tests": [{"stdin": "burn"}, {"stdin": "sleep"}]}),
+    )
+    .await;
+    assert_eq!(verdicts(&result), ["ok", "ok"], "{result}");
+    let (burn, sleep) = (&result["cases"][0], &result["cases"][1]);
+    assert!(burn["cpu_ms"].as_f64().unwrap() >= 150.0, "{burn}");
+    assert!(sleep["cpu_ms"].as_f64().unwrap() < 100.0, "{sleep}");
+    assert!(sleep["wall_ms"].as_f64().unwrap() >= 290.0, "{sleep}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_grading_requests_are_refused_with_a_reason() {
+    let server = TestServer::with_config(code_executor::Config {
+        max_grade_cases: 3,
+        ..common::config()
+    })
+    .await;
+    let refusals = [
+        (json!({"code": "1", "tests": []}), 400, "at least one"),
+        (
+            json!({"code": "1", "tests": [{}, {}, {}, {}]}),
+            413,
+            "max_grade_cases",
+        ),
+        (
+            json!({"code": "1", "tests": [{"expected_output": "x"}]}),
+            400,
+            "expected_output",
+        ),
+        (
+            json!({"code": "1", "tests": [{"input": 1}]}),
+            400,
+            "need entry",
+        ),
+        (
+            json!({"code": "1", "tests": [{"input": 1}], "entry": "f()"}),
+            400,
+            "not a Python function name",
+        ),
+        (
+            json!({"code": "1", "tests": [{}, {"files": {"../x": "y"}}]}),
+            400,
+            "test 1",
+        ),
+        (
+            json!({"code": "1", "tests": [{}], "env": "nope"}),
+            404,
+            "nope",
+        ),
+    ];
+    for (body, status, needle) in refusals {
+        let (got, answer) = server.post("/grade", body.clone()).await;
+        assert_eq!(got, status, "{body} -> {answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or("");
+        assert!(message.contains(needle), "{body} -> {answer}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn mcp_grade_code_returns_the_summary_and_structured_verdicts() {
+    let config = common::config();
+    let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+    let client = connect_in_process(executor.clone(), &config).await;
+    let args = json!({
+        "code": ADD,
+        "tests": [
+            {"name": "easy", "stdin": "1 2", "expected_stdout": "3\n"},
+            {"name": "hard", "stdin": "2 2", "expected_stdout": "5\n"},
+        ],
+    });
+    let result = call(&client, "grade_code", args).await.unwrap();
+    assert_eq!(result.is_error, Some(false));
+    let summary = text(&result);
+    assert!(
+        summary.starts_with("passed 1/2 (ok 1, wrong_answer 1)"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("test 1 (hard): wrong_answer: line 1: expected \"5\", got \"4\""),
+        "{summary}"
+    );
+    let structured = result.structured_content.expect("structuredContent");
+    assert_eq!(structured["passed"], 1);
+    assert_eq!(structured["cases"][1]["verdict"], "wrong_answer");
+    assert!(structured["cases"][0]["cpu_ms"].is_number());
+
+    let refused = call(&client, "grade_code", json!({"code": "1", "tests": []}))
+        .await
+        .unwrap();
+    assert_eq!(refused.is_error, Some(true));
+    assert!(text(&refused).contains("bad_request"));
+    let _ = client.cancel().await;
+    executor.shutdown().await;
+}
