@@ -13,6 +13,7 @@ use crate::env::{EnvChoice, HostEnv};
 use crate::error::ConfigError;
 use crate::executor::ResultLimits;
 use crate::protocol::RunLimits;
+use crate::sandbox::{Network, SandboxConfig};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -36,6 +37,9 @@ pub enum Command {
     Mcp(ServeArgs),
     /// Print the environments this server can see.
     Envs(ServeArgs),
+    /// Internal: start a program inside the worker sandbox (see `sandbox::launch`).
+    #[command(hide = true)]
+    SandboxExec(crate::sandbox::launch::LaunchArgs),
 }
 
 /// Options shared by every subcommand that starts workers.
@@ -88,6 +92,15 @@ pub struct ServeArgs {
     /// Bound on one /install run, in seconds.
     #[arg(long, env = "CODE_EXECUTOR_INSTALL_TIMEOUT")]
     pub install_timeout: Option<f64>,
+    /// Network of workers: `isolated` (own namespace, loopback only) or `host`.
+    #[arg(long, env = "CODE_EXECUTOR_NETWORK")]
+    pub network: Option<Network>,
+    /// User (name or uid) workers run as, e.g. `nobody`.
+    #[arg(long, env = "CODE_EXECUTOR_RUN_AS")]
+    pub run_as: Option<String>,
+    /// Allow listening on a non-loopback address without a token.
+    #[arg(long, env = "CODE_EXECUTOR_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
 }
 
 /// The TOML file's shape; every key is optional.
@@ -126,6 +139,20 @@ pub struct FileConfig {
     pub idle_timeout_secs: Option<f64>,
     pub install_timeout_secs: Option<f64>,
     pub activation_timeout_secs: Option<f64>,
+    /// `isolated` (default) or `host`.
+    pub network: Option<Network>,
+    /// Start workers through the sandbox launcher (default true).
+    pub sandbox: Option<bool>,
+    /// Binary with the `sandbox-exec` subcommand (default: this one).
+    pub launcher: Option<PathBuf>,
+    /// Confine workers' filesystem access with Landlock (default true).
+    pub landlock: Option<bool>,
+    pub run_as: Option<String>,
+    pub run_as_group: Option<String>,
+    pub insecure_no_auth: Option<bool>,
+    pub max_code_bytes: Option<usize>,
+    pub max_files: Option<usize>,
+    pub max_files_bytes: Option<usize>,
     /// `[[envs]]` tables: environments configured one by one.
     #[serde(default)]
     pub envs: Vec<EnvTable>,
@@ -152,6 +179,8 @@ pub struct EnvTable {
     pub file_size_bytes: Option<u64>,
     pub cpu_seconds: Option<u64>,
     pub processes: Option<u64>,
+    /// This env's network (`isolated` or `host`); the global one when absent.
+    pub network: Option<Network>,
 }
 
 /// A resolved `[[envs]]` table.
@@ -166,6 +195,7 @@ pub struct EnvConfig {
     pub timeout: f64,
     pub max_timeout: f64,
     pub run_limits: RunLimits,
+    pub network: Network,
 }
 
 /// The resolved configuration.
@@ -218,6 +248,24 @@ pub struct Config {
     /// What discovery reads from the server's environment (PATH, CONDA_EXE,
     /// CONDA_PREFIX, HOME).
     pub host_env: HostEnv,
+    /// How workers are confined.
+    pub sandbox: SandboxConfig,
+    /// Listening on a non-loopback address without a token was asked for.
+    pub insecure_no_auth: bool,
+    /// Limits on one request's parts, each answered with 413 when exceeded.
+    pub request_limits: RequestLimits,
+}
+
+/// Caps on what one request may carry (the body as a whole is capped by
+/// `max_body_bytes`).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestLimits {
+    /// Bytes of `code`.
+    pub max_code_bytes: usize,
+    /// Entries in `files`.
+    pub max_files: usize,
+    /// Decoded bytes of all `files` together.
+    pub max_files_bytes: usize,
 }
 
 impl Default for Config {
@@ -259,6 +307,13 @@ impl Default for Config {
             install_timeout: Duration::from_secs(600),
             activation_timeout: Duration::from_secs(30),
             host_env: HostEnv::from_process(),
+            sandbox: SandboxConfig::default(),
+            insecure_no_auth: false,
+            request_limits: RequestLimits {
+                max_code_bytes: 4 * MIB as usize,
+                max_files: 1000,
+                max_files_bytes: 32 * MIB as usize,
+            },
         }
     }
 }
@@ -318,6 +373,7 @@ impl Config {
             open_files: file.open_files.or(d.run_limits.open_files),
             ..d.run_limits
         };
+        let network = args.network.or(file.network).unwrap_or_default();
         let envs = file
             .envs
             .into_iter()
@@ -354,6 +410,7 @@ impl Config {
                         cpu_seconds: t.cpu_seconds.or(run_limits.cpu_seconds),
                         processes: t.processes.or(run_limits.processes),
                     },
+                    network: t.network.unwrap_or(network),
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -400,6 +457,24 @@ impl Config {
                 d.shutdown_timeout,
             )?,
             run_limits,
+            sandbox: SandboxConfig {
+                enabled: file.sandbox.unwrap_or(d.sandbox.enabled),
+                launcher: file.launcher,
+                network,
+                landlock: file.landlock.unwrap_or(d.sandbox.landlock),
+                run_as: args.run_as.clone().or(file.run_as),
+                run_as_group: file.run_as_group,
+            },
+            insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
+            request_limits: RequestLimits {
+                max_code_bytes: file
+                    .max_code_bytes
+                    .unwrap_or(d.request_limits.max_code_bytes),
+                max_files: file.max_files.unwrap_or(d.request_limits.max_files),
+                max_files_bytes: file
+                    .max_files_bytes
+                    .unwrap_or(d.request_limits.max_files_bytes),
+            },
             worker_script: file.worker_script,
             envs,
             discover: file.discover.unwrap_or(d.discover),
@@ -425,6 +500,12 @@ impl Config {
             host_env: d.host_env,
         };
         config.validate()?;
+        if !config.host.is_loopback() && config.token.is_none() && !config.insecure_no_auth {
+            return Err(ConfigError::Invalid(format!(
+                "refusing to listen on {} without a token: set --token (or CODE_EXECUTOR_TOKEN), or pass --insecure-no-auth to serve anyone who can reach it",
+                config.host
+            )));
+        }
         Ok(config)
     }
 

@@ -12,7 +12,10 @@ use std::time::Duration;
 use base64::Engine;
 use serde::Serialize;
 
-use crate::config::Config;
+use std::os::unix::fs::PermissionsExt;
+
+use crate::config::{Config, RequestLimits};
+use crate::sandbox::{Sandbox, SandboxStatus};
 use crate::env::packages::{LIST_SCRIPT, check_conda_spec, check_pip_spec, conda_packages};
 use crate::env::{EnvSettings, EnvSpec, Registry, activate::activate};
 use crate::error::{ExecError, PoolError, WorkerError};
@@ -115,6 +118,8 @@ pub struct PoolSummary {
 pub struct Health {
     pub status: &'static str,
     pub envs: BTreeMap<String, PoolStatus>,
+    /// Which confinement mechanisms are enforced (never any secret).
+    pub sandbox: SandboxStatus,
 }
 
 /// Runs code in environments' worker pools.
@@ -136,6 +141,10 @@ pub struct Executor {
     next_id: AtomicU64,
     /// Set by `shutdown`: new requests are refused.
     closing: AtomicBool,
+    /// What the sandbox enforces on this host, for `/health`.
+    sandbox: SandboxStatus,
+    /// Caps on a request's code and files.
+    request_limits: RequestLimits,
 }
 
 impl Executor {
@@ -145,9 +154,16 @@ impl Executor {
     /// environment cannot start a worker.
     pub async fn start(config: &Config) -> anyhow::Result<Executor> {
         let registry = Registry::build(config).await?;
+        let networks: Vec<_> = registry.envs.iter().map(|p| p.settings.network).collect();
+        let sandbox = Sandbox::probe(&config.sandbox, &networks).await?;
         let base_dir = tempfile::Builder::new()
             .prefix("code-executor-")
             .tempdir()?;
+        if sandbox.as_ref().and_then(Sandbox::owner).is_some() {
+            // Workers running as another user must reach their scratch roots
+            // (each is theirs alone) and read the bootstrap.
+            std::fs::set_permissions(base_dir.path(), std::fs::Permissions::from_mode(0o711))?;
+        }
         let script = match &config.worker_script {
             Some(path) => path.clone(),
             None => {
@@ -183,6 +199,17 @@ impl Executor {
                     preload: plan.settings.preload.clone(),
                     start_timeout: config.worker_start_timeout,
                     grace_period: config.grace_period,
+                    sandbox: sandbox.as_ref().map(|s| {
+                        let mut wrap = s.plan(plan.settings.network, &plan.spec.python);
+                        wrap.read.push(match &config.worker_script {
+                            // A replacement bootstrap may import its neighbours.
+                            Some(_) => script.parent().unwrap_or(&script).to_path_buf(),
+                            None => script.clone(),
+                        });
+                        wrap.read.push(plan.spec.prefix.clone());
+                        wrap
+                    }),
+                    owner: sandbox.as_ref().and_then(Sandbox::owner),
                 },
                 PoolConfig {
                     size: plan.settings.pool_size,
@@ -249,6 +276,8 @@ impl Executor {
             base_dir,
             next_id: AtomicU64::new(1),
             closing: AtomicBool::new(false),
+            sandbox: sandbox_status(sandbox.as_ref()),
+            request_limits: config.request_limits,
         })
     }
 
@@ -623,6 +652,7 @@ impl Executor {
         Health {
             status: if serving { "ok" } else { "unavailable" },
             envs,
+            sandbox: self.sandbox.clone(),
         }
     }
 
@@ -713,17 +743,7 @@ fn capped(mut bytes: Vec<u8>) -> String {
 
 fn shape_result(out: crate::worker::RunOutput) -> ExecResult {
     let truncated = out.stdout_truncated || out.stderr_truncated;
-    let limit = if out.timed_out {
-        Some("timeout")
-    } else if out.signal.as_deref() == Some("SIGXCPU") {
-        Some("cpu")
-    } else if out.signal.as_deref() == Some("SIGXFSZ") {
-        Some("file_size")
-    } else if truncated {
-        Some("output")
-    } else {
-        None
-    };
+    let limit = limit_hit(&out, truncated);
     ExecResult {
         stdout: utf8(out.stdout),
         stderr: utf8(out.stderr),
@@ -754,6 +774,53 @@ fn shape_result(out: crate::worker::RunOutput) -> ExecResult {
         }),
         limit: limit.map(str::to_string),
     }
+}
+
+/// `/health`'s account of the sandbox: what is enforced, and the rlimits
+/// every run gets.
+fn sandbox_status(sandbox: Option<&Sandbox>) -> SandboxStatus {
+    let mut status = sandbox.map(|s| s.status.clone()).unwrap_or_default();
+    status.rlimits = ["cpu", "memory", "file_size", "open_files", "processes"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    status
+}
+
+/// Which limit stopped the run, from how it ended: the wall clock, a
+/// resource signal (`SIGXCPU`, `SIGXFSZ`), an exception that only a limit
+/// raises (`MemoryError`; `fork`/thread creation refused), or an OOM kill.
+fn limit_hit(out: &crate::worker::RunOutput, truncated: bool) -> Option<&'static str> {
+    if out.timed_out {
+        return Some("timeout");
+    }
+    match out.signal.as_deref() {
+        Some("SIGXCPU") => return Some("cpu"),
+        Some("SIGXFSZ") => return Some("file_size"),
+        _ => {}
+    }
+    if out.oom_killed {
+        return Some("memory");
+    }
+    if let Some(e) = &out.error {
+        let kind = e.kind.as_str();
+        let message = e.message.as_str();
+        if kind == "MemoryError" {
+            return Some("memory");
+        }
+        if kind == "OSError" && message.contains("File too large") {
+            return Some("file_size");
+        }
+        if (kind == "BlockingIOError" && message.contains("Resource temporarily unavailable"))
+            || (kind == "RuntimeError" && message.contains("can't start new thread"))
+        {
+            return Some("processes");
+        }
+    }
+    if truncated {
+        return Some("output");
+    }
+    None
 }
 
 /// Hard ceilings for limits a request sets where the server sets none.

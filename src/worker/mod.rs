@@ -45,6 +45,10 @@ pub struct WorkerSpec {
     pub start_timeout: Duration,
     /// Between the termination steps (close stdin, SIGTERM, SIGKILL).
     pub grace_period: Duration,
+    /// Start the interpreter through the sandbox launcher; `None`: directly.
+    pub sandbox: Option<crate::sandbox::SandboxPlan>,
+    /// Owner (uid, gid) given the scratch root when workers run as another user.
+    pub owner: Option<(u32, u32)>,
 }
 
 /// What the worker reported in its `ready` frame.
@@ -69,6 +73,8 @@ pub struct RunOutput {
     pub result: Option<String>,
     pub error: Option<protocol::WireError>,
     pub artifacts: Vec<protocol::WireArtifact>,
+    /// The kernel's OOM killer ended the run (its memory cgroup counted a kill).
+    pub oom_killed: bool,
 }
 
 /// Which stream a chunk of streamed output came from.
@@ -126,13 +132,30 @@ impl Worker {
             .prefix("worker-")
             .tempdir_in(&spec.scratch_parent)
             .map_err(WorkerError::Io)?;
-        let mut cmd = Command::new(&spec.python);
-        cmd.arg("-I")
-            .arg("-u")
-            .arg(&spec.script)
-            .arg(scratch.path())
-            .arg(spec.preload.join(","))
-            .env_clear()
+        if let Some((uid, gid)) = spec.owner {
+            nix::unistd::chown(scratch.path(), Some(uid.into()), Some(gid.into()))
+                .map_err(|e| WorkerError::Io(e.into()))?;
+        }
+        let args: Vec<OsString> = vec![
+            "-I".into(),
+            "-u".into(),
+            spec.script.clone().into(),
+            scratch.path().into(),
+            spec.preload.join(",").into(),
+        ];
+        let mut cmd = match &spec.sandbox {
+            Some(plan) => {
+                let mut cmd = Command::new(&plan.launcher);
+                cmd.args(plan.command(&spec.python, &args, scratch.path()));
+                cmd
+            }
+            None => {
+                let mut cmd = Command::new(&spec.python);
+                cmd.args(&args);
+                cmd
+            }
+        };
+        cmd.env_clear()
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .env("HOME", scratch.path())
             .env("TMPDIR", scratch.path())
@@ -334,6 +357,7 @@ impl Worker {
                         result: frame.result,
                         error: frame.error,
                         artifacts: frame.artifacts,
+                        oom_killed: false,
                     });
                 }
                 "error" => return Err(WorkerError::Internal(frame.message.unwrap_or_default())),

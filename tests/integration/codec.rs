@@ -59,6 +59,8 @@ async fn pure_codec_worker() -> (Worker, tempfile::TempDir) {
         preload: vec![],
         start_timeout: Duration::from_secs(30),
         grace_period: Duration::from_millis(200),
+        sandbox: None,
+        owner: None,
     };
     (
         Worker::create(&spec, None).await.expect("worker starts"),
