@@ -658,6 +658,21 @@ def set_parent_death_signal(worker_pid):
         os._exit(70)
 
 
+def private_tmp(rundir):
+    """The run's own temporary directory, beside (not inside) its run
+    directory so that its files are not artifacts; removed with the run."""
+    return rundir + ".tmp"
+
+
+def set_private_tmp(rundir):
+    tmp = private_tmp(rundir)
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        os.environ[name] = tmp
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is not None:
+        tempfile.tempdir = None
+
+
 def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds):
     """Body of a forked child; never returns."""
     status = 70
@@ -679,6 +694,7 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds):
         os.close(err_w)
         os.chdir(rundir)
         os.environ["PWD"] = rundir
+        set_private_tmp(rundir)
         sys.path.insert(0, rundir)
         # Everything that does not depend on the request is done now, while
         # no client waits: stdin on /dev/null (fd 0 already is), a fresh
@@ -934,6 +950,7 @@ class Worker:
         self.counter += 1
         rundir = os.path.join(self.scratch, "run-%d-%d" % (os.getpid(), self.counter))
         os.mkdir(rundir, 0o700)
+        os.mkdir(private_tmp(rundir), 0o700)
         req_r, req_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -959,6 +976,7 @@ class Worker:
         kill_descendants()
         child.close()
         remove_tree(child.rundir)
+        remove_tree(private_tmp(child.rundir))
 
     def take_child(self, frame):
         """Hand ``frame`` to the waiting child, re-forking once if it died."""

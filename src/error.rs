@@ -56,6 +56,9 @@ pub enum PoolError {
 pub enum ExecError {
     #[error("{0}")]
     BadRequest(String),
+    /// A part of the request is over its configured limit (named in the message).
+    #[error("{0}")]
+    TooLarge(String),
     #[error("unknown environment {name:?}; known environments: {known}")]
     UnknownEnv { name: String, known: String },
     #[error("{0}")]

@@ -210,6 +210,12 @@ impl Executor {
                         wrap
                     }),
                     owner: sandbox.as_ref().and_then(Sandbox::owner),
+                    pids_max: plan
+                        .settings
+                        .run_limits
+                        .processes
+                        .unwrap_or(DEFAULT_PROCESSES)
+                        + WORKER_TASKS,
                 },
                 PoolConfig {
                     size: plan.settings.pool_size,
@@ -308,12 +314,35 @@ impl Executor {
                 )));
             }
         };
+        let limits = &self.request_limits;
+        if req.code.len() > limits.max_code_bytes {
+            return Err(ExecError::TooLarge(format!(
+                "code is {} bytes, over the max_code_bytes limit of {}",
+                req.code.len(),
+                limits.max_code_bytes
+            )));
+        }
+        let count = req.files.as_ref().map_or(0, |f| f.len());
+        if count > limits.max_files {
+            return Err(ExecError::TooLarge(format!(
+                "{count} files, over the max_files limit of {}",
+                limits.max_files
+            )));
+        }
         let mut contents = Vec::new();
+        let mut total = 0usize;
         for (path, content) in req.files.iter().flatten() {
             check_file_path(path).map_err(ExecError::BadRequest)?;
             let bytes = content
                 .to_bytes()
                 .map_err(|e| ExecError::BadRequest(format!("file {path:?}: {e}")))?;
+            total += bytes.len();
+            if total > limits.max_files_bytes {
+                return Err(ExecError::TooLarge(format!(
+                    "files total over the max_files_bytes limit of {} bytes",
+                    limits.max_files_bytes
+                )));
+            }
             contents.push((path.as_str(), bytes));
         }
         let artifacts = match &req.artifacts {
@@ -822,6 +851,11 @@ fn limit_hit(out: &crate::worker::RunOutput, truncated: bool) -> Option<&'static
     }
     None
 }
+
+/// Processes and threads of one run when the config sets no limit.
+const DEFAULT_PROCESSES: u64 = 256;
+/// Tasks of a worker besides its run's: the launcher, the worker, its next child.
+const WORKER_TASKS: u64 = 4;
 
 /// Hard ceilings for limits a request sets where the server sets none.
 const MAX_PROCESSES: u64 = 4096;

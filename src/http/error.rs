@@ -60,6 +60,9 @@ impl From<ExecError> for ApiError {
         let message = error_chain(&err);
         match err {
             ExecError::BadRequest(_) => ApiError::bad_request(message),
+            ExecError::TooLarge(_) => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+            }
             ExecError::UnknownEnv { .. } => {
                 ApiError::new(StatusCode::NOT_FOUND, "unknown_env", message)
             }

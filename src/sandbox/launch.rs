@@ -55,6 +55,9 @@ pub struct LaunchArgs {
     /// Numeric group to run as.
     #[arg(long)]
     pub gid: Option<u32>,
+    /// Join this cgroup (a worker's pids cgroup) before anything else.
+    #[arg(long)]
+    pub cgroup: Option<PathBuf>,
     /// Make no namespaces (only with `--net host`, on hosts that cannot).
     #[arg(long)]
     pub no_namespaces: bool,
@@ -92,6 +95,10 @@ pub fn main(args: LaunchArgs) -> ! {
 fn stage1(args: &LaunchArgs) -> Result<i32, String> {
     if args.command.is_empty() {
         return Err("no program to run".into());
+    }
+    if let Some(dir) = &args.cgroup {
+        super::cgroup::join(dir)
+            .map_err(|e| format!("cannot join cgroup {}: {e}", dir.display()))?;
     }
     if args.no_namespaces {
         if args.net != Network::Host {

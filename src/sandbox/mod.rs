@@ -6,11 +6,15 @@
 //! The server never runs code between `fork` and `exec` itself: the launcher
 //! is this same binary, re-executed, which sets the sandbox up on itself.
 
+pub mod cgroup;
 pub mod launch;
 mod netlink;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cgroup::{CgroupRoot, CgroupVersion};
 
 use landlock::{ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr};
 use nix::sched::{CloneFlags, unshare};
@@ -102,6 +106,11 @@ pub struct SandboxStatus {
     pub rlimits: Vec<String>,
     /// Whether workers run as another user.
     pub run_as: bool,
+    /// A pids cgroup per worker caps processes and threads (`"v1"`, `"v2"`),
+    /// or `null`: then only `RLIMIT_NPROC` does, which binds no root worker.
+    pub pids_cgroup: Option<&'static str>,
+    /// Memory is bounded by `RLIMIT_AS` per run (no memory cgroup is used).
+    pub memory: &'static str,
     /// Why something the config asked for is missing, if it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
@@ -163,17 +172,29 @@ pub struct SandboxPlan {
     pub gid: Option<u32>,
     /// Paths the worker may read besides the system ones.
     pub read: Vec<PathBuf>,
+    /// Where each worker gets its pids cgroup, if the host has one.
+    pub cgroups: Option<Arc<CgroupRoot>>,
 }
 
 impl SandboxPlan {
     /// The program and arguments that start `python args...` inside the sandbox,
     /// writable only at `scratch`.
-    pub fn command(&self, python: &Path, args: &[OsString], scratch: &Path) -> Vec<OsString> {
+    pub fn command(
+        &self,
+        python: &Path,
+        args: &[OsString],
+        scratch: &Path,
+        cgroup: Option<&Path>,
+    ) -> Vec<OsString> {
         let mut out: Vec<OsString> = vec![
             "sandbox-exec".into(),
             "--net".into(),
             self.network.as_str().into(),
         ];
+        if let Some(dir) = cgroup {
+            out.push("--cgroup".into());
+            out.push(dir.into());
+        }
         if !self.namespaces {
             out.push("--no-namespaces".into());
         }
@@ -220,6 +241,7 @@ pub struct Sandbox {
     namespaces: bool,
     uid: Option<u32>,
     gid: Option<u32>,
+    cgroups: Option<Arc<CgroupRoot>>,
 }
 
 impl Sandbox {
@@ -275,6 +297,12 @@ impl Sandbox {
             problem = Some("landlock is not available on this kernel".to_string());
         }
         let (uid, gid) = resolve_user(config)?;
+        let cgroups = CgroupRoot::create().map(Arc::new);
+        if cgroups.is_none() {
+            tracing::warn!(
+                "no writable pids cgroup: the process/thread cap of runs is RLIMIT_NPROC only"
+            );
+        }
         Ok(Some(Sandbox {
             status: SandboxStatus {
                 enabled: true,
@@ -284,6 +312,11 @@ impl Sandbox {
                 no_new_privs: true,
                 rlimits: Vec::new(),
                 run_as: uid.is_some(),
+                pids_cgroup: cgroups.as_ref().map(|c| match c.version {
+                    CgroupVersion::V1 => "v1",
+                    CgroupVersion::V2 => "v2",
+                }),
+                memory: "rlimit_as",
                 problem,
             },
             launcher,
@@ -291,6 +324,7 @@ impl Sandbox {
             namespaces,
             uid,
             gid,
+            cgroups,
         }))
     }
 
@@ -320,6 +354,7 @@ impl Sandbox {
             uid: self.uid,
             gid: self.gid,
             read,
+            cgroups: self.cgroups.clone(),
         }
     }
 

@@ -49,6 +49,9 @@ pub struct WorkerSpec {
     pub sandbox: Option<crate::sandbox::SandboxPlan>,
     /// Owner (uid, gid) given the scratch root when workers run as another user.
     pub owner: Option<(u32, u32)>,
+    /// Tasks (processes and threads) the worker's pids cgroup allows: the
+    /// worker, its next child and one run's processes.
+    pub pids_max: u64,
 }
 
 /// What the worker reported in its `ready` frame.
@@ -104,6 +107,9 @@ pub struct Worker {
     frames: FramedRead<ChildStdout, tokio_util::codec::LengthDelimitedCodec>,
     /// The worker's private scratch root; removed when the worker is dropped.
     scratch: Option<tempfile::TempDir>,
+    /// The worker's pids cgroup (caps a run's processes and threads);
+    /// removed once the worker's processes are gone.
+    cgroup: Option<crate::sandbox::cgroup::WorkerCgroup>,
     /// Set while a request is in flight; still set after a dropped or failed
     /// request, which makes the worker unusable (poisoned).
     in_flight: bool,
@@ -143,10 +149,23 @@ impl Worker {
             scratch.path().into(),
             spec.preload.join(",").into(),
         ];
+        let mut cgroup = None;
         let mut cmd = match &spec.sandbox {
             Some(plan) => {
+                if let Some(root) = &plan.cgroups {
+                    let name = scratch.path().file_name().unwrap_or_default();
+                    cgroup = Some(
+                        root.worker(&name.to_string_lossy(), spec.pids_max)
+                            .map_err(WorkerError::Io)?,
+                    );
+                }
                 let mut cmd = Command::new(&plan.launcher);
-                cmd.args(plan.command(&spec.python, &args, scratch.path()));
+                cmd.args(plan.command(
+                    &spec.python,
+                    &args,
+                    scratch.path(),
+                    cgroup.as_ref().map(|c| c.path()),
+                ));
                 cmd
             }
             None => {
@@ -186,6 +205,7 @@ impl Worker {
             stdin,
             frames: FramedRead::new(stdout, protocol::codec()),
             scratch: Some(scratch),
+            cgroup,
             in_flight: false,
             runs: 0,
             terminated: false,
@@ -435,6 +455,7 @@ impl Drop for Worker {
         self.kill();
         // The scratch root goes once the processes that wrote into it are gone.
         drop(self.scratch.take());
+        drop(self.cgroup.take());
     }
 }
 

@@ -61,6 +61,7 @@ async fn pure_codec_worker() -> (Worker, tempfile::TempDir) {
         grace_period: Duration::from_millis(200),
         sandbox: None,
         owner: None,
+        pids_max: 256,
     };
     (
         Worker::create(&spec, None).await.expect("worker starts"),
