@@ -15,12 +15,12 @@ use serde::Serialize;
 use std::os::unix::fs::PermissionsExt;
 
 use crate::config::{Config, RequestLimits};
-use crate::sandbox::{Sandbox, SandboxStatus};
 use crate::env::packages::{LIST_SCRIPT, check_conda_spec, check_pip_spec, conda_packages};
 use crate::env::{EnvSettings, EnvSpec, Registry, activate::activate};
 use crate::error::{ExecError, PoolError, WorkerError};
 use crate::pool::{EnvPool, PoolConfig, PoolStatus, WorkerBudget, error_chain};
 use crate::protocol::{self, ExecFrame, FileEntry, RunLimits, WireSelection};
+use crate::sandbox::{Sandbox, SandboxStatus};
 use crate::types::{
     Artifact, ArtifactSelection, ExecRequest, ExecResult, InstallRequest, InstallResult,
     PackageInfo, PackageManager, RunError, check_file_path,

@@ -120,7 +120,9 @@ fn stage1(args: &LaunchArgs) -> Result<i32, String> {
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own binary: {e}"))?;
     let mut cmd = Command::new(exe);
-    cmd.arg("sandbox-exec").arg("--stage2").args(stage2_args(args));
+    cmd.arg("sandbox-exec")
+        .arg("--stage2")
+        .args(stage2_args(args));
     let status = cmd
         .status()
         .map_err(|e| format!("cannot start the sandbox: {e}"))?;

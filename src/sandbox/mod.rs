@@ -330,18 +330,7 @@ impl Sandbox {
 
     /// The plan for one env's workers: `python` is its interpreter.
     pub fn plan(&self, network: Network, python: &Path) -> SandboxPlan {
-        let mut read = Vec::new();
-        for p in [Some(python.to_path_buf()), std::fs::canonicalize(python).ok()]
-            .into_iter()
-            .flatten()
-        {
-            // <prefix>/bin/python -> <prefix>
-            if let Some(prefix) = p.parent().and_then(Path::parent) {
-                if !read.iter().any(|r: &PathBuf| r == prefix) {
-                    read.push(prefix.to_path_buf());
-                }
-            }
-        }
+        let read = interpreter_paths(python);
         SandboxPlan {
             launcher: self.launcher.clone(),
             network: if self.namespaces {
@@ -361,6 +350,83 @@ impl Sandbox {
     /// The user workers run as, if not the server's.
     pub fn owner(&self) -> Option<(u32, u32)> {
         self.uid.map(|u| (u, self.gid.unwrap_or(u)))
+    }
+}
+
+/// What an interpreter needs to read: its prefix, the prefix of the binary
+/// it resolves to, where the prefix's `bin/` and `lib/` symlinks point
+/// (venvs and linked envs; for a standard library linked entry by entry from
+/// another installation, that installation's whole `lib/`, which also holds
+/// its `libpython`), and a venv's base (`pyvenv.cfg` `home`).
+/// Landlock checks the resolved path of every open, so a symlinked library
+/// is readable only if its target is.
+fn interpreter_paths(python: &Path) -> Vec<PathBuf> {
+    let mut read: Vec<PathBuf> = Vec::new();
+    let mut add = |p: PathBuf| {
+        if !read.contains(&p) {
+            read.push(p);
+        }
+    };
+    let prefix = python
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf);
+    if let Some(prefix) = &prefix {
+        add(prefix.clone());
+        for dir in ["bin", "lib"] {
+            let Ok(entries) = std::fs::read_dir(prefix.join(dir)) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let Ok(kind) = entry.file_type() else {
+                    continue;
+                };
+                if kind.is_symlink() {
+                    if let Ok(target) = std::fs::canonicalize(entry.path()) {
+                        add(target);
+                    }
+                } else if dir == "lib"
+                    && kind.is_dir()
+                    && entry.file_name().to_string_lossy().starts_with("python")
+                {
+                    linked_stdlib(&entry.path(), &mut add);
+                }
+            }
+        }
+        if let Ok(cfg) = std::fs::read_to_string(prefix.join("pyvenv.cfg")) {
+            for line in cfg.lines() {
+                if let Some((key, value)) = line.split_once('=')
+                    && key.trim() == "home"
+                    && let Some(base) = Path::new(value.trim()).parent()
+                {
+                    add(base.to_path_buf());
+                }
+            }
+        }
+    }
+    if let Some(real) = std::fs::canonicalize(python)
+        .ok()
+        .and_then(|p| p.parent().and_then(Path::parent).map(Path::to_path_buf))
+    {
+        add(real);
+    }
+    read
+}
+
+/// The real `lib/` of a standard library whose entries are symlinks.
+fn linked_stdlib(stdlib: &Path, add: &mut impl FnMut(PathBuf)) {
+    let Ok(entries) = std::fs::read_dir(stdlib) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_symlink())
+            && let Some(lib) = std::fs::canonicalize(entry.path())
+                .ok()
+                .and_then(|t| t.parent().and_then(Path::parent).map(Path::to_path_buf))
+        {
+            add(lib);
+            return;
+        }
     }
 }
 

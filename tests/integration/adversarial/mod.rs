@@ -150,9 +150,7 @@ pub fn sandbox_processes(base: &Path) -> Vec<u32> {
         .collect();
     let mut pids: Vec<u32> = ns_of
         .iter()
-        .filter(|(pid, ns)| {
-            (named.contains(pid) || worker_ns.contains(*ns)) && !is_zombie(**pid)
-        })
+        .filter(|(pid, ns)| (named.contains(pid) || worker_ns.contains(*ns)) && !is_zombie(**pid))
         .map(|(pid, _)| *pid)
         .collect();
     pids.sort();
