@@ -818,7 +818,7 @@ fn sandbox_status(sandbox: Option<&Sandbox>) -> SandboxStatus {
 
 /// Which limit stopped the run, from how it ended: the wall clock, a
 /// resource signal (`SIGXCPU`, `SIGXFSZ`), an exception that only a limit
-/// raises (`MemoryError`; `fork`/thread creation refused), or an OOM kill.
+/// raises (`MemoryError`; `fork`/thread creation refused; `EFBIG`).
 fn limit_hit(out: &crate::worker::RunOutput, truncated: bool) -> Option<&'static str> {
     if out.timed_out {
         return Some("timeout");
@@ -827,9 +827,6 @@ fn limit_hit(out: &crate::worker::RunOutput, truncated: bool) -> Option<&'static
         Some("SIGXCPU") => return Some("cpu"),
         Some("SIGXFSZ") => return Some("file_size"),
         _ => {}
-    }
-    if out.oom_killed {
-        return Some("memory");
     }
     if let Some(e) = &out.error {
         let kind = e.kind.as_str();

@@ -76,8 +76,6 @@ pub struct RunOutput {
     pub result: Option<String>,
     pub error: Option<protocol::WireError>,
     pub artifacts: Vec<protocol::WireArtifact>,
-    /// The kernel's OOM killer ended the run (its memory cgroup counted a kill).
-    pub oom_killed: bool,
 }
 
 /// Which stream a chunk of streamed output came from.
@@ -377,7 +375,6 @@ impl Worker {
                         result: frame.result,
                         error: frame.error,
                         artifacts: frame.artifacts,
-                        oom_killed: false,
                     });
                 }
                 "error" => return Err(WorkerError::Internal(frame.message.unwrap_or_default())),

@@ -469,3 +469,35 @@ async fn a_thousand_concurrent_requests_on_a_pool_of_four_are_all_answered() {
     drop(client);
     arena.assert_recovered().await;
 }
+
+#[tokio::test]
+async fn run_as_nobody_drops_privileges() {
+    // Debian's interpreter: /root (pyenv) is private and `nobody` cannot load it.
+    let python = std::path::PathBuf::from("/usr/bin/python3.11");
+    assert!(python.exists(), "this test needs Debian's python3.11");
+    let mut sandbox = common::sandbox_config();
+    sandbox.run_as = Some("nobody".into());
+    let arena = Arena::with_config(code_executor::Config {
+        env: code_executor::env::EnvChoice::Python(python),
+        sandbox,
+        ..pool()
+    })
+    .await;
+    let body = arena
+        .attack(run(
+            "import os\nprint(os.getuid(), os.geteuid(), os.getgid())\nopen('mine', 'w').write('x')\ntry:\n    os.setuid(0)\nexcept PermissionError:\n    print('setuid refused')",
+            10.0,
+        ))
+        .await;
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let uid = nobody.uid.as_raw();
+    let gid = nobody.gid.as_raw();
+    assert_eq!(
+        body["stdout"],
+        format!("{uid} {uid} {gid}\nsetuid refused\n"),
+        "{body}"
+    );
+    let (_, health) = arena.server.get("/health").await;
+    assert_eq!(health["sandbox"]["run_as"], true, "{health}");
+    arena.assert_recovered().await;
+}

@@ -4,6 +4,8 @@
 //! No test sends traffic to any address outside this machine.
 
 mod code;
+mod host;
+mod launcher;
 mod requests;
 
 use std::collections::{HashMap, HashSet};
