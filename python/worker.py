@@ -860,6 +860,25 @@ def kill_descendants():
             break
 
 
+def clear_private_shm():
+    """Empty /dev/shm between runs when the launcher made it ours alone."""
+    if os.environ.get("CODE_EXECUTOR_PRIVATE_SHM") != "1":
+        return
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join("/dev/shm", name)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                remove_tree(path)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
 def normalize(rel):
     return "/".join(p for p in rel.split("/") if p not in ("", "."))
 
@@ -974,6 +993,7 @@ class Worker:
         child.kill_group()
         child.reap(True)
         kill_descendants()
+        clear_private_shm()
         child.close()
         remove_tree(child.rundir)
         remove_tree(private_tmp(child.rundir))

@@ -258,7 +258,7 @@ pub struct Config {
 
 /// Caps on what one request may carry (the body as a whole is capped by
 /// `max_body_bytes`).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct RequestLimits {
     /// Bytes of `code`.
     pub max_code_bytes: usize,

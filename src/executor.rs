@@ -120,6 +120,8 @@ pub struct Health {
     pub envs: BTreeMap<String, PoolStatus>,
     /// Which confinement mechanisms are enforced (never any secret).
     pub sandbox: SandboxStatus,
+    /// Caps on a request's code and files (413 above them).
+    pub request_limits: RequestLimits,
 }
 
 /// Runs code in environments' worker pools.
@@ -682,6 +684,7 @@ impl Executor {
             status: if serving { "ok" } else { "unavailable" },
             envs,
             sandbox: self.sandbox.clone(),
+            request_limits: self.request_limits,
         }
     }
 

@@ -177,11 +177,36 @@ fn stage2(args: &LaunchArgs) -> Result<i32, String> {
         None::<&str>,
     )
     .map_err(|e| format!("cannot mount /proc: {e}"))?;
+    // A private /dev/shm (POSIX semaphores and shared memory, which
+    // multiprocessing needs), gone with the namespace; the worker empties
+    // it between runs.
+    if std::path::Path::new(PRIVATE_SHM).is_dir() {
+        mount(
+            Some("tmpfs"),
+            PRIVATE_SHM,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(format!("size={SHM_BYTES},mode=1777").as_str()),
+        )
+        .map_err(|e| format!("cannot mount {PRIVATE_SHM}: {e}"))?;
+        // Tells the worker that /dev/shm is its own to empty.
+        return confine_and_exec_with(args, &[("CODE_EXECUTOR_PRIVATE_SHM", "1")]);
+    }
     confine_and_exec(args)
 }
 
+/// Where each worker gets its own tmpfs.
+pub const PRIVATE_SHM: &str = "/dev/shm";
+/// Size of that tmpfs.
+const SHM_BYTES: u64 = 64 << 20;
+
 /// Limits, user, `no_new_privs`, Landlock, then `exec` the program.
 fn confine_and_exec(args: &LaunchArgs) -> Result<i32, String> {
+    confine_and_exec_with(args, &[])
+}
+
+/// [`confine_and_exec`], adding `vars` to the program's environment.
+fn confine_and_exec_with(args: &LaunchArgs, vars: &[(&str, &str)]) -> Result<i32, String> {
     // No core files: they would land in the run directory and fill it.
     let _ = setrlimit(Resource::RLIMIT_CORE, 0, 0);
     if let Some(gid) = args.gid {
@@ -198,6 +223,7 @@ fn confine_and_exec(args: &LaunchArgs) -> Result<i32, String> {
     }
     let err = Command::new(&args.command[0])
         .args(&args.command[1..])
+        .envs(vars.iter().copied())
         .exec();
     Err(format!("cannot run {:?}: {err}", args.command[0]))
 }

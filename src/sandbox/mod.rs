@@ -208,9 +208,12 @@ impl SandboxPlan {
                 out.push("--read".into());
                 out.push(p.into());
             }
+            // With namespaces, /dev/shm is a private tmpfs (see `launch`).
+            let shm = self.namespaces.then_some(Path::new(launch::PRIVATE_SHM));
             for p in DEVICE_WRITE
                 .iter()
                 .map(Path::new)
+                .chain(shm)
                 .chain(std::iter::once(scratch))
             {
                 out.push("--write".into());

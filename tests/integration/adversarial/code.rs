@@ -501,3 +501,26 @@ async fn run_as_nobody_drops_privileges() {
     assert_eq!(health["sandbox"]["run_as"], true, "{health}");
     arena.assert_recovered().await;
 }
+
+#[tokio::test]
+async fn shared_memory_works_and_does_not_outlive_the_run() {
+    let arena = Arena::with_config(code_executor::Config {
+        pool_size: 1,
+        ..pool()
+    })
+    .await;
+    let body = arena
+        .attack(run(
+            "import multiprocessing\nopen('/dev/shm/left-behind', 'w').write('x')\nwith multiprocessing.Pool(2) as p:\n    print(p.map(abs, [-1, -2]))",
+            20.0,
+        ))
+        .await;
+    assert_eq!(body["stdout"], "[1, 2]\n", "{body}");
+    // The same (only) worker runs next: its /dev/shm is empty again.
+    let body = arena
+        .attack(run("import os\nprint(os.listdir('/dev/shm'))", 5.0))
+        .await;
+    assert_eq!(body["stdout"], "[]\n", "{body}");
+    assert!(!std::path::Path::new("/dev/shm/left-behind").exists());
+    arena.assert_recovered().await;
+}
