@@ -34,6 +34,9 @@ fn checkout(c: &mut Criterion) {
                     preload: vec![],
                     start_timeout: Duration::from_secs(30),
                     grace_period: Duration::from_millis(200),
+                    sandbox: None,
+                    owner: None,
+                    pids_max: 256,
                 },
                 PoolConfig {
                     size: pool_size,

@@ -660,6 +660,21 @@ def set_parent_death_signal(worker_pid):
         os._exit(70)
 
 
+def private_tmp(rundir):
+    """The run's own temporary directory, beside (not inside) its run
+    directory so that its files are not artifacts; removed with the run."""
+    return rundir + ".tmp"
+
+
+def set_private_tmp(rundir):
+    tmp = private_tmp(rundir)
+    for name in ("TMPDIR", "TEMP", "TMP"):
+        os.environ[name] = tmp
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is not None:
+        tempfile.tempdir = None
+
+
 def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds):
     """Body of a forked child; never returns."""
     status = 70
@@ -681,6 +696,7 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds):
         os.close(err_w)
         os.chdir(rundir)
         os.environ["PWD"] = rundir
+        set_private_tmp(rundir)
         sys.path.insert(0, rundir)
         # Everything that does not depend on the request is done now, while
         # no client waits: stdin on /dev/null (fd 0 already is), a fresh
@@ -779,6 +795,106 @@ def run_usage(child):
     }
 
 
+def sane_report(report):
+    """The child's report, trusting nothing: user code can write to the ctl
+    pipe, so anything that is not a well-formed report reads as an empty one."""
+    if not isinstance(report, dict):
+        report = {}
+    status = report.get("status")
+    error = report.get("error")
+    if isinstance(error, dict):
+        error = {k: error.get(k) for k in ("type", "message", "traceback", "line")}
+        for k in ("type", "message", "traceback"):
+            if not isinstance(error[k], str):
+                error[k] = ""
+        if not isinstance(error["line"], int) or isinstance(error["line"], bool):
+            error["line"] = None
+    else:
+        error = None
+    result = report.get("result")
+    return {
+        "status": status if isinstance(status, int) and not isinstance(status, bool)
+        and -255 <= status <= 255 else 0,
+        "result": result if isinstance(result, str) else None,
+        "error": error,
+    }
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper():
+    """Make processes a run leaves behind (double forks, ``setsid``) our
+    children when their parent dies, so that ``kill_descendants`` finds them."""
+    if _prctl is not None:
+        try:
+            _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        except Exception:
+            pass
+
+
+def child_pids():
+    pids = set()
+    me = os.getpid()
+    try:
+        tasks = os.listdir("/proc/%d/task" % me)
+    except OSError:
+        return pids
+    for task in tasks:
+        try:
+            with open("/proc/%d/task/%s/children" % (me, task)) as f:
+                pids.update(int(p) for p in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def kill_descendants():
+    """SIGKILL and reap every child of the worker. Called between runs, when
+    the worker has no child of its own: whatever is left belongs to the run
+    that just ended (the worker is a subreaper, so orphans come back to it)."""
+    for _ in range(10000):
+        pids = child_pids()
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid in pids:
+            try:
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+    while True:  # zombies not listed any more but still unreaped
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if not pid:
+            break
+
+
+def clear_private_shm():
+    """Empty /dev/shm between runs when the launcher made it ours alone."""
+    if os.environ.get("CODE_EXECUTOR_PRIVATE_SHM") != "1":
+        return
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join("/dev/shm", name)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                remove_tree(path)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
 def normalize(rel):
     return "/".join(p for p in rel.split("/") if p not in ("", "."))
 
@@ -872,6 +988,7 @@ class Worker:
         self.counter += 1
         rundir = os.path.join(self.scratch, "run-%d-%d" % (os.getpid(), self.counter))
         os.mkdir(rundir, 0o700)
+        os.mkdir(private_tmp(rundir), 0o700)
         req_r, req_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -894,8 +1011,11 @@ class Worker:
     def retire(self, child):
         child.kill_group()
         child.reap(True)
+        kill_descendants()
+        clear_private_shm()
         child.close()
         remove_tree(child.rundir)
+        remove_tree(private_tmp(child.rundir))
 
     def take_child(self, frame):
         """Hand ``frame`` to the waiting child, re-forking once if it died."""
@@ -980,7 +1100,8 @@ class Worker:
         if timed_out:
             exit_code, signame = -signal.SIGKILL, "SIGKILL"
         elif report is not None:
-            exit_code = report.get("status", 0)
+            report = sane_report(report)
+            exit_code = report["status"]
         else:
             child.reap(True)
             status = child.status or 0
@@ -1000,7 +1121,7 @@ class Worker:
                 int(msg.get("max_artifact_bytes") or (10 << 20)),
                 int(msg.get("max_artifacts_bytes") or (32 << 20)),
             )
-        report = report or {}
+        report = sane_report(report) if report else {}
         reply = {
             "t": "result",
             "id": msg.get("id"),
@@ -1122,6 +1243,7 @@ def main():
             "traceback": traceback.format_exc(),
         })
         os._exit(1)
+    become_subreaper()
     worker = Worker(scratch, rfd, wfd)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     signal.set_wakeup_fd(worker.wake_w)

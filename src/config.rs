@@ -13,6 +13,7 @@ use crate::env::{EnvChoice, HostEnv};
 use crate::error::ConfigError;
 use crate::executor::ResultLimits;
 use crate::protocol::RunLimits;
+use crate::sandbox::{Network, SandboxConfig};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -36,6 +37,9 @@ pub enum Command {
     Mcp(ServeArgs),
     /// Print the environments this server can see.
     Envs(ServeArgs),
+    /// Internal: start a program inside the worker sandbox (see `sandbox::launch`).
+    #[command(hide = true)]
+    SandboxExec(crate::sandbox::launch::LaunchArgs),
 }
 
 /// `code-executor serve`.
@@ -120,6 +124,15 @@ pub struct ServeArgs {
     /// Most test cases one /grade request may carry.
     #[arg(long, env = "CODE_EXECUTOR_MAX_GRADE_CASES")]
     pub max_grade_cases: Option<usize>,
+    /// Network of workers: `isolated` (own namespace, loopback only) or `host`.
+    #[arg(long, env = "CODE_EXECUTOR_NETWORK")]
+    pub network: Option<Network>,
+    /// User (name or uid) workers run as, e.g. `nobody`.
+    #[arg(long, env = "CODE_EXECUTOR_RUN_AS")]
+    pub run_as: Option<String>,
+    /// Allow listening on a non-loopback address without a token.
+    #[arg(long, env = "CODE_EXECUTOR_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
 }
 
 /// The TOML file's shape; every key is optional.
@@ -161,6 +174,20 @@ pub struct FileConfig {
     pub metrics_token: Option<String>,
     pub log_format: Option<LogFormat>,
     pub max_grade_cases: Option<usize>,
+    /// `isolated` (default) or `host`.
+    pub network: Option<Network>,
+    /// Start workers through the sandbox launcher (default true).
+    pub sandbox: Option<bool>,
+    /// Binary with the `sandbox-exec` subcommand (default: this one).
+    pub launcher: Option<PathBuf>,
+    /// Confine workers' filesystem access with Landlock (default true).
+    pub landlock: Option<bool>,
+    pub run_as: Option<String>,
+    pub run_as_group: Option<String>,
+    pub insecure_no_auth: Option<bool>,
+    pub max_code_bytes: Option<usize>,
+    pub max_files: Option<usize>,
+    pub max_files_bytes: Option<usize>,
     /// `[[envs]]` tables: environments configured one by one.
     #[serde(default)]
     pub envs: Vec<EnvTable>,
@@ -187,6 +214,8 @@ pub struct EnvTable {
     pub file_size_bytes: Option<u64>,
     pub cpu_seconds: Option<u64>,
     pub processes: Option<u64>,
+    /// This env's network (`isolated` or `host`); the global one when absent.
+    pub network: Option<Network>,
 }
 
 /// A resolved `[[envs]]` table.
@@ -201,6 +230,7 @@ pub struct EnvConfig {
     pub timeout: f64,
     pub max_timeout: f64,
     pub run_limits: RunLimits,
+    pub network: Network,
 }
 
 /// The resolved configuration.
@@ -259,6 +289,24 @@ pub struct Config {
     /// Most test cases one `/grade` request may carry: bounds the work (and
     /// the answer) one request can ask for.
     pub max_grade_cases: usize,
+    /// How workers are confined.
+    pub sandbox: SandboxConfig,
+    /// Listening on a non-loopback address without a token was asked for.
+    pub insecure_no_auth: bool,
+    /// Limits on one request's parts, each answered with 413 when exceeded.
+    pub request_limits: RequestLimits,
+}
+
+/// Caps on what one request may carry (the body as a whole is capped by
+/// `max_body_bytes`).
+#[derive(Debug, Clone, Copy, serde::Serialize, utoipa::ToSchema)]
+pub struct RequestLimits {
+    /// Bytes of `code`.
+    pub max_code_bytes: usize,
+    /// Entries in `files`.
+    pub max_files: usize,
+    /// Decoded bytes of all `files` together.
+    pub max_files_bytes: usize,
 }
 
 impl Default for Config {
@@ -303,6 +351,13 @@ impl Default for Config {
             metrics_token: None,
             log_format: LogFormat::Text,
             max_grade_cases: 1000,
+            sandbox: SandboxConfig::default(),
+            insecure_no_auth: false,
+            request_limits: RequestLimits {
+                max_code_bytes: 4 * MIB as usize,
+                max_files: 1000,
+                max_files_bytes: 32 * MIB as usize,
+            },
         }
     }
 }
@@ -362,6 +417,7 @@ impl Config {
             open_files: file.open_files.or(d.run_limits.open_files),
             ..d.run_limits
         };
+        let network = args.network.or(file.network).unwrap_or_default();
         let envs = file
             .envs
             .into_iter()
@@ -398,6 +454,7 @@ impl Config {
                         cpu_seconds: t.cpu_seconds.or(run_limits.cpu_seconds),
                         processes: t.processes.or(run_limits.processes),
                     },
+                    network: t.network.unwrap_or(network),
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -444,6 +501,24 @@ impl Config {
                 d.shutdown_timeout,
             )?,
             run_limits,
+            sandbox: SandboxConfig {
+                enabled: file.sandbox.unwrap_or(d.sandbox.enabled),
+                launcher: file.launcher,
+                network,
+                landlock: file.landlock.unwrap_or(d.sandbox.landlock),
+                run_as: args.run_as.clone().or(file.run_as),
+                run_as_group: file.run_as_group,
+            },
+            insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
+            request_limits: RequestLimits {
+                max_code_bytes: file
+                    .max_code_bytes
+                    .unwrap_or(d.request_limits.max_code_bytes),
+                max_files: file.max_files.unwrap_or(d.request_limits.max_files),
+                max_files_bytes: file
+                    .max_files_bytes
+                    .unwrap_or(d.request_limits.max_files_bytes),
+            },
             worker_script: file.worker_script,
             envs,
             discover: file.discover.unwrap_or(d.discover),
@@ -479,6 +554,12 @@ impl Config {
                 .unwrap_or(d.max_grade_cases),
         };
         config.validate()?;
+        if !config.host.is_loopback() && config.token.is_none() && !config.insecure_no_auth {
+            return Err(ConfigError::Invalid(format!(
+                "refusing to listen on {} without a token: set --token (or CODE_EXECUTOR_TOKEN), or pass --insecure-no-auth to serve anyone who can reach it",
+                config.host
+            )));
+        }
         Ok(config)
     }
 

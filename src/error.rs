@@ -56,7 +56,7 @@ pub enum PoolError {
 pub enum ExecError {
     #[error("{0}")]
     BadRequest(String),
-    /// A request over a configured size limit (the message names it).
+    /// A part of the request is over its configured limit (named in the message).
     #[error("{0}")]
     TooLarge(String),
     #[error("unknown environment {name:?}; known environments: {known}")]

@@ -12,13 +12,16 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use serde::Serialize;
 
-use crate::config::Config;
+use std::os::unix::fs::PermissionsExt;
+
+use crate::config::{Config, RequestLimits};
 use crate::env::packages::{LIST_SCRIPT, check_conda_spec, check_pip_spec, conda_packages};
 use crate::env::{EnvSettings, EnvSpec, Registry, activate::activate};
 use crate::error::{ExecError, PoolError, WorkerError};
 use crate::metrics::{EnvMetrics, Metrics, RunOutcome};
 use crate::pool::{EnvPool, PoolConfig, PoolStatus, RestartCause, WorkerBudget, error_chain};
 use crate::protocol::{self, ExecFrame, FileEntry, RunLimits, WireSelection};
+use crate::sandbox::{Sandbox, SandboxStatus};
 use crate::types::{
     Artifact, ArtifactSelection, ExecRequest, ExecResult, InstallRequest, InstallResult,
     PackageInfo, PackageManager, RunError, check_file_path,
@@ -144,6 +147,10 @@ pub struct Health {
     /// `ok` or `unavailable`.
     pub status: &'static str,
     pub envs: BTreeMap<String, PoolStatus>,
+    /// Which confinement mechanisms are enforced (never any secret).
+    pub sandbox: SandboxStatus,
+    /// Caps on a request's code and files (413 above them).
+    pub request_limits: RequestLimits,
 }
 
 /// Runs code in environments' worker pools.
@@ -169,6 +176,10 @@ pub struct Executor {
     metrics: Arc<Metrics>,
     /// Most test cases one grading request may carry.
     max_grade_cases: usize,
+    /// What the sandbox enforces on this host, for `/health`.
+    sandbox: SandboxStatus,
+    /// Caps on a request's code and files.
+    request_limits: RequestLimits,
 }
 
 impl Executor {
@@ -178,9 +189,16 @@ impl Executor {
     /// environment cannot start a worker.
     pub async fn start(config: &Config) -> anyhow::Result<Executor> {
         let registry = Registry::build(config).await?;
+        let networks: Vec<_> = registry.envs.iter().map(|p| p.settings.network).collect();
+        let sandbox = Sandbox::probe(&config.sandbox, &networks).await?;
         let base_dir = tempfile::Builder::new()
             .prefix("code-executor-")
             .tempdir()?;
+        if sandbox.as_ref().and_then(Sandbox::owner).is_some() {
+            // Workers running as another user must reach their scratch roots
+            // (each is theirs alone) and read the bootstrap.
+            std::fs::set_permissions(base_dir.path(), std::fs::Permissions::from_mode(0o711))?;
+        }
         let script = match &config.worker_script {
             Some(path) => path.clone(),
             None => {
@@ -217,6 +235,23 @@ impl Executor {
                     preload: plan.settings.preload.clone(),
                     start_timeout: config.worker_start_timeout,
                     grace_period: config.grace_period,
+                    sandbox: sandbox.as_ref().map(|s| {
+                        let mut wrap = s.plan(plan.settings.network, &plan.spec.python);
+                        wrap.read.push(match &config.worker_script {
+                            // A replacement bootstrap may import its neighbours.
+                            Some(_) => script.parent().unwrap_or(&script).to_path_buf(),
+                            None => script.clone(),
+                        });
+                        wrap.read.push(plan.spec.prefix.clone());
+                        wrap
+                    }),
+                    owner: sandbox.as_ref().and_then(Sandbox::owner),
+                    pids_max: plan
+                        .settings
+                        .run_limits
+                        .processes
+                        .unwrap_or(DEFAULT_PROCESSES)
+                        + WORKER_TASKS,
                 },
                 PoolConfig {
                     size: plan.settings.pool_size,
@@ -295,6 +330,8 @@ impl Executor {
             closing: AtomicBool::new(false),
             metrics,
             max_grade_cases: config.max_grade_cases,
+            sandbox: sandbox_status(sandbox.as_ref()),
+            request_limits: config.request_limits,
         })
     }
 
@@ -334,12 +371,35 @@ impl Executor {
                 )));
             }
         };
+        let limits = &self.request_limits;
+        if req.code.len() > limits.max_code_bytes {
+            return Err(ExecError::TooLarge(format!(
+                "code is {} bytes, over the max_code_bytes limit of {}",
+                req.code.len(),
+                limits.max_code_bytes
+            )));
+        }
+        let count = req.files.as_ref().map_or(0, |f| f.len());
+        if count > limits.max_files {
+            return Err(ExecError::TooLarge(format!(
+                "{count} files, over the max_files limit of {}",
+                limits.max_files
+            )));
+        }
         let mut contents = Vec::new();
+        let mut total = 0usize;
         for (path, content) in req.files.iter().flatten() {
             check_file_path(path).map_err(ExecError::BadRequest)?;
             let bytes = content
                 .to_bytes()
                 .map_err(|e| ExecError::BadRequest(format!("file {path:?}: {e}")))?;
+            total += bytes.len();
+            if total > limits.max_files_bytes {
+                return Err(ExecError::TooLarge(format!(
+                    "files total over the max_files_bytes limit of {} bytes",
+                    limits.max_files_bytes
+                )));
+            }
             contents.push((path.as_str(), bytes));
         }
         let artifacts = match &req.artifacts {
@@ -735,6 +795,8 @@ impl Executor {
         Health {
             status: if serving { "ok" } else { "unavailable" },
             envs,
+            sandbox: self.sandbox.clone(),
+            request_limits: self.request_limits,
         }
     }
 
@@ -830,22 +892,12 @@ fn capped(mut bytes: Vec<u8>) -> String {
 
 /// Which limit stopped a run, if one did.
 pub fn limit_of(out: &crate::worker::RunOutput) -> Option<&'static str> {
-    if out.timed_out {
-        Some("timeout")
-    } else if out.signal.as_deref() == Some("SIGXCPU") {
-        Some("cpu")
-    } else if out.signal.as_deref() == Some("SIGXFSZ") {
-        Some("file_size")
-    } else if out.stdout_truncated || out.stderr_truncated {
-        Some("output")
-    } else {
-        None
-    }
+    limit_hit(out, out.stdout_truncated || out.stderr_truncated)
 }
 
 fn shape_result(out: crate::worker::RunOutput) -> ExecResult {
     let truncated = out.stdout_truncated || out.stderr_truncated;
-    let limit = limit_of(&out);
+    let limit = limit_hit(&out, truncated);
     ExecResult {
         stdout: utf8(out.stdout),
         stderr: utf8(out.stderr),
@@ -877,6 +929,55 @@ fn shape_result(out: crate::worker::RunOutput) -> ExecResult {
         limit: limit.map(str::to_string),
     }
 }
+
+/// `/health`'s account of the sandbox: what is enforced, and the rlimits
+/// every run gets.
+fn sandbox_status(sandbox: Option<&Sandbox>) -> SandboxStatus {
+    let mut status = sandbox.map(|s| s.status.clone()).unwrap_or_default();
+    status.rlimits = ["cpu", "memory", "file_size", "open_files", "processes"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    status
+}
+
+/// Which limit stopped the run, from how it ended: the wall clock, a
+/// resource signal (`SIGXCPU`, `SIGXFSZ`), an exception that only a limit
+/// raises (`MemoryError`; `fork`/thread creation refused; `EFBIG`).
+fn limit_hit(out: &crate::worker::RunOutput, truncated: bool) -> Option<&'static str> {
+    if out.timed_out {
+        return Some("timeout");
+    }
+    match out.signal.as_deref() {
+        Some("SIGXCPU") => return Some("cpu"),
+        Some("SIGXFSZ") => return Some("file_size"),
+        _ => {}
+    }
+    if let Some(e) = &out.error {
+        let kind = e.kind.as_str();
+        let message = e.message.as_str();
+        if kind == "MemoryError" {
+            return Some("memory");
+        }
+        if kind == "OSError" && message.contains("File too large") {
+            return Some("file_size");
+        }
+        if (kind == "BlockingIOError" && message.contains("Resource temporarily unavailable"))
+            || (kind == "RuntimeError" && message.contains("can't start new thread"))
+        {
+            return Some("processes");
+        }
+    }
+    if truncated {
+        return Some("output");
+    }
+    None
+}
+
+/// Processes and threads of one run when the config sets no limit.
+const DEFAULT_PROCESSES: u64 = 256;
+/// Tasks of a worker besides its run's: the launcher, the worker, its next child.
+const WORKER_TASKS: u64 = 4;
 
 /// Hard ceilings for limits a request sets where the server sets none.
 const MAX_PROCESSES: u64 = 4096;

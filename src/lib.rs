@@ -14,6 +14,8 @@
 //! * [`types`]: request and result types shared by every front end.
 //! * [`http`]: the axum HTTP/JSON API and its error type.
 //! * [`mcp`]: the MCP server (`rmcp`): tools over the executor, stdio and streamable HTTP.
+//! * [`sandbox`]: the launcher workers start through (namespaces, Landlock,
+//!   `no_new_privs`, `run_as`) and what the host supports.
 //! * [`server`]: serving the HTTP API (and MCP at `/mcp`) with graceful shutdown.
 //! * [`error`]: typed errors, one enum per layer.
 
@@ -29,6 +31,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod pool;
 pub mod protocol;
+pub mod sandbox;
 pub mod server;
 pub mod types;
 pub mod worker;

@@ -6,16 +6,24 @@ use code_executor::config::{Cli, Command, Config, LogFormat};
 use code_executor::{Executor, server};
 use tracing_subscriber::EnvFilter;
 
+fn main() {
+    let cli = Cli::parse();
+    if let Command::SandboxExec(args) = cli.command {
+        // The launcher: no runtime, no threads; it execs the worker.
+        code_executor::sandbox::launch::main(args);
+    }
+    serve(cli);
+}
+
 #[tokio::main]
-async fn main() {
-    if let Err(err) = run().await {
+async fn serve(cli: Cli) {
+    if let Err(err) = run(cli).await {
         eprintln!("error: {err:#}");
         std::process::exit(1);
     }
 }
 
-async fn run() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(serve) => {
             let config = Config::load(&serve.args)?;
@@ -53,6 +61,7 @@ async fn run() -> anyhow::Result<()> {
             print!("{}", registry.describe().await);
             Ok(())
         }
+        Command::SandboxExec(_) => unreachable!("handled before the runtime starts"),
     }
 }
 

@@ -28,6 +28,8 @@ pub struct EnvSettings {
     /// Largest timeout a request may ask for, seconds.
     pub max_timeout: f64,
     pub run_limits: RunLimits,
+    /// The workers' network.
+    pub network: crate::sandbox::Network,
 }
 
 /// One environment the server will serve.
@@ -99,6 +101,7 @@ impl Registry {
             timeout: config.timeout,
             max_timeout: config.max_timeout,
             run_limits: config.run_limits.clone(),
+            network: config.sandbox.network,
         };
         let mut envs = Vec::new();
         if config.env != EnvChoice::Default || config.envs.is_empty() {
@@ -118,6 +121,7 @@ impl Registry {
                     timeout: table.timeout,
                     max_timeout: table.max_timeout,
                     run_limits: table.run_limits.clone(),
+                    network: table.network,
                 },
                 configured: true,
             });

@@ -299,7 +299,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                 ApiError::new(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "too_large",
-                    "request body exceeds the size limit",
+                    "request body exceeds the size limit (max_body_bytes)",
                 )
             } else {
                 ApiError::bad_request(format!("unreadable request body: {e}"))

@@ -45,6 +45,13 @@ pub struct WorkerSpec {
     pub start_timeout: Duration,
     /// Between the termination steps (close stdin, SIGTERM, SIGKILL).
     pub grace_period: Duration,
+    /// Start the interpreter through the sandbox launcher; `None`: directly.
+    pub sandbox: Option<crate::sandbox::SandboxPlan>,
+    /// Owner (uid, gid) given the scratch root when workers run as another user.
+    pub owner: Option<(u32, u32)>,
+    /// Tasks (processes and threads) the worker's pids cgroup allows: the
+    /// worker, its next child and one run's processes.
+    pub pids_max: u64,
 }
 
 /// What the worker reported in its `ready` frame.
@@ -103,6 +110,9 @@ pub struct Worker {
     frames: FramedRead<ChildStdout, tokio_util::codec::LengthDelimitedCodec>,
     /// The worker's private scratch root; removed when the worker is dropped.
     scratch: Option<tempfile::TempDir>,
+    /// The worker's pids cgroup (caps a run's processes and threads);
+    /// removed once the worker's processes are gone.
+    cgroup: Option<crate::sandbox::cgroup::WorkerCgroup>,
     /// Set while a request is in flight; still set after a dropped or failed
     /// request, which makes the worker unusable (poisoned).
     in_flight: bool,
@@ -131,13 +141,43 @@ impl Worker {
             .prefix("worker-")
             .tempdir_in(&spec.scratch_parent)
             .map_err(WorkerError::Io)?;
-        let mut cmd = Command::new(&spec.python);
-        cmd.arg("-I")
-            .arg("-u")
-            .arg(&spec.script)
-            .arg(scratch.path())
-            .arg(spec.preload.join(","))
-            .env_clear()
+        if let Some((uid, gid)) = spec.owner {
+            nix::unistd::chown(scratch.path(), Some(uid.into()), Some(gid.into()))
+                .map_err(|e| WorkerError::Io(e.into()))?;
+        }
+        let args: Vec<OsString> = vec![
+            "-I".into(),
+            "-u".into(),
+            spec.script.clone().into(),
+            scratch.path().into(),
+            spec.preload.join(",").into(),
+        ];
+        let mut cgroup = None;
+        let mut cmd = match &spec.sandbox {
+            Some(plan) => {
+                if let Some(root) = &plan.cgroups {
+                    let name = scratch.path().file_name().unwrap_or_default();
+                    cgroup = Some(
+                        root.worker(&name.to_string_lossy(), spec.pids_max)
+                            .map_err(WorkerError::Io)?,
+                    );
+                }
+                let mut cmd = Command::new(&plan.launcher);
+                cmd.args(plan.command(
+                    &spec.python,
+                    &args,
+                    scratch.path(),
+                    cgroup.as_ref().map(|c| c.path()),
+                ));
+                cmd
+            }
+            None => {
+                let mut cmd = Command::new(&spec.python);
+                cmd.args(&args);
+                cmd
+            }
+        };
+        cmd.env_clear()
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .env("HOME", scratch.path())
             .env("TMPDIR", scratch.path())
@@ -168,6 +208,7 @@ impl Worker {
             stdin,
             frames: FramedRead::new(stdout, protocol::codec()),
             scratch: Some(scratch),
+            cgroup,
             in_flight: false,
             runs: 0,
             terminated: false,
@@ -418,6 +459,7 @@ impl Drop for Worker {
         self.kill();
         // The scratch root goes once the processes that wrote into it are gone.
         drop(self.scratch.take());
+        drop(self.cgroup.take());
     }
 }
 

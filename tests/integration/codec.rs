@@ -59,6 +59,9 @@ async fn pure_codec_worker() -> (Worker, tempfile::TempDir) {
         preload: vec![],
         start_timeout: Duration::from_secs(30),
         grace_period: Duration::from_millis(200),
+        sandbox: None,
+        owner: None,
+        pids_max: 256,
     };
     (
         Worker::create(&spec, None).await.expect("worker starts"),

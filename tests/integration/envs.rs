@@ -232,6 +232,7 @@ async fn flags_and_envs_tables_choose_name_and_configure_environments() {
     let config = Config {
         port: 0,
         pool_size: 1,
+        sandbox: common::sandbox_config(),
         ..config
     };
     let server = TestServer::with_config(config).await;

@@ -2,6 +2,7 @@
 
 mod common;
 
+mod adversarial;
 mod codec;
 mod concurrency;
 mod crashes;

@@ -126,8 +126,25 @@ async fn stream_flag_in_the_body_also_streams_and_refusals_keep_their_status() {
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], "unknown_env");
 
-    // A worker crash mid-stream ends it with an error event.
-    let (_, events) = stream_events(&server, json!({"code": "import os\nprint('a', flush=True)\nos.kill(os.getppid(), 9)\nimport time; time.sleep(5)", "stream": true}), false).await;
+    // A worker crash mid-stream ends it with an error event. (A run cannot
+    // kill its own worker, pid 1 of its pid namespace: kill them from here.)
+    let base = server.executor.base_dir().to_path_buf();
+    let killer = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        for pid in crate::common::processes_mentioning(&base) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    });
+    let (_, events) = stream_events(
+        &server,
+        json!({"code": "print('a', flush=True)\nimport time; time.sleep(5)", "stream": true}),
+        false,
+    )
+    .await;
+    killer.await.unwrap();
     let last = events.last().unwrap();
     assert_eq!(last.event, "error");
     let err: Value = serde_json::from_str(&last.data).unwrap();

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use code_executor::config::Config;
 use code_executor::env::EnvChoice;
+use code_executor::sandbox::SandboxConfig;
 use code_executor::{Executor, server};
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -40,8 +41,23 @@ pub fn config() -> Config {
         queue_timeout: Duration::from_secs(10),
         grace_period: Duration::from_millis(500),
         shutdown_timeout: Duration::from_secs(10),
+        sandbox: sandbox_config(),
         ..Config::default()
     }
+}
+
+/// The sandbox as the server sets it up, with the real binary as launcher
+/// (the test binary has no `sandbox-exec` subcommand).
+pub fn sandbox_config() -> SandboxConfig {
+    SandboxConfig {
+        launcher: Some(launcher()),
+        ..SandboxConfig::default()
+    }
+}
+
+/// The `code-executor` binary (its `sandbox-exec` subcommand is the launcher).
+pub fn launcher() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_code-executor"))
 }
 
 /// A running server and a client for it.

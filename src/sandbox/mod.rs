@@ -1,0 +1,468 @@
+//! The sandbox around every worker: what the host offers, and how a worker
+//! is started through the launcher (`code-executor sandbox-exec`, see
+//! [`launch`]) so that namespaces, Landlock, `no_new_privs` and the
+//! `run_as` user apply to the interpreter from its first instruction.
+//!
+//! The server never runs code between `fork` and `exec` itself: the launcher
+//! is this same binary, re-executed, which sets the sandbox up on itself.
+
+pub mod cgroup;
+pub mod launch;
+mod netlink;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cgroup::{CgroupRoot, CgroupVersion};
+
+use landlock::{ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr};
+use nix::sched::{CloneFlags, unshare};
+use serde::{Deserialize, Serialize};
+
+/// Directories every interpreter needs to read: system libraries, configuration
+/// (`ld.so.cache`, certificates, time zones), the sandbox's own `/proc`, `/sys`
+/// (CPU counts) and `/dev`.
+const SYSTEM_READ: &[&str] = &[
+    "/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/sys", "/dev",
+];
+
+/// Device files a run may also write.
+const DEVICE_WRITE: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
+
+/// A worker's network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    /// Its own network namespace with loopback only (the default).
+    #[default]
+    #[value(alias = "none")]
+    #[serde(alias = "none")]
+    Isolated,
+    /// The host's network: an explicit opt-out.
+    Host,
+}
+
+impl Network {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Network::Isolated => "isolated",
+            Network::Host => "host",
+        }
+    }
+}
+
+/// How workers are sandboxed (the `[sandbox]`-level keys of the config).
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// Start workers through the launcher. Off only for debugging: then
+    /// nothing but rlimits confines a run.
+    pub enabled: bool,
+    /// The binary with the `sandbox-exec` subcommand (default: this one).
+    pub launcher: Option<PathBuf>,
+    /// Network of workers whose env sets none.
+    pub network: Network,
+    /// Confine the filesystem with Landlock when the kernel has it.
+    pub landlock: bool,
+    /// User (name or uid) workers run as; the server's own when absent.
+    pub run_as: Option<String>,
+    /// Group (name or gid) workers run as; the user's primary group when absent.
+    pub run_as_group: Option<String>,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            enabled: true,
+            launcher: None,
+            network: Network::Isolated,
+            landlock: true,
+            run_as: None,
+            run_as_group: None,
+        }
+    }
+}
+
+/// What this host enforces, as `/health` reports it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SandboxStatus {
+    /// Workers start through the launcher.
+    pub enabled: bool,
+    /// A pid and mount namespace per worker (own `/proc`, no process outlives it).
+    pub pid_namespace: bool,
+    /// A network namespace per worker (loopback only) can be made.
+    pub network_namespace: bool,
+    /// Landlock filesystem confinement is enforced.
+    pub landlock: bool,
+    /// `PR_SET_NO_NEW_PRIVS` is set on every worker.
+    pub no_new_privs: bool,
+    /// Per-run rlimits applied by the bootstrap.
+    pub rlimits: Vec<String>,
+    /// Whether workers run as another user.
+    pub run_as: bool,
+    /// A pids cgroup per worker caps processes and threads (`"v1"`, `"v2"`),
+    /// or `null`: then only `RLIMIT_NPROC` does, which binds no root worker.
+    pub pids_cgroup: Option<&'static str>,
+    /// Memory is bounded by `RLIMIT_AS` per run (no memory cgroup is used).
+    pub memory: &'static str,
+    /// Why something the config asked for is missing, if it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+/// Errors setting the sandbox up at server start.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("cannot run the sandbox launcher {0}")]
+    Launcher(PathBuf, #[source] std::io::Error),
+    #[error("the sandbox launcher {0} gave an unreadable answer: {1}")]
+    Probe(PathBuf, String),
+    #[error(
+        "workers cannot get their own namespaces on this host ({0}); set network = \"host\" to run them on the host's network without namespaces"
+    )]
+    NoNamespaces(String),
+    #[error("unknown run_as user {0:?}")]
+    UnknownUser(String),
+    #[error("unknown run_as group {0:?}")]
+    UnknownGroup(String),
+}
+
+/// What the probe finds, printed by `sandbox-exec --probe` as JSON.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ProbeReport {
+    namespaces: Result<(), String>,
+    landlock: bool,
+}
+
+/// Run inside the launcher: try what the sandbox needs, on this process only.
+pub(crate) fn probe_here(net: Network) -> String {
+    let mut flags = CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWNS;
+    if net == Network::Isolated {
+        flags |= CloneFlags::CLONE_NEWNET;
+    }
+    let namespaces = unshare(flags).map_err(|e| e.desc().to_string());
+    let landlock = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessFs::from_all(ABI::V1))
+        .and_then(|r| r.create())
+        .is_ok();
+    serde_json::to_string(&ProbeReport {
+        namespaces,
+        landlock,
+    })
+    .unwrap_or_default()
+}
+
+/// How to wrap one env's workers; built once per pool.
+#[derive(Debug, Clone)]
+pub struct SandboxPlan {
+    pub launcher: PathBuf,
+    pub network: Network,
+    pub landlock: bool,
+    /// Whether to unshare namespaces (false only for `network = "host"` on a
+    /// host that cannot make them).
+    pub namespaces: bool,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// Paths the worker may read besides the system ones.
+    pub read: Vec<PathBuf>,
+    /// Where each worker gets its pids cgroup, if the host has one.
+    pub cgroups: Option<Arc<CgroupRoot>>,
+}
+
+impl SandboxPlan {
+    /// The program and arguments that start `python args...` inside the sandbox,
+    /// writable only at `scratch`.
+    pub fn command(
+        &self,
+        python: &Path,
+        args: &[OsString],
+        scratch: &Path,
+        cgroup: Option<&Path>,
+    ) -> Vec<OsString> {
+        let mut out: Vec<OsString> = vec![
+            "sandbox-exec".into(),
+            "--net".into(),
+            self.network.as_str().into(),
+        ];
+        if let Some(dir) = cgroup {
+            out.push("--cgroup".into());
+            out.push(dir.into());
+        }
+        if !self.namespaces {
+            out.push("--no-namespaces".into());
+        }
+        if self.landlock {
+            out.push("--landlock".into());
+            for p in SYSTEM_READ
+                .iter()
+                .map(Path::new)
+                .chain(self.read.iter().map(PathBuf::as_path))
+            {
+                out.push("--read".into());
+                out.push(p.into());
+            }
+            // With namespaces, /dev/shm is a private tmpfs (see `launch`).
+            let shm = self.namespaces.then_some(Path::new(launch::PRIVATE_SHM));
+            for p in DEVICE_WRITE
+                .iter()
+                .map(Path::new)
+                .chain(shm)
+                .chain(std::iter::once(scratch))
+            {
+                out.push("--write".into());
+                out.push(p.into());
+            }
+        }
+        if let Some(uid) = self.uid {
+            out.push("--uid".into());
+            out.push(uid.to_string().into());
+        }
+        if let Some(gid) = self.gid {
+            out.push("--gid".into());
+            out.push(gid.to_string().into());
+        }
+        out.push("--".into());
+        out.push(python.into());
+        out.extend(args.iter().cloned());
+        out
+    }
+}
+
+/// The host's sandbox, probed once at start.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    pub status: SandboxStatus,
+    launcher: PathBuf,
+    landlock: bool,
+    namespaces: bool,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    cgroups: Option<Arc<CgroupRoot>>,
+}
+
+impl Sandbox {
+    /// Probe the host through the launcher. Fails when namespaces cannot be
+    /// made and some env keeps its network isolated (never a silent
+    /// downgrade); a missing Landlock is logged loudly and reported.
+    pub async fn probe(
+        config: &SandboxConfig,
+        networks: &[Network],
+    ) -> Result<Option<Sandbox>, SandboxError> {
+        if !config.enabled {
+            tracing::warn!(
+                "the sandbox is disabled: runs are confined by rlimits only and share the host's network and filesystem"
+            );
+            return Ok(None);
+        }
+        let launcher = match &config.launcher {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| SandboxError::Launcher(PathBuf::from("code-executor"), e))?,
+        };
+        let out = tokio::process::Command::new(&launcher)
+            .args(["sandbox-exec", "--probe"])
+            .env_clear()
+            .output()
+            .await
+            .map_err(|e| SandboxError::Launcher(launcher.clone(), e))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let report: ProbeReport = serde_json::from_str(text.trim()).map_err(|_| {
+            SandboxError::Probe(
+                launcher.clone(),
+                format!("{}{}", text.trim(), String::from_utf8_lossy(&out.stderr)),
+            )
+        })?;
+        let namespaces = match &report.namespaces {
+            Ok(()) => true,
+            Err(reason) => {
+                if networks.contains(&Network::Isolated) {
+                    return Err(SandboxError::NoNamespaces(reason.clone()));
+                }
+                tracing::warn!(
+                    "workers cannot get their own namespaces ({reason}); running them on the host network as configured"
+                );
+                false
+            }
+        };
+        let mut problem = None;
+        let landlock = config.landlock && report.landlock;
+        if config.landlock && !report.landlock {
+            tracing::error!(
+                "LANDLOCK IS NOT AVAILABLE on this kernel: runs can read and write every file the worker user can; see SECURITY.md"
+            );
+            problem = Some("landlock is not available on this kernel".to_string());
+        }
+        let (uid, gid) = resolve_user(config)?;
+        let cgroups = CgroupRoot::create().map(Arc::new);
+        if cgroups.is_none() {
+            tracing::warn!(
+                "no writable pids cgroup: the process/thread cap of runs is RLIMIT_NPROC only"
+            );
+        }
+        Ok(Some(Sandbox {
+            status: SandboxStatus {
+                enabled: true,
+                pid_namespace: namespaces,
+                network_namespace: namespaces && networks.contains(&Network::Isolated),
+                landlock,
+                no_new_privs: true,
+                rlimits: Vec::new(),
+                run_as: uid.is_some(),
+                pids_cgroup: cgroups.as_ref().map(|c| match c.version {
+                    CgroupVersion::V1 => "v1",
+                    CgroupVersion::V2 => "v2",
+                }),
+                memory: "rlimit_as",
+                problem,
+            },
+            launcher,
+            landlock,
+            namespaces,
+            uid,
+            gid,
+            cgroups,
+        }))
+    }
+
+    /// The plan for one env's workers: `python` is its interpreter.
+    pub fn plan(&self, network: Network, python: &Path) -> SandboxPlan {
+        let read = interpreter_paths(python);
+        SandboxPlan {
+            launcher: self.launcher.clone(),
+            network: if self.namespaces {
+                network
+            } else {
+                Network::Host
+            },
+            landlock: self.landlock,
+            namespaces: self.namespaces,
+            uid: self.uid,
+            gid: self.gid,
+            read,
+            cgroups: self.cgroups.clone(),
+        }
+    }
+
+    /// The user workers run as, if not the server's.
+    pub fn owner(&self) -> Option<(u32, u32)> {
+        self.uid.map(|u| (u, self.gid.unwrap_or(u)))
+    }
+}
+
+/// What an interpreter needs to read: its prefix, the prefix of the binary
+/// it resolves to, where the prefix's `bin/` and `lib/` symlinks point
+/// (venvs and linked envs; for a standard library linked entry by entry from
+/// another installation, that installation's whole `lib/`, which also holds
+/// its `libpython`), and a venv's base (`pyvenv.cfg` `home`).
+/// Landlock checks the resolved path of every open, so a symlinked library
+/// is readable only if its target is.
+fn interpreter_paths(python: &Path) -> Vec<PathBuf> {
+    let mut read: Vec<PathBuf> = Vec::new();
+    let mut add = |p: PathBuf| {
+        if !read.contains(&p) {
+            read.push(p);
+        }
+    };
+    let prefix = python
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf);
+    if let Some(prefix) = &prefix {
+        add(prefix.clone());
+        for dir in ["bin", "lib"] {
+            let Ok(entries) = std::fs::read_dir(prefix.join(dir)) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let Ok(kind) = entry.file_type() else {
+                    continue;
+                };
+                if kind.is_symlink() {
+                    if let Ok(target) = std::fs::canonicalize(entry.path()) {
+                        add(target);
+                    }
+                } else if dir == "lib"
+                    && kind.is_dir()
+                    && entry.file_name().to_string_lossy().starts_with("python")
+                {
+                    linked_stdlib(&entry.path(), &mut add);
+                }
+            }
+        }
+        if let Ok(cfg) = std::fs::read_to_string(prefix.join("pyvenv.cfg")) {
+            for line in cfg.lines() {
+                if let Some((key, value)) = line.split_once('=')
+                    && key.trim() == "home"
+                    && let Some(base) = Path::new(value.trim()).parent()
+                {
+                    add(base.to_path_buf());
+                }
+            }
+        }
+    }
+    if let Some(real) = std::fs::canonicalize(python)
+        .ok()
+        .and_then(|p| p.parent().and_then(Path::parent).map(Path::to_path_buf))
+    {
+        add(real);
+    }
+    read
+}
+
+/// The real `lib/` of a standard library whose entries are symlinks.
+fn linked_stdlib(stdlib: &Path, add: &mut impl FnMut(PathBuf)) {
+    let Ok(entries) = std::fs::read_dir(stdlib) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_symlink())
+            && let Some(lib) = std::fs::canonicalize(entry.path())
+                .ok()
+                .and_then(|t| t.parent().and_then(Path::parent).map(Path::to_path_buf))
+        {
+            add(lib);
+            return;
+        }
+    }
+}
+
+fn resolve_user(config: &SandboxConfig) -> Result<(Option<u32>, Option<u32>), SandboxError> {
+    use nix::unistd::{Group, User};
+    let mut uid = None;
+    let mut gid = None;
+    if let Some(name) = &config.run_as {
+        let user = match name.parse::<u32>() {
+            Ok(n) => User::from_uid(n.into()).ok().flatten(),
+            Err(_) => User::from_name(name).ok().flatten(),
+        };
+        match (user, name.parse::<u32>()) {
+            (Some(u), _) => {
+                uid = Some(u.uid.as_raw());
+                gid = Some(u.gid.as_raw());
+            }
+            (None, Ok(n)) => {
+                uid = Some(n);
+                gid = Some(n);
+            }
+            (None, Err(_)) => return Err(SandboxError::UnknownUser(name.clone())),
+        }
+    }
+    if let Some(name) = &config.run_as_group {
+        gid = Some(match name.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => Group::from_name(name)
+                .ok()
+                .flatten()
+                .map(|g| g.gid.as_raw())
+                .ok_or_else(|| SandboxError::UnknownGroup(name.clone()))?,
+        });
+    }
+    Ok((uid, gid))
+}

@@ -1,0 +1,87 @@
+//! What the server does on hosts that lack part of the sandbox: refuse, or
+//! say so loudly — never a silent downgrade. A fake launcher stands in for a
+//! host without namespaces or Landlock by answering the probe differently.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::common::{self, TestServer};
+
+/// A launcher that answers `--probe` with `probe` and runs the real one otherwise.
+fn fake_launcher(dir: &Path, probe: &str) -> PathBuf {
+    let path = dir.join("launcher");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\nif [ \"$2\" = --probe ]; then echo '{probe}'; exit 0; fi\nexec {} \"$@\"\n",
+            common::launcher().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[tokio::test]
+async fn without_namespaces_the_server_refuses_to_start_unless_network_is_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let launcher = fake_launcher(
+        dir.path(),
+        r#"{"namespaces":{"Err":"Operation not permitted"},"landlock":true}"#,
+    );
+    let mut sandbox = common::sandbox_config();
+    sandbox.launcher = Some(launcher.clone());
+    let err = TestServer::try_with_config(code_executor::Config {
+        sandbox: sandbox.clone(),
+        ..common::config()
+    })
+    .await
+    .err()
+    .expect("the server refuses to start");
+    let message = format!("{err:#}");
+    assert!(message.contains("namespaces"), "{message}");
+    assert!(message.contains("network = \"host\""), "{message}");
+
+    // Opting out explicitly starts it, on the host network, and says so.
+    sandbox.network = code_executor::sandbox::Network::Host;
+    let server = TestServer::with_config(code_executor::Config {
+        sandbox,
+        ..common::config()
+    })
+    .await;
+    let (_, health) = server.get("/health").await;
+    assert_eq!(health["sandbox"]["network_namespace"], false, "{health}");
+    assert_eq!(health["sandbox"]["pid_namespace"], false, "{health}");
+    let body = server.run("print('on the host network')").await;
+    assert_eq!(body["stdout"], "on the host network\n");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn without_landlock_health_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let launcher = fake_launcher(dir.path(), r#"{"namespaces":{"Ok":null},"landlock":false}"#);
+    let mut sandbox = common::sandbox_config();
+    sandbox.launcher = Some(launcher);
+    let server = TestServer::with_config(code_executor::Config {
+        sandbox,
+        ..common::config()
+    })
+    .await;
+    let (_, health) = server.get("/health").await;
+    assert_eq!(health["sandbox"]["landlock"], false, "{health}");
+    assert!(
+        health["sandbox"]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("landlock"),
+        "{health}"
+    );
+    // The rest of the sandbox still holds.
+    assert_eq!(health["sandbox"]["network_namespace"], true, "{health}");
+    let body = server
+        .run("import socket; print(socket.if_nameindex())")
+        .await;
+    assert_eq!(body["stdout"], "[(1, 'lo')]\n");
+    server.stop().await;
+}

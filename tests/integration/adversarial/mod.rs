@@ -1,0 +1,214 @@
+//! The adversarial suite: one test per attack. Each asserts what the client
+//! sees, then that the server still answers, the pool is back at full size
+//! and nothing is left behind: no stray process, file descriptor or directory.
+//! No test sends traffic to any address outside this machine.
+
+mod code;
+mod host;
+mod launcher;
+mod requests;
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::common::{self, TestServer};
+
+/// Workers in the pools these tests start.
+const POOL: u64 = 2;
+
+/// A server under attack and what it looked like before.
+pub struct Arena {
+    pub server: TestServer,
+    size: u64,
+    fds: usize,
+}
+
+impl Arena {
+    pub async fn start() -> Arena {
+        Self::with_config(common::config()).await
+    }
+
+    pub async fn with_config(config: code_executor::Config) -> Arena {
+        let size = config.pool_size as u64;
+        Self::from_server(TestServer::with_config(config).await, size).await
+    }
+
+    /// Watch a started server whose pools hold `size` workers.
+    pub async fn from_server(server: TestServer, size: u64) -> Arena {
+        // One run first, so that the client's connection is open in both counts.
+        server.run("pass").await;
+        server
+            .wait_for_pool_size(size, Duration::from_secs(10))
+            .await;
+        wait_for_spares(&server, size).await;
+        let fds = open_fds();
+        Arena { server, size, fds }
+    }
+
+    /// Run `body` and insist on a 200.
+    pub async fn attack(&self, body: Value) -> Value {
+        let (status, answer) = self.server.execute(body).await;
+        assert_eq!(status, 200, "unexpected answer: {answer}");
+        answer
+    }
+
+    /// The server answers, the pool is whole and nothing is left behind.
+    pub async fn assert_recovered(self) {
+        let body = self.server.run("print('still serving')").await;
+        assert_eq!(body["stdout"], "still serving\n", "{body}");
+        self.server
+            .wait_for_pool_size(self.size, Duration::from_secs(10))
+            .await;
+        wait_for_spares(&self.server, self.size).await;
+        let started = Instant::now();
+        loop {
+            let fds = open_fds();
+            if fds == self.fds {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the server holds {fds} file descriptors, {} before the attack",
+                self.fds
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let base = self.server.executor.base_dir().to_path_buf();
+        let workers: Vec<_> = std::fs::read_dir(&base)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("worker-"))
+            .collect();
+        assert_eq!(workers.len() as u64, self.size, "worker scratch roots");
+        for w in workers {
+            // The next run's directory and its private tmp, nothing else.
+            let mut names: Vec<String> = std::fs::read_dir(w.path())
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            assert_eq!(names.len(), 2, "left in {}: {names:?}", w.path().display());
+            assert!(names[1].ends_with(".tmp"), "{names:?}");
+        }
+        self.server.stop().await;
+        let started = Instant::now();
+        while !sandbox_processes(&base).is_empty() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "processes outlived the server: {:?}",
+                sandbox_processes(&base)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(!base.exists(), "{} was not removed", base.display());
+    }
+}
+
+/// Wait until every worker has its next child forked and nothing else runs
+/// in the sandboxes: per worker the launcher, the worker and its next child.
+async fn wait_for_spares(server: &TestServer, size: u64) {
+    let base = server.executor.base_dir().to_path_buf();
+    let started = Instant::now();
+    loop {
+        let pids = sandbox_processes(&base);
+        if pids.len() as u64 == 3 * size {
+            return;
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            let described: Vec<String> = pids.iter().map(|p| describe(*p)).collect();
+            panic!(
+                "expected {} sandbox processes (3 per worker), found {}: {described:#?}",
+                3 * size,
+                pids.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every live process of this server's sandboxes: those whose command line
+/// names the executor's directory, and every process in their pid namespaces.
+pub fn sandbox_processes(base: &Path) -> Vec<u32> {
+    let own_ns = std::fs::read_link("/proc/self/ns/pid").ok();
+    let named: HashSet<u32> = common::processes_mentioning(base).into_iter().collect();
+    let mut ns_of: HashMap<u32, std::path::PathBuf> = HashMap::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(ns) = std::fs::read_link(entry.path().join("ns/pid")) {
+            ns_of.insert(pid, ns);
+        }
+    }
+    let worker_ns: HashSet<_> = named
+        .iter()
+        .filter_map(|p| ns_of.get(p))
+        .filter(|ns| Some(*ns) != own_ns.as_ref())
+        .cloned()
+        .collect();
+    let mut pids: Vec<u32> = ns_of
+        .iter()
+        .filter(|(pid, ns)| (named.contains(pid) || worker_ns.contains(*ns)) && !is_zombie(**pid))
+        .map(|(pid, _)| *pid)
+        .collect();
+    pids.sort();
+    pids
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+fn describe(pid: u32) -> String {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    format!(
+        "{pid}: {}",
+        String::from_utf8_lossy(&cmdline).replace('\0', " ")
+    )
+}
+
+/// File descriptors this (server) process holds.
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Live processes whose command line is exactly `cmdline` (words joined by spaces).
+pub fn processes_running(cmdline: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if text.trim_end() == cmdline && !is_zombie(pid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// A request body running `code` with `timeout` seconds.
+pub fn run(code: &str, timeout: f64) -> Value {
+    json!({ "code": code, "timeout": timeout })
+}
+
+/// The default pool size of this suite's servers.
+pub fn pool() -> code_executor::Config {
+    code_executor::Config {
+        pool_size: POOL as usize,
+        ..common::config()
+    }
+}
