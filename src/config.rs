@@ -13,6 +13,7 @@ use crate::env::{EnvChoice, HostEnv};
 use crate::error::ConfigError;
 use crate::executor::ResultLimits;
 use crate::protocol::RunLimits;
+use crate::session::SessionConfig;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -88,6 +89,16 @@ pub struct ServeArgs {
     /// Bound on one /install run, in seconds.
     #[arg(long, env = "CODE_EXECUTOR_INSTALL_TIMEOUT")]
     pub install_timeout: Option<f64>,
+    /// Idle time to live of a session, in seconds (renewed by each call).
+    #[arg(long, env = "CODE_EXECUTOR_SESSION_TTL")]
+    pub session_ttl: Option<f64>,
+    /// Cap on live sessions across all environments.
+    #[arg(long, env = "CODE_EXECUTOR_MAX_SESSIONS")]
+    pub max_sessions: Option<usize>,
+    /// Give every MCP connection one implicit session: `execute_code`
+    /// without `session` runs in it.
+    #[arg(long, env = "CODE_EXECUTOR_MCP_IMPLICIT_SESSION")]
+    pub mcp_implicit_session: Option<bool>,
 }
 
 /// The TOML file's shape; every key is optional.
@@ -126,6 +137,12 @@ pub struct FileConfig {
     pub idle_timeout_secs: Option<f64>,
     pub install_timeout_secs: Option<f64>,
     pub activation_timeout_secs: Option<f64>,
+    pub session_ttl_secs: Option<f64>,
+    pub max_session_ttl_secs: Option<f64>,
+    pub max_sessions: Option<usize>,
+    pub max_sessions_per_env: Option<usize>,
+    pub session_interrupt_grace_secs: Option<f64>,
+    pub mcp_implicit_session: Option<bool>,
     /// `[[envs]]` tables: environments configured one by one.
     #[serde(default)]
     pub envs: Vec<EnvTable>,
@@ -218,6 +235,10 @@ pub struct Config {
     /// What discovery reads from the server's environment (PATH, CONDA_EXE,
     /// CONDA_PREFIX, HOME).
     pub host_env: HostEnv,
+    /// Session lifetimes and caps.
+    pub sessions: SessionConfig,
+    /// Every MCP connection gets one implicit session, closed with it.
+    pub mcp_implicit_session: bool,
 }
 
 impl Default for Config {
@@ -259,6 +280,8 @@ impl Default for Config {
             install_timeout: Duration::from_secs(600),
             activation_timeout: Duration::from_secs(30),
             host_env: HostEnv::from_process(),
+            sessions: SessionConfig::default(),
+            mcp_implicit_session: false,
         }
     }
 }
@@ -423,6 +446,34 @@ impl Config {
                 d.activation_timeout,
             )?,
             host_env: d.host_env,
+            sessions: SessionConfig {
+                ttl: secs(
+                    args.session_ttl.or(file.session_ttl_secs),
+                    "session_ttl",
+                    d.sessions.ttl,
+                )?,
+                max_ttl: secs(
+                    file.max_session_ttl_secs,
+                    "max_session_ttl_secs",
+                    d.sessions.max_ttl,
+                )?,
+                max_sessions: args
+                    .max_sessions
+                    .or(file.max_sessions)
+                    .unwrap_or(d.sessions.max_sessions),
+                max_sessions_per_env: file
+                    .max_sessions_per_env
+                    .unwrap_or(d.sessions.max_sessions_per_env),
+                interrupt_grace: secs(
+                    file.session_interrupt_grace_secs,
+                    "session_interrupt_grace_secs",
+                    d.sessions.interrupt_grace,
+                )?,
+            },
+            mcp_implicit_session: args
+                .mcp_implicit_session
+                .or(file.mcp_implicit_session)
+                .unwrap_or(d.mcp_implicit_session),
         };
         config.validate()?;
         Ok(config)
@@ -466,6 +517,12 @@ impl Config {
                     "[[envs]] {name}: timeout must be positive and at most max_timeout"
                 )));
             }
+        }
+        if self.sessions.ttl.is_zero() || self.sessions.ttl > self.sessions.max_ttl {
+            return Err(ConfigError::Invalid(format!(
+                "session_ttl must be positive and at most max_session_ttl ({} s)",
+                self.sessions.max_ttl.as_secs_f64()
+            )));
         }
         if self.envs.iter().filter(|e| e.default).count() > 1 {
             return Err(ConfigError::Invalid(

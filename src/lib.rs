@@ -8,6 +8,7 @@
 //! * [`protocol`]: the length-prefixed msgpack frames spoken with `python/worker.py`.
 //! * [`worker`]: one worker process: spawn, handshake, run, terminate.
 //! * [`pool`]: a pre-warmed `deadpool` of workers per environment, refilled in the background.
+//! * [`session`]: stateful sessions: a persistent namespace per session, TTL, caps, interrupts.
 //! * [`executor`]: the one service front ends call: validate, pick a pool, run, shape the result.
 //! * [`types`]: request and result types shared by every front end.
 //! * [`http`]: the axum HTTP/JSON API and its error type.
@@ -26,6 +27,7 @@ pub mod mcp;
 pub mod pool;
 pub mod protocol;
 pub mod server;
+pub mod session;
 pub mod types;
 pub mod worker;
 

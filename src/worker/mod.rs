@@ -69,6 +69,8 @@ pub struct RunOutput {
     pub result: Option<String>,
     pub error: Option<protocol::WireError>,
     pub artifacts: Vec<protocol::WireArtifact>,
+    /// Session mode: why the session child is gone after this run.
+    pub session_lost: Option<String>,
 }
 
 /// Which stream a chunk of streamed output came from.
@@ -334,6 +336,7 @@ impl Worker {
                         result: frame.result,
                         error: frame.error,
                         artifacts: frame.artifacts,
+                        session_lost: frame.session_lost,
                     });
                 }
                 "error" => return Err(WorkerError::Internal(frame.message.unwrap_or_default())),

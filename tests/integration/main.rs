@@ -13,6 +13,7 @@ mod mcp;
 mod mcp_python;
 mod readme;
 mod results;
+mod sessions;
 mod shutdown;
 mod streaming;
 mod timeouts;
