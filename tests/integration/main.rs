@@ -11,6 +11,7 @@ mod http_api;
 mod isolation;
 mod mcp;
 mod mcp_python;
+mod mcp_sessions;
 mod readme;
 mod results;
 mod sessions;
