@@ -79,6 +79,12 @@ async fn start_server(python: &str, pool_size: usize) -> (tokio::process::Child,
 
 async fn http_load(url: &str, code: &str, concurrency: usize, seconds: f64) -> Stats {
     let body = json!({ "code": code }).to_string();
+    http_load_bodies(url, vec![body; concurrency], seconds).await
+}
+
+/// One keep-alive client per body, each sending its body in a loop.
+async fn http_load_bodies(url: &str, bodies: Vec<String>, seconds: f64) -> Stats {
+    let concurrency = bodies.len();
     let clients: Vec<reqwest::Client> = (0..concurrency)
         .map(|_| {
             reqwest::Client::builder()
@@ -88,15 +94,15 @@ async fn http_load(url: &str, code: &str, concurrency: usize, seconds: f64) -> S
         })
         .collect();
     // Warm-up: every connection opened, every worker used once.
-    for client in &clients {
+    for (client, body) in clients.iter().zip(&bodies) {
         for _ in 0..20 {
-            send(client, url, &body).await;
+            send(client, url, body).await;
         }
     }
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(seconds);
-    let tasks = clients.into_iter().map(|client| {
-        let (url, body) = (url.to_string(), body.clone());
+    let tasks = clients.into_iter().zip(bodies).map(|(client, body)| {
+        let url = url.to_string();
         tokio::spawn(async move {
             let mut latencies = Vec::new();
             while Instant::now() < deadline {
@@ -130,6 +136,19 @@ async fn send(client: &reqwest::Client, url: &str, body: &str) {
     assert_eq!(resp.status(), 200);
     let result: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(result["exit_code"], 0, "{result}");
+}
+
+/// `POST /sessions`; the new session's id.
+async fn create_session(url: &str) -> String {
+    let resp = reqwest::Client::new()
+        .post(format!("{url}/sessions"))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("session created");
+    assert_eq!(resp.status(), 201);
+    let info: serde_json::Value = resp.json().await.unwrap();
+    info["id"].as_str().unwrap().to_string()
 }
 
 fn spawn_load(python: &str, args: &[&str], count: usize) -> Stats {
@@ -172,6 +191,18 @@ async fn main() {
     for concurrency in [1, 8, 32] {
         let mut stats = http_load(&url, code, concurrency, seconds).await;
         stats.name = "HTTP /execute print(2+2)".into();
+        rows.push(stats);
+    }
+    // Sessions: each client has its own session (calls to one session run
+    // one at a time, so more clients on one session would only queue).
+    for concurrency in [1, 4] {
+        let mut bodies = Vec::new();
+        for _ in 0..concurrency {
+            let id = create_session(&url).await;
+            bodies.push(json!({ "code": code, "session": id }).to_string());
+        }
+        let mut stats = http_load_bodies(&url, bodies, seconds).await;
+        stats.name = "HTTP session print(2+2)".into();
         rows.push(stats);
     }
     let _ = server.kill().await;

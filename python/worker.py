@@ -1272,7 +1272,8 @@ class Session:
         timeout = float(msg.get("timeout") or 30.0)
         cap = int(msg.get("max_output") or (1 << 20))
         stream_id = msg.get("id") if msg.get("stream") else None
-        before = snapshot(child.rundir)
+        select_ = msg.get("artifacts", True)
+        before = snapshot(child.rundir) if select_ is not False else None
         start = time.monotonic()
         out, err = Capture(cap, "stdout"), Capture(cap, "stderr")
         streams = {child.out_r: out, child.err_r: err}
@@ -1341,7 +1342,6 @@ class Session:
                 how = ("killed by %s" % signame) if signame else ("exited with status %d" % exit_code)
                 lost = "the session process %s during this call; its state is gone" % how
         artifacts = []
-        select_ = msg.get("artifacts", True)
         if select_ is not False:
             artifacts = changed_artifacts(
                 child.rundir,
