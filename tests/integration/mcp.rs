@@ -88,7 +88,15 @@ async fn initialize_and_tools_list_describe_the_server() {
     let tools = client.list_all_tools().await.unwrap();
     let mut names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
     names.sort();
-    assert_eq!(names, ["execute_code", "list_environments"]);
+    assert_eq!(
+        names,
+        [
+            "close_session",
+            "create_session",
+            "execute_code",
+            "list_environments"
+        ]
+    );
 
     let exec = tools.iter().find(|t| t.name == "execute_code").unwrap();
     let input = Value::Object((*exec.input_schema).clone());

@@ -92,7 +92,12 @@ fn check_report(report: &Value) {
     let tools = report["tools"].as_object().expect("tools");
     assert_eq!(
         tools.keys().collect::<Vec<_>>(),
-        ["execute_code", "list_environments"]
+        [
+            "close_session",
+            "create_session",
+            "execute_code",
+            "list_environments"
+        ]
     );
     let exec = &tools["execute_code"];
     assert_eq!(exec["input_schema"]["required"], json!(["code"]));
