@@ -467,6 +467,11 @@ impl Executor {
             .insert(reservation, entry.spec.name.clone(), ttl, timeout, worker)
     }
 
+    /// Whether session `id` is live (it may still end before its next call).
+    pub fn has_session(&self, id: &str) -> bool {
+        self.sessions.contains(id)
+    }
+
     /// Every live session, oldest first.
     pub fn list_sessions(&self) -> Vec<SessionInfo> {
         self.sessions.list()

@@ -68,10 +68,9 @@ impl ImplicitSession {
     /// the last one is gone). The flag says a lost session was replaced.
     pub async fn id(&self) -> Result<(String, bool), ExecError> {
         let mut slot = self.id.lock().await;
-        let live = self.executor.list_sessions();
         let mut replaced = false;
         if let Some(id) = slot.as_ref() {
-            if live.iter().any(|s| &s.id == id) {
+            if self.executor.has_session(id) {
                 return Ok((id.clone(), false));
             }
             replaced = true;

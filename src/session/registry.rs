@@ -324,6 +324,11 @@ impl Sessions {
         .await;
     }
 
+    /// Whether session `id` is live.
+    pub fn contains(&self, id: &str) -> bool {
+        self.inner.lock().live.contains_key(id)
+    }
+
     /// Live sessions now.
     pub fn live(&self) -> usize {
         self.inner.lock().live.len()

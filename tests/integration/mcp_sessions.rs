@@ -111,6 +111,17 @@ async fn implicit_sessions_are_one_per_connection_and_end_with_it() {
     assert!(failed && out.contains("NameError"), "{out}");
     wait_for_sessions(&executor, 2).await;
 
+    // A lost implicit session is replaced, and the call says so.
+    let (_, out) = run(&first, json!({"code": "import os\nos._exit(1)"})).await;
+    assert!(out.contains("session lost"), "{out}");
+    let (failed, out) = run(&first, json!({"code": "print('who' in globals())"})).await;
+    assert!(
+        !failed && out.contains("previous session was lost") && out.contains("False"),
+        "{out}"
+    );
+    // The lost one is gone, its replacement and the second connection's remain.
+    wait_for_sessions(&executor, 2).await;
+
     let _ = first.cancel().await;
     wait_for_sessions(&executor, 1).await;
     let _ = second.cancel().await;
