@@ -1221,7 +1221,8 @@ def snapshot(root):
 
 def changed_artifacts(root, before, inputs, select, max_each, max_total):
     """Files under ``root`` a call created or changed (compared with the
-    snapshot ``before``), except input files left as they were sent."""
+    snapshot ``before``), except input files left as they were sent; and
+    the snapshot taken now."""
     import fnmatch
     import mimetypes
 
@@ -1252,18 +1253,21 @@ def changed_artifacts(root, before, inputs, select, max_each, max_total):
         except OSError:
             continue
         found.append(item)
-    return found
+    return found, after
 
 
 class Session:
     """The worker's side of its session child."""
 
-    __slots__ = ("child", "grace", "lost")
+    __slots__ = ("child", "grace", "lost", "files")
 
     def __init__(self, child, grace):
         self.child = child
         self.grace = grace
         self.lost = None  # why the child is gone, once it is
+        # The directory as the last call left it (see snapshot): the next
+        # call's "before", saving a walk; None when unknown.
+        self.files = None
 
     def execute(self, worker, msg, frame):
         child = self.child
@@ -1273,7 +1277,10 @@ class Session:
         cap = int(msg.get("max_output") or (1 << 20))
         stream_id = msg.get("id") if msg.get("stream") else None
         select_ = msg.get("artifacts", True)
-        before = snapshot(child.rundir) if select_ is not False else None
+        before = None
+        if select_ is not False:
+            before = self.files if self.files is not None else snapshot(child.rundir)
+        self.files = None
         start = time.monotonic()
         out, err = Capture(cap, "stdout"), Capture(cap, "stderr")
         streams = {child.out_r: out, child.err_r: err}
@@ -1343,7 +1350,7 @@ class Session:
                 lost = "the session process %s during this call; its state is gone" % how
         artifacts = []
         if select_ is not False:
-            artifacts = changed_artifacts(
+            artifacts, self.files = changed_artifacts(
                 child.rundir,
                 before,
                 {normalize(p): d for p, d in (msg.get("files") or ())},
