@@ -155,7 +155,17 @@ async fn http_load(
     seconds: f64,
 ) -> (Vec<Duration>, Duration) {
     let body = json!({ "code": code }).to_string();
-    let clients: Vec<reqwest::Client> = (0..concurrency)
+    http_load_bodies(url, vec![body; concurrency], seconds).await
+}
+
+/// One keep-alive client per body, each sending its body in a loop.
+async fn http_load_bodies(
+    url: &str,
+    bodies: Vec<String>,
+    seconds: f64,
+) -> (Vec<Duration>, Duration) {
+    let clients: Vec<reqwest::Client> = bodies
+        .iter()
         .map(|_| {
             reqwest::Client::builder()
                 .tcp_nodelay(true)
@@ -164,15 +174,15 @@ async fn http_load(
         })
         .collect();
     // Warm-up: every connection opened, every worker used.
-    for client in &clients {
+    for (client, body) in clients.iter().zip(&bodies) {
         for _ in 0..10 {
-            send(client, url, &body).await;
+            send(client, url, body).await;
         }
     }
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(seconds);
-    let tasks = clients.into_iter().map(|client| {
-        let (url, body) = (url.to_string(), body.clone());
+    let tasks = clients.into_iter().zip(bodies).map(|(client, body)| {
+        let url = url.to_string();
         tokio::spawn(async move {
             let mut latencies = Vec::new();
             while Instant::now() < deadline {
@@ -188,6 +198,19 @@ async fn http_load(
         latencies.extend(task.unwrap());
     }
     (latencies, started.elapsed())
+}
+
+/// `POST /sessions`; the new session's id.
+async fn create_session(url: &str) -> String {
+    let resp = reqwest::Client::new()
+        .post(format!("{url}/sessions"))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("session created");
+    assert_eq!(resp.status(), 201);
+    let info: serde_json::Value = resp.json().await.unwrap();
+    info["id"].as_str().unwrap().to_string()
 }
 
 async fn send(client: &reqwest::Client, url: &str, body: &str) {
@@ -312,6 +335,23 @@ async fn main() {
         rss_load = rss_load.max(max);
         rows.push(Stats::new(
             "HTTP /execute print(2+2)",
+            concurrency,
+            latencies,
+            elapsed,
+        ));
+    }
+
+    // Sessions: each client has its own session (calls to one session run
+    // one at a time, so more clients on one session would only queue).
+    for concurrency in [1, 4] {
+        let mut bodies = Vec::new();
+        for _ in 0..concurrency {
+            let id = create_session(&server.url).await;
+            bodies.push(json!({ "code": code, "session": id }).to_string());
+        }
+        let (latencies, elapsed) = http_load_bodies(&server.url, bodies, seconds).await;
+        rows.push(Stats::new(
+            "HTTP session print(2+2)",
             concurrency,
             latencies,
             elapsed,

@@ -18,6 +18,9 @@ server -> worker
     exec    {t, id, code, stdin, files, timeout, max_output, limits}
             optional ``rusage: true``: reap the run before answering and add
             ``cpu_ms`` and ``peak_rss_kb`` (os.wait4) to its ``result``
+    session {t, id, limits, grace}                        switch to session mode (see
+                                                          "Sessions"); answered by an
+                                                          empty ``result`` with ``pid``
     echo    {t, value}                                    codec check
 
 The protocol channel lives on private duplicates of the original stdin and
@@ -982,6 +985,7 @@ class Worker:
         os.set_blocking(self.wake_r, False)
         self.next = None
         self.counter = 0
+        self.session = None  # a Session once a `session` frame switched this worker
 
     def spawn(self):
         """Fork the next child; it warms up and waits for its request."""
@@ -1170,6 +1174,12 @@ class Worker:
                 return
             msg = unpackb(frame)
             kind = msg.get("t")
+            if kind in ("session", "exec") and (kind == "session" or self.session is not None):
+                try:
+                    serve_session(self, msg, frame)
+                except ChannelClosed:
+                    return
+                continue
             if kind == "exec":
                 try:
                     self.execute(msg, frame)
@@ -1201,6 +1211,376 @@ class Worker:
         if self.next is not None:
             self.retire(self.next)
             self.next = None
+        if self.session is not None:
+            self.session.close()
+
+
+# ---------------------------------------------------------------------------
+# Sessions: one long-lived child keeps its __main__ between calls
+# ---------------------------------------------------------------------------
+#
+# A `session` frame switches a worker into session mode for the rest of its
+# life: it drops its pre-forked child and forks one session child (own
+# process group, limits, parent-death signal, a working directory that
+# persists) which runs every later `exec` in one `__main__`.  The child's
+# stdout/stderr stay pipes to the worker; after each call the child flushes
+# and reports over its ctl pipe, and the worker then drains both pipes, so
+# output is attributed to the call that wrote it.  At the deadline the
+# worker sends SIGINT (KeyboardInterrupt); a child that does not report
+# within the grace period is killed and the session is lost
+# (`session_lost` in the result says why).
+
+def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, limits):
+    """Body of a session child: serve calls until the request pipe closes."""
+    status = 70
+    try:
+        os.setpgid(0, 0)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # only while user code runs
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        set_parent_death_signal(worker_pid)
+        for fd in parent_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.close(out_w)
+        os.close(err_w)
+        os.chdir(rundir)
+        os.environ["PWD"] = rundir
+        sys.path.insert(0, rundir)
+        install_plot_capture(rundir)
+        fixed = dict(limits or {})
+        fixed.pop("cpu_seconds", None)  # a budget per call, see session_call
+        apply_limits(fixed)
+        main = fresh_main()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        req = open(req_r, "rb", buffering=0)
+        while True:
+            try:
+                frame = read_frame(req)
+            except (ChannelClosed, EOFError):
+                status = 0
+                break
+            report = session_call(unpackb(frame), main, rundir, devnull)
+            del frame
+            write_all(ctl_w, struct.pack("!I", len(report)) + report)
+    except BaseException as exc:  # a fault of the session machinery itself
+        try:
+            user_traceback(exc)
+            sys.stderr.flush()
+        except BaseException:
+            pass
+    finally:
+        os._exit(status)
+
+
+def session_call(msg, main, rundir, devnull):
+    """Run one call's code in the session's ``main``; the encoded report."""
+    outcome = RunOutcome()
+    try:
+        os.dup2(devnull, 0)
+        write_session_files(rundir, msg.get("files"))
+        if msg.get("stdin"):
+            set_stdin(msg.get("stdin"))
+            sys.stdin = open(0, "r", closefd=False)
+        set_cpu_budget((msg.get("limits") or {}).get("cpu_seconds"))
+        code = msg.get("code") or ""
+        argv = msg.get("argv")
+        cap = int(msg.get("max_result_chars") or 10000)
+        del msg
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            outcome = run_user_code(code, argv, main, at_exit=False, result_cap=cap)
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        save_figures()
+    except BaseException as exc:  # an interrupt that landed outside the code, bad files
+        outcome.status = 1
+        outcome.error = user_traceback(exc)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    return packb({"status": outcome.status, "result": outcome.result, "error": outcome.error})
+
+
+def write_session_files(root, files):
+    """Like write_files, but a call may replace a file an earlier call left."""
+    for rel, data in files or ():
+        path = safe_join(root, rel)
+        parent = os.path.dirname(path)
+        if parent != root:
+            os.makedirs(parent, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        try:
+            write_all(fd, data)
+        finally:
+            os.close(fd)
+
+
+def set_cpu_budget(seconds):
+    """Let this call use ``seconds`` of CPU beyond what the session used so
+    far (RLIMIT_CPU counts the life of the process)."""
+    if not seconds or resource is None:
+        return
+    try:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        soft = int(usage.ru_utime + usage.ru_stime) + int(seconds)
+        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+    except (ValueError, OSError):
+        pass
+
+
+def snapshot(root):
+    """(size, mtime_ns, inode) of every regular file under ``root``."""
+    found = {}
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        try:
+            entries = list(os.scandir(os.path.join(root, rel_dir) if rel_dir else root))
+        except OSError:
+            continue
+        for entry in entries:
+            rel = rel_dir + "/" + entry.name if rel_dir else entry.name
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(rel)
+                elif entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    found[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+            except OSError:
+                continue
+    return found
+
+
+def changed_artifacts(root, before, inputs, select, max_each, max_total):
+    """Files under ``root`` a call created or changed (compared with the
+    snapshot ``before``), except input files left as they were sent; and
+    the snapshot taken now."""
+    import fnmatch
+    import mimetypes
+
+    after = snapshot(root)
+    found = []
+    total = 0
+    for rel in sorted(r for r, st in after.items() if before.get(r) != st):
+        if len(found) >= MAX_ARTIFACTS:
+            break
+        if select is not None and not any(fnmatch.fnmatchcase(rel, p) for p in select):
+            continue
+        path = os.path.join(root, rel)
+        size = after[rel][0]
+        try:
+            original = inputs.get(rel)
+            if original is not None and len(original) == size and read_file(path, size) == original:
+                continue
+            item = {
+                "path": rel,
+                "size": size,
+                "mime": mimetypes.guess_type(rel)[0] or "application/octet-stream",
+            }
+            if size > max_each or total + size > max_total:
+                item["omitted"] = True
+            else:
+                item["data"] = read_file(path, size)
+                total += size
+        except OSError:
+            continue
+        found.append(item)
+    return found, after
+
+
+class Session:
+    """The worker's side of its session child."""
+
+    __slots__ = ("child", "grace", "lost", "files")
+
+    def __init__(self, child, grace):
+        self.child = child
+        self.grace = grace
+        self.lost = None  # why the child is gone, once it is
+        # The directory as the last call left it (see snapshot): the next
+        # call's "before", saving a walk; None when unknown.
+        self.files = None
+
+    def execute(self, worker, msg, frame):
+        child = self.child
+        if child is None:
+            raise RuntimeError("the session is gone: %s" % self.lost)
+        timeout = float(msg.get("timeout") or 30.0)
+        cap = int(msg.get("max_output") or (1 << 20))
+        stream_id = msg.get("id") if msg.get("stream") else None
+        select_ = msg.get("artifacts", True)
+        before = None
+        if select_ is not False:
+            before = self.files if self.files is not None else snapshot(child.rundir)
+        self.files = None
+        start = time.monotonic()
+        out, err = Capture(cap, "stdout"), Capture(cap, "stderr")
+        streams = {child.out_r: out, child.err_r: err}
+        report, lost, timed_out, exit_code, signame = None, None, False, 0, None
+        try:
+            write_all(child.req_w, struct.pack("!I", len(frame)) + bytes(frame))
+        except OSError:
+            lost = "the session process had already exited"
+        poller = select.poll()
+        for fd in (child.out_r, child.err_r, child.ctl_r, worker.wake_r):
+            poller.register(fd, select.POLLIN)
+        poller.register(worker.rfd, 0)  # only POLLHUP/POLLERR: the server went away
+        ctl = bytearray()
+        deadline = start + timeout
+        while lost is None and report is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if timed_out:  # the interrupt was not heeded
+                    lost = ("the session was killed: its code did not stop within %gs of the "
+                            "interrupt sent at the %gs timeout; its state is gone"
+                            % (self.grace, timeout))
+                    break
+                timed_out = True
+                try:
+                    os.kill(child.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+                deadline = time.monotonic() + self.grace
+                continue
+            for fd, ev in poller.poll(max(1, int(remaining * 1000) + 1)):
+                if fd in streams:
+                    worker.drain(fd, streams[fd], poller, stream_id)
+                elif fd == child.ctl_r:
+                    report, closed = read_report(fd, ctl)
+                    if report is None and closed:
+                        poller.unregister(fd)
+                        lost = "exited"
+                elif fd == worker.wake_r:
+                    try:
+                        while os.read(fd, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                    if child.reap(False):
+                        lost = "exited"
+                elif fd == worker.rfd:
+                    self.close()
+                    raise ChannelClosed()
+        duration_ms = (time.monotonic() - start) * 1000.0
+        if lost is not None:
+            child.kill_group()
+            child.reap(True)
+        for fd, capture in streams.items():
+            if capture.open:
+                worker.drain(fd, capture, None, stream_id)
+        if report is not None:
+            exit_code = report.get("status", 0)
+        else:
+            status = child.status or 0
+            if os.WIFSIGNALED(status):
+                sig = os.WTERMSIG(status)
+                exit_code, signame = -sig, signal_name(sig)
+            else:
+                exit_code = os.WEXITSTATUS(status)
+            if lost == "exited":
+                how = ("killed by %s" % signame) if signame else ("exited with status %d" % exit_code)
+                lost = "the session process %s during this call; its state is gone" % how
+        artifacts = []
+        if select_ is not False:
+            artifacts, self.files = changed_artifacts(
+                child.rundir,
+                before,
+                {normalize(p): d for p, d in (msg.get("files") or ())},
+                None if select_ is True or select_ is None else list(select_),
+                int(msg.get("max_artifact_bytes") or (10 << 20)),
+                int(msg.get("max_artifacts_bytes") or (32 << 20)),
+            )
+        if lost is not None:
+            self.close()
+            self.lost = lost
+        report = report or {}
+        write_frame(worker.wfd, {
+            "t": "result",
+            "id": msg.get("id"),
+            "stdout": out.value(),
+            "stderr": err.value(),
+            "exit_code": exit_code,
+            "signal": signame,
+            "timed_out": timed_out,
+            "stdout_truncated": out.truncated,
+            "stderr_truncated": err.truncated,
+            "duration_ms": duration_ms,
+            "result": report.get("result"),
+            "error": report.get("error"),
+            "artifacts": artifacts,
+            "session_lost": lost,
+        })
+
+    def close(self):
+        child = self.child
+        if child is not None:
+            self.child = None
+            child.kill_group()
+            child.reap(True)
+            child.close()
+            remove_tree(child.rundir)
+
+
+def open_session(worker, msg):
+    """Fork the session child (retiring the pre-forked run child)."""
+    if worker.next is not None:
+        worker.retire(worker.next)
+        worker.next = None
+    rundir = os.path.join(worker.scratch, "session")
+    os.mkdir(rundir, 0o700)
+    req_r, req_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    ctl_r, ctl_w = os.pipe()
+    parent_fds = (worker.rfd, worker.wfd, worker.wake_r, worker.wake_w, req_w, out_r, err_r, ctl_r)
+    worker_pid = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, msg.get("limits"))
+    for fd in (req_r, out_w, err_w, ctl_w):
+        os.close(fd)
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass
+    for fd in (out_r, err_r, ctl_r):
+        os.set_blocking(fd, False)
+    worker.session = Session(Child(pid, rundir, req_w, out_r, err_r, ctl_r),
+                             float(msg.get("grace") or 1.0))
+    write_frame(worker.wfd, {"t": "result", "id": msg.get("id"), "exit_code": 0, "pid": pid})
+
+
+def serve_session(worker, msg, frame):
+    """Handle a ``session`` frame, or an ``exec`` frame in session mode."""
+    try:
+        if msg.get("t") == "session":
+            if worker.session is not None:
+                raise RuntimeError("this worker already serves a session")
+            open_session(worker, msg)
+        else:
+            worker.session.execute(worker, msg, frame)
+    except ChannelClosed:
+        raise
+    except Exception as exc:
+        import traceback
+
+        write_frame(worker.wfd, {
+            "t": "error",
+            "id": msg.get("id"),
+            "message": "%s: %s" % (type(exc).__name__, exc),
+            "traceback": traceback.format_exc(),
+        })
 
 
 def remove_tree(path):

@@ -14,6 +14,7 @@ use crate::error::ConfigError;
 use crate::executor::ResultLimits;
 use crate::protocol::RunLimits;
 use crate::sandbox::{Network, SandboxConfig};
+use crate::session::SessionConfig;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -133,6 +134,16 @@ pub struct ServeArgs {
     /// Allow listening on a non-loopback address without a token.
     #[arg(long, env = "CODE_EXECUTOR_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
+    /// Idle time to live of a session, in seconds (renewed by each call).
+    #[arg(long, env = "CODE_EXECUTOR_SESSION_TTL")]
+    pub session_ttl: Option<f64>,
+    /// Cap on live sessions across all environments.
+    #[arg(long, env = "CODE_EXECUTOR_MAX_SESSIONS")]
+    pub max_sessions: Option<usize>,
+    /// Give every MCP connection one implicit session: `execute_code`
+    /// without `session` runs in it.
+    #[arg(long, env = "CODE_EXECUTOR_MCP_IMPLICIT_SESSION")]
+    pub mcp_implicit_session: Option<bool>,
 }
 
 /// The TOML file's shape; every key is optional.
@@ -188,6 +199,12 @@ pub struct FileConfig {
     pub max_code_bytes: Option<usize>,
     pub max_files: Option<usize>,
     pub max_files_bytes: Option<usize>,
+    pub session_ttl_secs: Option<f64>,
+    pub max_session_ttl_secs: Option<f64>,
+    pub max_sessions: Option<usize>,
+    pub max_sessions_per_env: Option<usize>,
+    pub session_interrupt_grace_secs: Option<f64>,
+    pub mcp_implicit_session: Option<bool>,
     /// `[[envs]]` tables: environments configured one by one.
     #[serde(default)]
     pub envs: Vec<EnvTable>,
@@ -295,6 +312,10 @@ pub struct Config {
     pub insecure_no_auth: bool,
     /// Limits on one request's parts, each answered with 413 when exceeded.
     pub request_limits: RequestLimits,
+    /// Session lifetimes and caps.
+    pub sessions: SessionConfig,
+    /// Every MCP connection gets one implicit session, closed with it.
+    pub mcp_implicit_session: bool,
 }
 
 /// Caps on what one request may carry (the body as a whole is capped by
@@ -358,6 +379,8 @@ impl Default for Config {
                 max_files: 1000,
                 max_files_bytes: 32 * MIB as usize,
             },
+            sessions: SessionConfig::default(),
+            mcp_implicit_session: false,
         }
     }
 }
@@ -552,6 +575,34 @@ impl Config {
                 .max_grade_cases
                 .or(file.max_grade_cases)
                 .unwrap_or(d.max_grade_cases),
+            sessions: SessionConfig {
+                ttl: secs(
+                    args.session_ttl.or(file.session_ttl_secs),
+                    "session_ttl",
+                    d.sessions.ttl,
+                )?,
+                max_ttl: secs(
+                    file.max_session_ttl_secs,
+                    "max_session_ttl_secs",
+                    d.sessions.max_ttl,
+                )?,
+                max_sessions: args
+                    .max_sessions
+                    .or(file.max_sessions)
+                    .unwrap_or(d.sessions.max_sessions),
+                max_sessions_per_env: file
+                    .max_sessions_per_env
+                    .unwrap_or(d.sessions.max_sessions_per_env),
+                interrupt_grace: secs(
+                    file.session_interrupt_grace_secs,
+                    "session_interrupt_grace_secs",
+                    d.sessions.interrupt_grace,
+                )?,
+            },
+            mcp_implicit_session: args
+                .mcp_implicit_session
+                .or(file.mcp_implicit_session)
+                .unwrap_or(d.mcp_implicit_session),
         };
         config.validate()?;
         if !config.host.is_loopback() && config.token.is_none() && !config.insecure_no_auth {
@@ -606,6 +657,12 @@ impl Config {
                     "[[envs]] {name}: timeout must be positive and at most max_timeout"
                 )));
             }
+        }
+        if self.sessions.ttl.is_zero() || self.sessions.ttl > self.sessions.max_ttl {
+            return Err(ConfigError::Invalid(format!(
+                "session_ttl must be positive and at most max_session_ttl ({} s)",
+                self.sessions.max_ttl.as_secs_f64()
+            )));
         }
         if self.envs.iter().filter(|e| e.default).count() > 1 {
             return Err(ConfigError::Invalid(

@@ -70,6 +70,10 @@ pub enum ExecError {
     #[error("server is shutting down")]
     ShuttingDown,
     #[error("{0}")]
+    UnknownSession(String),
+    #[error("{0}")]
+    TooManySessions(String),
+    #[error("{0}")]
     Internal(String),
 }
 

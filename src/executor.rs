@@ -20,8 +20,9 @@ use crate::env::{EnvSettings, EnvSpec, Registry, activate::activate};
 use crate::error::{ExecError, PoolError, WorkerError};
 use crate::metrics::{EnvMetrics, Metrics, RunOutcome};
 use crate::pool::{EnvPool, PoolConfig, PoolStatus, RestartCause, WorkerBudget, error_chain};
-use crate::protocol::{self, ExecFrame, FileEntry, RunLimits, WireSelection};
+use crate::protocol::{self, ExecFrame, FileEntry, RunLimits, SessionFrame, WireSelection};
 use crate::sandbox::{Sandbox, SandboxStatus};
+use crate::session::{ActiveCall, CreateSessionRequest, SessionInfo, Sessions};
 use crate::types::{
     Artifact, ArtifactSelection, ExecRequest, ExecResult, InstallRequest, InstallResult,
     PackageInfo, PackageManager, RunError, check_file_path,
@@ -68,6 +69,9 @@ pub struct PreparedRun {
     /// The address-space limit the run gets (configured, narrowed by the
     /// request), to tell a run that hit it.
     memory_bytes: Option<u64>,
+    /// The session the run belongs to, held active (it cannot expire)
+    /// until the run ends.
+    session: Option<ActiveCall>,
 }
 
 impl PreparedRun {
@@ -180,6 +184,8 @@ pub struct Executor {
     sandbox: SandboxStatus,
     /// Caps on a request's code and files.
     request_limits: RequestLimits,
+    /// Live sessions, their caps and TTL reaper.
+    sessions: Arc<Sessions>,
 }
 
 impl Executor {
@@ -332,6 +338,7 @@ impl Executor {
             max_grade_cases: config.max_grade_cases,
             sandbox: sandbox_status(sandbox.as_ref()),
             request_limits: config.request_limits,
+            sessions: Sessions::start(config.sessions.clone(), config.grace_period),
         })
     }
 
@@ -356,14 +363,18 @@ impl Executor {
         if self.closing.load(Ordering::Acquire) {
             return Err(ExecError::ShuttingDown);
         }
-        if req.session.is_some() {
-            return Err(ExecError::BadRequest(
-                "sessions are not available on this server".into(),
-            ));
-        }
-        let entry = self.available_entry(req.env.as_deref())?;
+        let session = match &req.session {
+            Some(id) => Some(self.session_call(id, req)?),
+            None => None,
+        };
+        let entry = match &session {
+            Some(call) => &self.envs[call.session().env()],
+            None => self.available_entry(req.env.as_deref())?,
+        };
         let timeout = match req.timeout {
-            None => entry.settings.timeout,
+            None => session
+                .as_ref()
+                .map_or(entry.settings.timeout, |c| c.session().timeout()),
             Some(t) if t.is_finite() && t > 0.0 => t.min(entry.settings.max_timeout),
             Some(t) => {
                 return Err(ExecError::BadRequest(format!(
@@ -449,7 +460,30 @@ impl Executor {
             frame,
             timeout,
             memory_bytes: run.memory_bytes,
+            session,
         })
+    }
+
+    /// The session a request names, checked against the rest of the
+    /// request; it stays active (cannot expire) while the call lives.
+    fn session_call(&self, id: &str, req: &ExecRequest) -> Result<ActiveCall, ExecError> {
+        let call = self.sessions.begin(id)?;
+        let env = &self.envs[call.session().env()];
+        if let Some(name) = req.env.as_deref().filter(|n| !n.is_empty()) {
+            let asked = self.env_entry(Some(name))?;
+            if !std::ptr::eq(asked, env) {
+                return Err(ExecError::BadRequest(format!(
+                    "session {id:?} runs in environment {:?}, not {name:?}; omit env or create a session in {name:?}",
+                    env.spec.name
+                )));
+            }
+        }
+        if req.limits.is_some() {
+            return Err(ExecError::BadRequest(
+                "a session's limits are set when it is created (POST /sessions with limits); a call cannot change them".into(),
+            ));
+        }
+        Ok(call)
     }
 
     /// Run a prepared request on a worker of its environment. With `output`,
@@ -473,9 +507,19 @@ impl Executor {
             env,
             frame,
             timeout,
+            session,
             ..
         } = prepared;
         let entry = &self.envs[env];
+        if let Some(call) = session {
+            let deadline = Duration::from_secs_f64(timeout)
+                + self.sessions.config().interrupt_grace
+                + HARD_DEADLINE_SLACK;
+            return self
+                .sessions
+                .execute(call, &frame, deadline, output.as_ref())
+                .await;
+        }
         let env_name = entry.spec.name.as_str();
         let queued = Instant::now();
         let got = entry.pool.get().await;
@@ -535,6 +579,82 @@ impl Executor {
                 Err(ExecError::Worker(e))
             }
         }
+    }
+
+    /// Start a session: a warm worker of the environment leaves its pool
+    /// (which refills) and forks the session's process.
+    pub async fn create_session(
+        &self,
+        req: CreateSessionRequest,
+    ) -> Result<SessionInfo, ExecError> {
+        if self.closing.load(Ordering::Acquire) {
+            return Err(ExecError::ShuttingDown);
+        }
+        let config = self.sessions.config();
+        let entry = self.available_entry(req.env.as_deref())?;
+        let index = self.index_of(entry);
+        let ttl = match req.ttl {
+            None => config.ttl,
+            Some(t) if t.is_finite() && t > 0.0 => Duration::from_secs_f64(t).min(config.max_ttl),
+            Some(t) => {
+                return Err(ExecError::BadRequest(format!(
+                    "ttl must be a positive number of seconds, got {t}"
+                )));
+            }
+        };
+        let timeout = match req.timeout {
+            None => entry.settings.timeout,
+            Some(t) if t.is_finite() && t > 0.0 => t.min(entry.settings.max_timeout),
+            Some(t) => {
+                return Err(ExecError::BadRequest(format!(
+                    "timeout must be a positive number of seconds, got {t}"
+                )));
+            }
+        };
+        let mut limits = entry.settings.run_limits.clone();
+        if let Some(asked) = &req.limits {
+            limits = narrow_limits(&limits, asked)?;
+        }
+        let reservation = self.sessions.reserve(index, &entry.spec.name)?;
+        let worker = entry.pool.get().await.map_err(|e| pool_refusal(entry, e))?;
+        let mut worker = entry.pool.detach(worker);
+        let frame = protocol::encode_frame(&SessionFrame {
+            t: "session",
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            limits: &limits,
+            grace: config.interrupt_grace.as_secs_f64(),
+        })
+        .map_err(|e| ExecError::Internal(format!("session frame cannot be encoded: {e}")))?;
+        if let Err(e) = worker.execute(&frame, HARD_DEADLINE_SLACK, None).await {
+            tracing::warn!(env = %entry.spec.name, "session failed to start: {}", error_chain(&e));
+            tokio::spawn(worker.terminate(self.sessions.grace()));
+            return Err(ExecError::Worker(e));
+        }
+        self.sessions
+            .insert(reservation, entry.spec.name.clone(), ttl, timeout, worker)
+    }
+
+    /// Whether session `id` is live (it may still end before its next call).
+    pub fn has_session(&self, id: &str) -> bool {
+        self.sessions.contains(id)
+    }
+
+    /// Every live session, oldest first.
+    pub fn list_sessions(&self) -> Vec<SessionInfo> {
+        self.sessions.list()
+    }
+
+    /// End a session: later calls get `unknown_session`; calls already
+    /// accepted finish first.
+    pub fn close_session(&self, id: &str) -> Result<SessionInfo, ExecError> {
+        self.sessions.close(id)
+    }
+
+    fn index_of(&self, entry: &EnvEntry) -> usize {
+        self.envs
+            .iter()
+            .position(|e| std::ptr::eq(e, entry))
+            .expect("the entry is one of ours")
     }
 
     /// The environment a request names (by name or prefix path), or the
@@ -804,6 +924,7 @@ impl Executor {
     /// running a request are terminated when they are returned.
     pub async fn shutdown(&self) {
         self.closing.store(true, Ordering::Release);
+        self.sessions.shutdown().await;
         futures_util::future::join_all(self.envs.iter().map(|e| e.pool.close())).await;
     }
 
@@ -815,6 +936,18 @@ impl Executor {
     /// Directory holding the bootstrap and the workers' scratch roots.
     pub fn base_dir(&self) -> &Path {
         self.base_dir.path()
+    }
+}
+
+/// Why no worker could be had from an environment's pool, for the caller.
+fn pool_refusal(entry: &EnvEntry, e: PoolError) -> ExecError {
+    match e {
+        PoolError::Busy(_) => ExecError::Busy(e),
+        PoolError::Closed => ExecError::ShuttingDown,
+        PoolError::Unavailable(reason) => ExecError::EnvUnavailable {
+            env: entry.spec.name.clone(),
+            reason,
+        },
     }
 }
 
@@ -927,6 +1060,7 @@ fn shape_result(out: crate::worker::RunOutput) -> ExecResult {
             line: e.line,
         }),
         limit: limit.map(str::to_string),
+        session_lost: out.session_lost,
     }
 }
 

@@ -8,6 +8,7 @@
 //! * [`protocol`]: the length-prefixed msgpack frames spoken with `python/worker.py`.
 //! * [`worker`]: one worker process: spawn, handshake, run, terminate.
 //! * [`pool`]: a pre-warmed `deadpool` of workers per environment, refilled in the background.
+//! * [`session`]: stateful sessions: a persistent namespace per session, TTL, caps, interrupts.
 //! * [`executor`]: the one service front ends call: validate, pick a pool, run, shape the result.
 //! * [`grade`]: one submission against many test cases (`Executor::grade`): verdicts, rusage.
 //! * [`metrics`]: Prometheus metrics: run, queue, worker, HTTP and MCP counters.
@@ -33,6 +34,7 @@ pub mod pool;
 pub mod protocol;
 pub mod sandbox;
 pub mod server;
+pub mod session;
 pub mod types;
 pub mod worker;
 

@@ -18,7 +18,13 @@
 //! |                  |          | `stream` (send `output` frames), `artifacts` (true/false/globs), |
 //! |                  |          | `max_artifact_bytes`, `max_artifacts_bytes`, `max_result_chars`, |
 //! |                  |          | `rusage` (optional: reap the run first and report its rusage) |
+//! | server -> worker | `session`| `id`, `limits`, `grace` (s): switch the worker to session mode; |
+//! |                  |          | answered by a `result` frame carrying the session child's `pid` |
 //! | server -> worker | `echo`   | `value`: codec check, answered with the value re-encoded     |
+//!
+//! In session mode `exec` frames run in the session child's persistent
+//! namespace, and their `result` frame carries `session_lost` (a reason)
+//! when the session child died or was killed during the call.
 //!
 //! The worker speaks on private duplicates of its original stdin and stdout;
 //! user code never writes to them (see the header of `python/worker.py`).
@@ -90,6 +96,19 @@ pub struct ExecFrame<'a> {
     pub rusage: bool,
 }
 
+/// The `session` frame: switch a worker into session mode (see
+/// `python/worker.py`, "Sessions").
+#[derive(Debug, Serialize)]
+pub struct SessionFrame<'a> {
+    pub t: &'static str,
+    pub id: u64,
+    /// Limits fixed for the session's life (`cpu_seconds` is per call).
+    pub limits: &'a RunLimits,
+    /// Seconds a call may take to stop after its interrupt before the
+    /// session child is killed.
+    pub grace: f64,
+}
+
 /// Artifact selection on the wire: a bool or a list of globs.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
@@ -154,6 +173,8 @@ pub struct WorkerFrame {
     pub cpu_ms: Option<f64>,
     /// Peak resident set of the run's process, KiB (with `rusage`).
     pub peak_rss_kb: Option<u64>,
+    /// Session mode: why the session child is gone after this call.
+    pub session_lost: Option<String>,
     // output
     pub stream: Option<String>,
     #[serde(with = "serde_bytes")]

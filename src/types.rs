@@ -27,7 +27,8 @@ pub struct ExecRequest {
     /// Text fed to the program's standard input (empty if absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin: Option<String>,
-    /// Run in a persistent session (not available yet).
+    /// Run in a persistent session (`POST /sessions`): its variables,
+    /// imports and working directory carry over between calls.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
     /// Which files the run wrote come back as artifacts: `true` (the
@@ -135,6 +136,10 @@ pub struct ExecResult {
     pub error: Option<RunError>,
     /// Which limit stopped the run: `"timeout"`, `"cpu"`, `"file_size"`, `"output"`.
     pub limit: Option<String>,
+    /// Session calls only: the session process died or was killed during
+    /// this call, and why. The session is gone; later calls get 404.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_lost: Option<String>,
 }
 
 /// Which installer `POST /install` runs.

@@ -706,6 +706,7 @@ mod tests {
             artifacts: Vec::new(),
             cpu_ms: Some(1.0),
             peak_rss_kb: Some(10_000),
+            session_lost: None,
         }
     }
 

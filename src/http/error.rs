@@ -78,6 +78,12 @@ impl From<ExecError> for ApiError {
                 retry_after: Some(1),
                 ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
             },
+            ExecError::UnknownSession(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, "unknown_session", message)
+            }
+            ExecError::TooManySessions(_) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_sessions", message)
+            }
             ExecError::Worker(_) | ExecError::Internal(_) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
             }

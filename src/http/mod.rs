@@ -7,11 +7,11 @@ mod stream;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, FromRequest, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use serde::Deserialize;
@@ -23,6 +23,7 @@ pub use error::ApiError;
 
 use crate::executor::Executor;
 use crate::grade::{GradeRequest, GradeResult};
+use crate::session::{CreateSessionRequest, SessionInfo};
 use crate::types::{ExecRequest, ExecResult, InstallRequest, InstallResult};
 
 /// What every handler shares.
@@ -45,6 +46,8 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/grade", post(grade))
         .route("/list-envs", get(list_envs))
         .route("/list-packages", get(list_packages))
+        .route("/sessions", post(create_session).get(list_sessions))
+        .route("/sessions/{id}", delete(close_session))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     let admin = Router::new()
         .route("/install", post(install))
@@ -141,6 +144,31 @@ async fn execute(
         return stream::execute_stream(state.executor.clone(), req);
     }
     Ok(Json::<ExecResult>(state.executor.execute(req).await?).into_response())
+}
+
+/// `POST /sessions` `{"env"?, "ttl"?, "timeout"?, "limits"?}`.
+async fn create_session(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<CreateSessionRequest>,
+) -> Result<(StatusCode, Json<SessionInfo>), ApiError> {
+    let info = state.executor.create_session(req).await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// `GET /sessions` -> `{"sessions": [...]}`.
+async fn list_sessions(State(state): State<AppState>) -> Response {
+    Json(json!({ "sessions": state.executor.list_sessions() })).into_response()
+}
+
+/// `DELETE /sessions/{id}` -> the session as it was, `"closed": true`.
+async fn close_session(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let info = state.executor.close_session(&id)?;
+    let mut body = serde_json::to_value(info).unwrap_or_else(|_| json!({ "id": id }));
+    body["closed"] = json!(true);
+    Ok(Json(body).into_response())
 }
 
 async fn grade(

@@ -22,6 +22,8 @@ use crate::config::Config;
 use crate::executor::{EnvInfo, Executor};
 use crate::grade::{GradeRequest, GradeResult};
 use crate::mcp::result::{grade_result, refusal, run_result};
+use crate::mcp::session::{CloseSessionArgs, CreateSessionArgs, ImplicitSession};
+use crate::session::SessionInfo;
 use crate::types::{
     ArtifactSelection, ExecRequest, ExecResult, FileContent, InstallRequest, InstallResult,
     PackageInfo,
@@ -31,7 +33,6 @@ use crate::worker::OutputStream;
 /// Arguments of `execute_code`: the fields of [`ExecRequest`] a model may
 /// set, converted into one by [`ExecuteCodeArgs::into_request`]. Unknown
 /// fields are refused so that a misspelt argument is reported, not ignored.
-/// (`session` joins when sessions exist.)
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecuteCodeArgs {
@@ -59,6 +60,10 @@ pub struct ExecuteCodeArgs {
     /// all, false for none, or globs such as ["*.png"].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub artifacts: Option<ArtifactSelection>,
+    /// Run in this session (an id from `create_session`): variables,
+    /// imports, functions and files of earlier calls in it are kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 impl ExecuteCodeArgs {
@@ -69,7 +74,7 @@ impl ExecuteCodeArgs {
             timeout: self.timeout,
             files: self.files,
             stdin: self.stdin,
-            session: None,
+            session: self.session,
             artifacts: self.artifacts,
             stream: None,
             limits: None,
@@ -116,6 +121,10 @@ pub struct McpHandler {
     /// The tools, with descriptions naming this server's default environment
     /// and limits. Served by `#[tool_handler(router = self.tool_router)]`.
     tool_router: ToolRouter<McpHandler>,
+    /// The connection's implicit session (config `mcp_implicit_session`):
+    /// `execute_code` without `session` runs in it. One per connection
+    /// (see [`McpHandler::for_connection`]); closed when the connection ends.
+    implicit: Option<Arc<ImplicitSession>>,
 }
 
 #[tool_router]
@@ -148,13 +157,22 @@ impl McpHandler {
         if config.admin_token.is_none() {
             tool_router.remove_route("install_packages");
         }
+        let state = if config.mcp_implicit_session {
+            "every call of this connection runs in one persistent session: variables, imports \
+             and files carry over from call to call"
+        } else {
+            "every call starts from a clean state (no variables, imports or files carry over) \
+             unless it names a session from `create_session`"
+        };
         let instructions = format!(
             "code-executor runs Python code in isolated, pre-warmed interpreters and returns \
-             its stdout, stderr and exit status. Use `execute_code` to run a script; every \
-             call starts from a clean state (no variables, imports or files carry over). \
+             its stdout, stderr and exit status. Use `execute_code` to run a script; {state}. \
              The default environment is `{default_env}`{python_version}; \
              `list_environments` shows every environment and its Python version."
         );
+        let implicit = config
+            .mcp_implicit_session
+            .then(|| Arc::new(ImplicitSession::new(executor.clone())));
         McpHandler {
             executor,
             admin_token: config.admin_token.as_deref().map(Arc::from),
@@ -162,7 +180,18 @@ impl McpHandler {
             max_timeout: config.max_timeout,
             instructions: instructions.into(),
             tool_router,
+            implicit,
         }
+    }
+
+    /// A copy for a new connection: the same tools, its own implicit
+    /// session (if those are on).
+    pub fn for_connection(&self) -> McpHandler {
+        let mut handler = self.clone();
+        if self.implicit.is_some() {
+            handler.implicit = Some(Arc::new(ImplicitSession::new(self.executor.clone())));
+        }
+        handler
     }
 
     /// Run Python code in a fresh process and return its output and exit
@@ -182,6 +211,23 @@ impl McpHandler {
             .unwrap_or(self.default_timeout)
             .min(self.max_timeout);
         let mut request = args.into_request();
+        let mut note = None;
+        if request.session.is_none()
+            && let Some(implicit) = &self.implicit
+        {
+            match implicit.id().await {
+                Ok((id, replaced)) => {
+                    if replaced {
+                        note = Some(
+                            "[the connection's previous session was lost; this call ran in a new, empty one]",
+                        );
+                    }
+                    request.session = Some(id);
+                }
+                Err(err) => return refusal(err),
+            }
+        }
+        let in_session = request.session.is_some();
         // With a progress token, output goes out as progress notifications
         // while the run goes on; the final result is the same.
         let progress = ctx.meta.get_progress_token();
@@ -224,7 +270,24 @@ impl McpHandler {
                     }
                 }
                 outcome = &mut run => return match outcome {
-                    Ok(result) => run_result(&result, timeout),
+                    Ok(result) => {
+                        let mut out = run_result(&result, timeout);
+                        let extra = match (&result.session_lost, in_session && result.timed_out) {
+                            (Some(lost), _) => Some(format!("[session lost: {lost}]")),
+                            (None, true) => Some("[interrupted (KeyboardInterrupt); the session kept its state]".to_string()),
+                            (None, false) => None,
+                        };
+                        if let Some(first) = out.content.first_mut().and_then(|c| c.as_text().map(|t| t.text.clone())) {
+                            let mut text = note.map(|n| format!("{n}\n")).unwrap_or_default();
+                            text.push_str(&first);
+                            if let Some(extra) = extra {
+                                text.push('\n');
+                                text.push_str(&extra);
+                            }
+                            out.content[0] = ContentBlock::text(text);
+                        }
+                        out
+                    }
                     Err(err) => refusal(err),
                 },
             }
@@ -259,6 +322,56 @@ impl McpHandler {
                 Ok(result) => grade_result(&result),
                 Err(err) => refusal(err),
             },
+        }
+    }
+
+    /// Start a persistent Python session and return its id. Pass the id as
+    /// `session` to `execute_code`: variables, imports, functions and files
+    /// then carry over between calls, as in a notebook. A call that times
+    /// out is interrupted (KeyboardInterrupt) and the session keeps its
+    /// state when the code stops. Sessions end after an idle TTL (each call
+    /// renews it) or with `close_session`.
+    #[tool(
+        output_schema = schema_for_output::<SessionInfo>(),
+        annotations(read_only_hint = false, destructive_hint = false, open_world_hint = false)
+    )]
+    async fn create_session(
+        &self,
+        Parameters(args): Parameters<CreateSessionArgs>,
+    ) -> CallToolResult {
+        match self.executor.create_session(args.into_request()).await {
+            Ok(info) => {
+                let text = format!(
+                    "session {} in environment {} (ends after {} s without a call)",
+                    info.id, info.env, info.ttl
+                );
+                let mut out = match serde_json::to_value(&info) {
+                    Ok(value) => CallToolResult::structured(value),
+                    Err(_) => CallToolResult::success(Vec::new()),
+                };
+                out.content = vec![ContentBlock::text(text)];
+                out
+            }
+            Err(err) => refusal(err),
+        }
+    }
+
+    /// End a session created by `create_session`: its process and state go.
+    #[tool(annotations(
+        read_only_hint = false,
+        destructive_hint = true,
+        open_world_hint = false
+    ))]
+    async fn close_session(
+        &self,
+        Parameters(args): Parameters<CloseSessionArgs>,
+    ) -> CallToolResult {
+        match self.executor.close_session(&args.session) {
+            Ok(info) => CallToolResult::success(vec![ContentBlock::text(format!(
+                "session {} closed after {} calls",
+                info.id, info.calls
+            ))]),
+            Err(err) => refusal(err),
         }
     }
 
@@ -415,8 +528,7 @@ fn execute_code_description(config: &Config, default_env: &str) -> String {
         "Run Python code in a fresh process and return its stdout, stderr and exit status.\n\
          \n\
          - The code runs as a script (`python script.py`): print() what you want to see.\n\
-         - Every call starts from a clean state: no variables, imports or files carry over \
-         from earlier calls. Put everything one run needs into one call.\n\
+         - {state}\n\
          - Environment: `{default_env}` unless `env` names another one from \
          `list_environments`.\n\
          - Limits: {timeout} s wall clock by default (`timeout` may ask for up to {max} s){memory}, \
@@ -426,6 +538,15 @@ fn execute_code_description(config: &Config, default_env: &str) -> String {
          `stdin` feeds standard input.\n\
          - The result is an error when the code fails (non-zero exit, uncaught exception, \
          timeout); the traceback is in the output.",
+        state = if config.mcp_implicit_session {
+            "All calls of this connection share one persistent Python session: variables, \
+             imports, functions and files carry over from call to call (unless `session` names \
+             another one)."
+        } else {
+            "Every call starts from a clean state: no variables, imports or files carry over \
+             from earlier calls. Put everything one run needs into one call, or create a \
+             session with `create_session` and pass its id as `session` to keep state."
+        },
         timeout = config.timeout,
         max = config.max_timeout,
         output = human_bytes(config.max_output_bytes),

@@ -31,10 +31,11 @@ pub fn http_service(
     if !config.host.is_loopback() {
         http_config = http_config.disable_allowed_hosts();
     }
-    // Built once; each session gets a copy (cheap: `Arc`s and the router).
+    // Built once; each session gets a copy (cheap: `Arc`s and the router)
+    // with its own implicit session, if those are on.
     let handler = McpHandler::new(executor, config);
     StreamableHttpService::new(
-        move || Ok(handler.clone()),
+        move || Ok(handler.for_connection()),
         Arc::new(LocalSessionManager::default()),
         http_config,
     )

@@ -5,12 +5,15 @@
 //! * [`handler`]: the tools (`execute_code`, `list_environments`), their
 //!   descriptions and the server's `instructions`.
 //! * [`result`]: shaping a run or a refusal into a tool result.
+//! * [`session`]: `create_session`/`close_session` arguments and the
+//!   optional implicit session of a connection.
 //! * [`stdio`]: serving one client on standard input/output.
 //! * [`http`]: the streamable HTTP service the axum server nests at `/mcp`.
 
 pub mod handler;
 pub mod http;
 pub mod result;
+pub mod session;
 pub mod stdio;
 
 pub use handler::{ExecuteCodeArgs, McpHandler};

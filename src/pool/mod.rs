@@ -371,6 +371,15 @@ impl EnvPool {
         self.refill();
     }
 
+    /// Take a worker out of the pool for good and hand it to the caller (a
+    /// session), starting its replacement in the background. It keeps its
+    /// permit of the worker budget until it is terminated.
+    pub fn detach(&self, worker: Object<WorkerManager>) -> PooledWorker {
+        let worker = Object::take(worker);
+        self.refill();
+        worker
+    }
+
     /// Start spares until busy + idle + spare + starting reaches the size
     /// (only for pools kept warm, and only within the worker budget).
     pub fn refill(&self) {

@@ -81,6 +81,8 @@ pub struct RunOutput {
     pub cpu_ms: Option<f64>,
     /// Peak resident set of the run's process in KiB, with `rusage`.
     pub peak_rss_kb: Option<u64>,
+    /// Session mode: why the session child is gone after this run.
+    pub session_lost: Option<String>,
 }
 
 /// Which stream a chunk of streamed output came from.
@@ -382,6 +384,7 @@ impl Worker {
                         artifacts: frame.artifacts,
                         cpu_ms: frame.cpu_ms,
                         peak_rss_kb: frame.peak_rss_kb,
+                        session_lost: frame.session_lost,
                     });
                 }
                 "error" => return Err(WorkerError::Internal(frame.message.unwrap_or_default())),

@@ -91,6 +91,8 @@ async fn initialize_and_tools_list_describe_the_server() {
     assert_eq!(
         names,
         [
+            "close_session",
+            "create_session",
             "execute_code",
             "grade_code",
             "list_environments",

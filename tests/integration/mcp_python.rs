@@ -93,6 +93,8 @@ fn check_report(report: &Value) {
     assert_eq!(
         tools.keys().collect::<Vec<_>>(),
         [
+            "close_session",
+            "create_session",
             "execute_code",
             "grade_code",
             "list_environments",

@@ -1,0 +1,127 @@
+//! One live session: the worker that serves it, its calls serialized in
+//! arrival order, and its idle deadline.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::Mutex;
+
+use super::SessionInfo;
+use super::clock::rfc3339;
+use crate::pool::PooledWorker;
+
+/// A live session.
+pub struct Session {
+    pub(super) id: String,
+    /// Index of the session's environment in the executor.
+    pub(super) env: usize,
+    pub(super) env_name: String,
+    pub(super) ttl: Duration,
+    /// Default wall-clock limit of a call, seconds.
+    pub(super) timeout: f64,
+    pub(super) created: SystemTime,
+    /// The worker in session mode; `None` once the session was lost or
+    /// closed. Holding the lock is holding the session: tokio's mutex is
+    /// fair, so calls run one at a time in the order they arrived.
+    pub(super) worker: tokio::sync::Mutex<Option<PooledWorker>>,
+    /// The worker's pid, to kill its process tree while a call holds the
+    /// lock (shutdown).
+    pub(super) pid: u32,
+    /// Idle deadline, renewed when a call starts and when it ends.
+    expires: Mutex<Instant>,
+    /// Calls waiting or running; a session with any never expires. Changed
+    /// under the registry's lock only where the reaper could race.
+    pub(super) active: AtomicUsize,
+    calls: AtomicU64,
+}
+
+impl Session {
+    pub(super) fn new(
+        id: String,
+        env: usize,
+        env_name: String,
+        ttl: Duration,
+        timeout: f64,
+        worker: PooledWorker,
+    ) -> Session {
+        Session {
+            id,
+            env,
+            env_name,
+            ttl,
+            timeout,
+            created: SystemTime::now(),
+            pid: worker.pid(),
+            worker: tokio::sync::Mutex::new(Some(worker)),
+            expires: Mutex::new(Instant::now() + ttl),
+            active: AtomicUsize::new(0),
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Index of the session's environment in the executor.
+    pub fn env(&self) -> usize {
+        self.env
+    }
+
+    /// Default wall-clock limit of a call, seconds.
+    pub fn timeout(&self) -> f64 {
+        self.timeout
+    }
+
+    pub(super) fn touch(&self) {
+        *self.expires.lock() = Instant::now() + self.ttl;
+    }
+
+    pub(super) fn expired(&self, now: Instant) -> bool {
+        self.active.load(Ordering::Acquire) == 0 && *self.expires.lock() <= now
+    }
+
+    pub(super) fn called(&self) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn info(&self) -> SessionInfo {
+        let left = self
+            .expires
+            .lock()
+            .saturating_duration_since(Instant::now());
+        let busy = self.active.load(Ordering::Acquire) > 0;
+        SessionInfo {
+            id: self.id.clone(),
+            env: self.env_name.clone(),
+            created_at: rfc3339(self.created),
+            // A busy session does not expire: its deadline is a full TTL
+            // after its last call ends.
+            expires_at: rfc3339(SystemTime::now() + if busy { self.ttl } else { left }),
+            ttl: self.ttl.as_secs_f64(),
+            timeout: self.timeout,
+            calls: self.calls.load(Ordering::Relaxed),
+            busy,
+        }
+    }
+}
+
+/// A call on a session, from its lookup until it ends: keeps the session
+/// from expiring meanwhile and renews its TTL when dropped.
+pub struct ActiveCall {
+    pub(super) session: Arc<Session>,
+}
+
+impl ActiveCall {
+    pub fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+}
+
+impl Drop for ActiveCall {
+    fn drop(&mut self) {
+        self.session.touch();
+        self.session.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}

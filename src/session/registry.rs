@@ -1,0 +1,383 @@
+//! The live sessions of a server: caps, lookup, calls, the idle-TTL reaper,
+//! closing, shutdown, and a bounded record of sessions that ended so that a
+//! call to one says why it is gone.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::live::{ActiveCall, Session};
+use super::{SessionConfig, SessionInfo};
+use crate::error::ExecError;
+use crate::pool::{PooledWorker, error_chain};
+use crate::worker::{OutputSink, RunOutput, kill_process_tree};
+
+/// Ended sessions remembered for their 404 message.
+const ENDED_KEPT: usize = 1024;
+
+/// Every live session, with the caps on them.
+pub struct Sessions {
+    config: SessionConfig,
+    /// Worker termination grace (close stdin, SIGTERM, SIGKILL steps).
+    grace: Duration,
+    inner: Mutex<Inner>,
+    /// Set by `shutdown`: no session is created any more.
+    closed: AtomicBool,
+}
+
+#[derive(Default)]
+struct Inner {
+    live: HashMap<String, Arc<Session>>,
+    /// Sessions being created, per environment index: they count against
+    /// the caps before their process exists.
+    starting: HashMap<usize, usize>,
+    /// Why recently ended sessions ended, oldest first.
+    ended: VecDeque<(String, String)>,
+}
+
+impl Inner {
+    fn count(&self, env: usize) -> (usize, usize) {
+        let starting_total: usize = self.starting.values().sum();
+        let in_env = self.live.values().filter(|s| s.env == env).count()
+            + self.starting.get(&env).copied().unwrap_or(0);
+        (self.live.len() + starting_total, in_env)
+    }
+
+    fn remember(&mut self, id: &str, reason: String) {
+        if self.ended.len() >= ENDED_KEPT {
+            self.ended.pop_front();
+        }
+        self.ended.push_back((id.to_string(), reason));
+    }
+}
+
+/// A slot under the caps, held while a session is being created; given
+/// back when dropped unless the session went live.
+pub struct Reservation {
+    sessions: Arc<Sessions>,
+    env: usize,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut inner = self.sessions.inner.lock();
+        if let Some(n) = inner.starting.get_mut(&self.env) {
+            *n -= 1;
+            if *n == 0 {
+                inner.starting.remove(&self.env);
+            }
+        }
+    }
+}
+
+impl Sessions {
+    /// The registry, with its reaper running until shutdown.
+    pub fn start(config: SessionConfig, grace: Duration) -> Arc<Sessions> {
+        let sessions = Arc::new(Sessions {
+            config,
+            grace,
+            inner: Mutex::new(Inner::default()),
+            closed: AtomicBool::new(false),
+        });
+        tokio::spawn(reap(Arc::downgrade(&sessions)));
+        sessions
+    }
+
+    pub fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+
+    /// Grace between the steps of terminating a session's worker.
+    pub fn grace(&self) -> Duration {
+        self.grace
+    }
+
+    /// A slot for a new session in environment `env` (named `env_name`),
+    /// or `too_many_sessions`.
+    pub fn reserve(self: &Arc<Self>, env: usize, env_name: &str) -> Result<Reservation, ExecError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(ExecError::ShuttingDown);
+        }
+        let mut inner = self.inner.lock();
+        let (total, in_env) = inner.count(env);
+        if total >= self.config.max_sessions {
+            return Err(ExecError::TooManySessions(format!(
+                "the server already runs its maximum of {} sessions; close one (DELETE /sessions/{{id}}) or wait for one to expire",
+                self.config.max_sessions
+            )));
+        }
+        if in_env >= self.config.max_sessions_per_env {
+            return Err(ExecError::TooManySessions(format!(
+                "environment {env_name:?} already runs its maximum of {} sessions; close one (DELETE /sessions/{{id}}) or wait for one to expire",
+                self.config.max_sessions_per_env
+            )));
+        }
+        *inner.starting.entry(env).or_default() += 1;
+        Ok(Reservation {
+            sessions: self.clone(),
+            env,
+        })
+    }
+
+    /// Make a session live on `worker` (already in session mode).
+    pub fn insert(
+        &self,
+        reservation: Reservation,
+        env_name: String,
+        ttl: Duration,
+        timeout: f64,
+        worker: PooledWorker,
+    ) -> Result<SessionInfo, ExecError> {
+        let id = match new_id() {
+            Ok(id) => id,
+            Err(e) => {
+                tokio::spawn(worker.terminate(self.grace));
+                return Err(ExecError::Internal(format!(
+                    "cannot draw a session id: {e}"
+                )));
+            }
+        };
+        let session = Arc::new(Session::new(
+            id.clone(),
+            reservation.env,
+            env_name,
+            ttl,
+            timeout,
+            worker,
+        ));
+        let info = session.info();
+        let mut inner = self.inner.lock();
+        if self.closed.load(Ordering::Acquire) {
+            drop(inner);
+            kill_process_tree(session.pid);
+            return Err(ExecError::ShuttingDown);
+        }
+        inner.live.insert(id.clone(), session);
+        drop(inner);
+        drop(reservation);
+        tracing::info!(session = %id, env = %info.env, "session created");
+        Ok(info)
+    }
+
+    /// The live session `id`, marked active until the returned call is
+    /// dropped (it cannot expire meanwhile).
+    pub fn begin(&self, id: &str) -> Result<ActiveCall, ExecError> {
+        let inner = self.inner.lock();
+        match inner.live.get(id) {
+            Some(session) => {
+                session.active.fetch_add(1, Ordering::AcqRel);
+                session.touch();
+                Ok(ActiveCall {
+                    session: session.clone(),
+                })
+            }
+            None => Err(unknown(&inner, id)),
+        }
+    }
+
+    /// Run one pre-encoded `exec` frame in the session, after the calls
+    /// that arrived before it.
+    pub async fn execute(
+        &self,
+        call: ActiveCall,
+        frame: &[u8],
+        deadline: Duration,
+        output: Option<&OutputSink>,
+    ) -> Result<RunOutput, ExecError> {
+        let session = call.session.clone();
+        let mut slot = session.worker.lock().await;
+        let Some(worker) = slot.as_mut() else {
+            return Err(unknown(&self.inner.lock(), &session.id));
+        };
+        if worker.is_poisoned() || !worker.is_alive() {
+            let worker = slot.take();
+            self.lose(
+                &session,
+                worker,
+                "the session process was killed: an earlier call was abandoned mid-run (its client went away) or the process died".into(),
+            );
+            return Err(unknown(&self.inner.lock(), &session.id));
+        }
+        let outcome = worker.execute(frame, deadline, output).await;
+        session.called();
+        match outcome {
+            Ok(out) => {
+                if let Some(reason) = &out.session_lost {
+                    let worker = slot.take();
+                    self.lose(&session, worker, reason.clone());
+                }
+                Ok(out)
+            }
+            Err(e) => {
+                let worker = slot.take();
+                self.lose(
+                    &session,
+                    worker,
+                    format!("the session's worker failed: {}", error_chain(&e)),
+                );
+                Err(ExecError::Worker(e))
+            }
+        }
+    }
+
+    /// Every live session, oldest first.
+    pub fn list(&self) -> Vec<SessionInfo> {
+        let mut sessions: Vec<Arc<Session>> = self.inner.lock().live.values().cloned().collect();
+        sessions.sort_by_key(|s| s.created);
+        sessions.iter().map(|s| s.info()).collect()
+    }
+
+    /// End session `id`: later calls get 404 at once; calls already
+    /// accepted finish first, then its process is terminated.
+    pub fn close(&self, id: &str) -> Result<SessionInfo, ExecError> {
+        let session = {
+            let mut inner = self.inner.lock();
+            let Some(session) = inner.live.remove(id) else {
+                return Err(unknown(&inner, id));
+            };
+            inner.remember(id, "it was closed".into());
+            session
+        };
+        tracing::info!(session = %id, "session closed");
+        let info = session.info();
+        let grace = self.grace;
+        tokio::spawn(async move {
+            let worker = session.worker.lock().await.take();
+            worker_terminate(worker, grace).await;
+        });
+        Ok(info)
+    }
+
+    /// The session was lost: forget it, remember why, end its worker.
+    fn lose(&self, session: &Arc<Session>, worker: Option<PooledWorker>, reason: String) {
+        tracing::warn!(session = %session.id, "session lost: {reason}");
+        {
+            let mut inner = self.inner.lock();
+            if inner
+                .live
+                .get(&session.id)
+                .is_some_and(|s| Arc::ptr_eq(s, session))
+            {
+                inner.live.remove(&session.id);
+            }
+            inner.remember(&session.id, reason);
+        }
+        tokio::spawn(worker_terminate(worker, self.grace));
+    }
+
+    /// End sessions idle past their TTL.
+    fn expire(&self) {
+        let now = Instant::now();
+        let expired: Vec<Arc<Session>> = {
+            let mut inner = self.inner.lock();
+            let ids: Vec<String> = inner
+                .live
+                .values()
+                .filter(|s| s.expired(now))
+                .map(|s| s.id.clone())
+                .collect();
+            ids.iter()
+                .filter_map(|id| {
+                    let session = inner.live.remove(id)?;
+                    let reason = format!(
+                        "it expired after {} s without a call",
+                        session.ttl.as_secs_f64()
+                    );
+                    inner.remember(id, reason);
+                    Some(session)
+                })
+                .collect()
+        };
+        for session in expired {
+            tracing::info!(session = %session.id, "session expired");
+            let grace = self.grace;
+            tokio::spawn(async move {
+                let worker = session.worker.lock().await.take();
+                worker_terminate(worker, grace).await;
+            });
+        }
+    }
+
+    /// Refuse new sessions and end every live one; a session whose call is
+    /// running has its process tree killed at once.
+    pub async fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
+        let sessions: Vec<Arc<Session>> = {
+            let mut inner = self.inner.lock();
+            let sessions: Vec<_> = inner.live.drain().map(|(_, s)| s).collect();
+            for s in &sessions {
+                inner.remember(&s.id, "the server shut down".into());
+            }
+            sessions
+        };
+        let grace = self.grace;
+        futures_util::future::join_all(sessions.into_iter().map(|session| async move {
+            match session.worker.try_lock() {
+                Ok(mut slot) => worker_terminate(slot.take(), grace).await,
+                Err(_) => kill_process_tree(session.pid),
+            }
+        }))
+        .await;
+    }
+
+    /// Whether session `id` is live.
+    pub fn contains(&self, id: &str) -> bool {
+        self.inner.lock().live.contains_key(id)
+    }
+
+    /// Live sessions now.
+    pub fn live(&self) -> usize {
+        self.inner.lock().live.len()
+    }
+}
+
+async fn worker_terminate(worker: Option<PooledWorker>, grace: Duration) {
+    if let Some(worker) = worker {
+        worker.terminate(grace).await;
+    }
+}
+
+/// `unknown_session`, saying why the session ended when it is remembered.
+fn unknown(inner: &Inner, id: &str) -> ExecError {
+    let reason = inner
+        .ended
+        .iter()
+        .rev()
+        .find(|(ended, _)| ended == id)
+        .map(|(_, reason)| reason.as_str());
+    ExecError::UnknownSession(match reason {
+        Some(reason) => format!("session {id:?} no longer exists: {reason}"),
+        None => format!("unknown session {id:?}; create one with POST /sessions"),
+    })
+}
+
+/// 128 random bits from the kernel, as hex.
+fn new_id() -> std::io::Result<String> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Expire idle sessions a few times per TTL until the registry is gone or
+/// shut down.
+async fn reap(sessions: Weak<Sessions>) {
+    let tick = match sessions.upgrade() {
+        Some(s) => (s.config.ttl.min(s.config.max_ttl) / 10)
+            .clamp(Duration::from_millis(50), Duration::from_secs(1)),
+        None => return,
+    };
+    loop {
+        tokio::time::sleep(tick).await;
+        let Some(sessions) = sessions.upgrade() else {
+            return;
+        };
+        if sessions.closed.load(Ordering::Acquire) {
+            return;
+        }
+        sessions.expire();
+    }
+}

@@ -1,0 +1,151 @@
+//! Sessions over MCP: `create_session` / `close_session`, `session` on
+//! `execute_code`, and the optional implicit session per connection (in
+//! process and over streamable HTTP).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use code_executor::Executor;
+use serde_json::json;
+
+use crate::common::mcp::{McpClient, call, connect_http, connect_in_process, execute_code, text};
+use crate::common::{TestServer, config};
+
+async fn wait_for_sessions(executor: &Executor, count: usize) {
+    let start = Instant::now();
+    while executor.list_sessions().len() != count {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "sessions: {:?}",
+            executor.list_sessions()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn run(client: &McpClient, args: serde_json::Value) -> (bool, String) {
+    let out = execute_code(client, args)
+        .await
+        .expect("tool call answered");
+    (out.is_error == Some(true), text(&out))
+}
+
+#[tokio::test]
+async fn session_tools_keep_state_until_closed() {
+    let config = config();
+    let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+    let client = connect_in_process(executor.clone(), &config).await;
+    let tools = client.list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    assert!(
+        names.contains(&"create_session") && names.contains(&"close_session"),
+        "{names:?}"
+    );
+
+    let created = call(&client, "create_session", json!({})).await.unwrap();
+    assert_ne!(created.is_error, Some(true), "{created:?}");
+    let id = created.structured_content.as_ref().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (failed, _) = run(
+        &client,
+        json!({"code": "import math\nr = math.sqrt(16)", "session": id}),
+    )
+    .await;
+    assert!(!failed);
+    let (failed, out) = run(&client, json!({"code": "print(r)", "session": id})).await;
+    assert!(!failed, "{out}");
+    assert!(out.starts_with("4.0\n"), "{out}");
+    // A clean call does not see the session.
+    let (failed, out) = run(&client, json!({"code": "print(r)"})).await;
+    assert!(failed && out.contains("NameError"), "{out}");
+
+    // A timeout interrupts the call and the state stays.
+    let (failed, out) = run(
+        &client,
+        json!({"code": "import time\nwhile True: time.sleep(0.01)", "session": id, "timeout": 0.5}),
+    )
+    .await;
+    assert!(failed && out.contains("kept its state"), "{out}");
+
+    let closed = call(&client, "close_session", json!({"session": id}))
+        .await
+        .unwrap();
+    assert_ne!(closed.is_error, Some(true), "{}", text(&closed));
+    let (failed, out) = run(&client, json!({"code": "print(r)", "session": id})).await;
+    assert!(failed && out.contains("unknown_session"), "{out}");
+    let again = call(&client, "close_session", json!({"session": id}))
+        .await
+        .unwrap();
+    assert_eq!(again.is_error, Some(true));
+    let _ = client.cancel().await;
+    executor.shutdown().await;
+}
+
+#[tokio::test]
+async fn implicit_sessions_are_one_per_connection_and_end_with_it() {
+    let mut config = config();
+    config.mcp_implicit_session = true;
+    let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+    let first = connect_in_process(executor.clone(), &config).await;
+    let second = connect_in_process(executor.clone(), &config).await;
+    let tools = first.list_all_tools().await.unwrap();
+    let description = tools
+        .iter()
+        .find(|t| t.name == "execute_code")
+        .unwrap()
+        .description
+        .clone()
+        .unwrap();
+    assert!(
+        description.contains("persistent Python session"),
+        "{description}"
+    );
+
+    let (failed, _) = run(&first, json!({"code": "who = 'first'"})).await;
+    assert!(!failed);
+    let (failed, out) = run(&first, json!({"code": "print(who)"})).await;
+    assert!(!failed && out.starts_with("first\n"), "{out}");
+    let (failed, out) = run(&second, json!({"code": "print(who)"})).await;
+    assert!(failed && out.contains("NameError"), "{out}");
+    wait_for_sessions(&executor, 2).await;
+
+    // A lost implicit session is replaced, and the call says so.
+    let (_, out) = run(&first, json!({"code": "import os\nos._exit(1)"})).await;
+    assert!(out.contains("session lost"), "{out}");
+    let (failed, out) = run(&first, json!({"code": "print('who' in globals())"})).await;
+    assert!(
+        !failed && out.contains("previous session was lost") && out.contains("False"),
+        "{out}"
+    );
+    // The lost one is gone, its replacement and the second connection's remain.
+    wait_for_sessions(&executor, 2).await;
+
+    let _ = first.cancel().await;
+    wait_for_sessions(&executor, 1).await;
+    let _ = second.cancel().await;
+    wait_for_sessions(&executor, 0).await;
+    executor.shutdown().await;
+}
+
+#[tokio::test]
+async fn implicit_sessions_over_streamable_http() {
+    let mut config = config();
+    config.mcp_implicit_session = true;
+    let server = TestServer::with_config(config).await;
+    let url = format!("{}/mcp", server.url);
+    let a = connect_http(&url, None).await;
+    let b = connect_http(&url, None).await;
+    run(&a, json!({"code": "n = 1"})).await;
+    run(&b, json!({"code": "n = 2"})).await;
+    let (_, out_a) = run(&a, json!({"code": "print(n)"})).await;
+    let (_, out_b) = run(&b, json!({"code": "print(n)"})).await;
+    assert!(
+        out_a.starts_with("1\n") && out_b.starts_with("2\n"),
+        "{out_a} / {out_b}"
+    );
+    let _ = a.cancel().await;
+    let _ = b.cancel().await;
+    server.stop().await;
+}

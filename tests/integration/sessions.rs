@@ -1,0 +1,374 @@
+//! Stateful sessions over HTTP: persistence, isolation, TTL, caps, interrupts,
+//! losses, ordering and shutdown.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::common::{self, TestServer};
+
+async fn create(server: &TestServer, body: Value) -> String {
+    let (status, info) = server.post("/sessions", body).await;
+    assert_eq!(status, 201, "{info}");
+    info["id"].as_str().expect("an id").to_string()
+}
+
+async fn call(server: &TestServer, id: &str, code: &str) -> (u16, Value) {
+    server.execute(json!({"code": code, "session": id})).await
+}
+
+async fn ok(server: &TestServer, id: &str, code: &str) -> Value {
+    let (status, body) = call(server, id, code).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+#[tokio::test]
+async fn variables_imports_functions_and_files_persist() {
+    let server = TestServer::start().await;
+    let (status, info) = server.post("/sessions", json!({})).await;
+    assert_eq!(status, 201, "{info}");
+    assert!(
+        info["expires_at"].as_str().unwrap().ends_with('Z'),
+        "{info}"
+    );
+    assert_eq!(info["ttl"], 600.0);
+    let id = info["id"].as_str().unwrap();
+
+    let first = ok(
+        &server,
+        id,
+        "import json\nx = 41\ndef inc(v):\n    return v + 1\nopen('state.txt', 'w').write('kept')\nprint('set')",
+    )
+    .await;
+    assert_eq!(first["stdout"], "set\n");
+    assert_eq!(first["artifacts"][0]["path"], "state.txt", "{first}");
+
+    let second = ok(
+        &server,
+        id,
+        "print(json.dumps({'x': inc(x)}), open('state.txt').read())\nx",
+    )
+    .await;
+    assert_eq!(second["stdout"], "{\"x\": 42} kept\n", "{second}");
+    assert_eq!(second["result"], "41");
+    assert_eq!(second["exit_code"], 0);
+    // Only files changed by this call come back.
+    assert_eq!(second["artifacts"], json!([]), "{second}");
+
+    // An exception does not end the session; the state stays.
+    let failed = ok(&server, id, "1/0").await;
+    assert_eq!(failed["error"]["type"], "ZeroDivisionError");
+    assert_eq!(ok(&server, id, "x").await["result"], "41");
+
+    // Input files land in the session directory and may be replaced.
+    let (status, body) = server
+        .execute(json!({"code": "print(open('in.txt').read())", "session": id, "files": {"in.txt": "one"}}))
+        .await;
+    assert_eq!(
+        (status, body["stdout"].as_str()),
+        (200, Some("one\n")),
+        "{body}"
+    );
+    let (_, body) = server
+        .execute(json!({"code": "print(open('in.txt').read())", "session": id, "files": {"in.txt": "two"}}))
+        .await;
+    assert_eq!(body["stdout"], "two\n", "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn sessions_are_isolated_from_each_other_and_from_clean_runs() {
+    let server = TestServer::start().await;
+    let a = create(&server, json!({})).await;
+    let b = create(&server, json!({})).await;
+    ok(
+        &server,
+        &a,
+        "secret = 'a'\nopen('mine.txt', 'w').write('a')",
+    )
+    .await;
+    let other = ok(
+        &server,
+        &b,
+        "print('secret' in globals())\nimport os\nprint(os.path.exists('mine.txt'))",
+    )
+    .await;
+    assert_eq!(other["stdout"], "False\nFalse\n", "{other}");
+    let clean = server.run("print('secret' in globals())").await;
+    assert_eq!(clean["stdout"], "False\n");
+    assert_eq!(ok(&server, &a, "secret").await["result"], "'a'");
+
+    let (status, listing) = server.get("/sessions").await;
+    assert_eq!(status, 200);
+    let ids: Vec<&str> = listing["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [a.as_str(), b.as_str()], "{listing}");
+    assert_eq!(listing["sessions"][0]["calls"], 2);
+
+    let resp = server
+        .client
+        .delete(format!("{}/sessions/{a}", server.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let closed: Value = resp.json().await.unwrap();
+    assert_eq!(
+        (closed["id"].as_str(), closed["closed"].as_bool()),
+        (Some(a.as_str()), Some(true))
+    );
+    let (status, body) = call(&server, &a, "secret").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_session");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("closed"),
+        "{body}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_ids_and_bad_requests_are_refused() {
+    let server = TestServer::start().await;
+    let (status, body) = call(&server, "nope", "print(1)").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_session");
+    let resp = server
+        .client
+        .delete(format!("{}/sessions/nope", server.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
+    let (status, body) = server.post("/sessions", json!({"ttl": -1})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("bad_request")),
+        "{body}"
+    );
+    let (status, body) = server.post("/sessions", json!({"env": "nowhere"})).await;
+    assert_eq!(status, 404, "{body}");
+    let id = create(&server, json!({})).await;
+    let (status, body) = server
+        .execute(json!({"code": "1", "session": id, "limits": {"processes": 10}}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn idle_sessions_expire_and_calls_renew_them() {
+    let mut config = common::config();
+    config.sessions.ttl = Duration::from_millis(800);
+    let server = TestServer::with_config(config).await;
+    let kept = create(&server, json!({})).await;
+    let idle = create(&server, json!({})).await;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(1600) {
+        ok(&server, &kept, "1").await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, body) = call(&server, &idle, "1").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("expired"),
+        "{body}"
+    );
+    assert_eq!(ok(&server, &kept, "2").await["result"], "2");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn caps_refuse_sessions_with_429() {
+    let mut config = common::config();
+    config.sessions.max_sessions = 2;
+    let server = TestServer::with_config(config).await;
+    let first = create(&server, json!({})).await;
+    create(&server, json!({})).await;
+    let (status, body) = server.post("/sessions", json!({})).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "too_many_sessions");
+    let resp = server
+        .client
+        .delete(format!("{}/sessions/{first}", server.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    create(&server, json!({})).await;
+    server.stop().await;
+
+    let mut config = common::config();
+    config.sessions.max_sessions_per_env = 1;
+    let server = TestServer::with_config(config).await;
+    create(&server, json!({})).await;
+    let (status, body) = server.post("/sessions", json!({})).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("environment"),
+        "{body}"
+    );
+    // Clean runs still work beside a full session cap.
+    assert_eq!(server.run("print(1)").await["stdout"], "1\n");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_timeout_interrupts_and_keeps_the_state() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    ok(&server, &id, "x = 1").await;
+    let started = Instant::now();
+    let (status, body) = server
+        .execute(json!({"session": id, "timeout": 0.5, "code": "import time\nwhile True:\n    time.sleep(0.01)\n    x = 1"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(body["timed_out"], true, "{body}");
+    assert_eq!(body["limit"], "timeout");
+    assert_eq!(body["error"]["type"], "KeyboardInterrupt", "{body}");
+    assert!(body.get("session_lost").is_none(), "{body}");
+    assert_eq!(ok(&server, &id, "x").await["result"], "1");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_uninterruptible_run_loses_the_session() {
+    let mut config = common::config();
+    config.sessions.interrupt_grace = Duration::from_millis(300);
+    let server = TestServer::with_config(config).await;
+    let id = create(&server, json!({})).await;
+    ok(&server, &id, "x = 1").await;
+    let (status, body) = server
+        .execute(json!({"session": id, "timeout": 0.5, "code": "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('spinning', flush=True)\nwhile True:\n    pass"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["timed_out"], true, "{body}");
+    assert_eq!(body["signal"], "SIGKILL", "{body}");
+    assert_eq!(body["stdout"], "spinning\n", "{body}");
+    let lost = body["session_lost"].as_str().expect("the loss is reported");
+    assert!(
+        lost.contains("did not stop") && lost.contains("interrupt"),
+        "{lost}"
+    );
+    let (status, body) = call(&server, &id, "x").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("did not stop"),
+        "{body}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_crash_reports_the_loss_and_later_calls_get_404() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    let (status, body) = call(
+        &server,
+        &id,
+        "import os\nprint('bye', flush=True)\nos._exit(3)",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["exit_code"], 3, "{body}");
+    assert_eq!(body["stdout"], "bye\n", "{body}");
+    let lost = body["session_lost"].as_str().expect("the loss is reported");
+    assert!(lost.contains("exited with status 3"), "{lost}");
+    let (status, body) = call(&server, &id, "1").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_session");
+    let (_, listing) = server.get("/sessions").await;
+    assert_eq!(listing["sessions"], json!([]));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_calls_to_one_session_run_in_arrival_order() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    ok(&server, &id, "log = []").await;
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let (client, url, id) = (server.client.clone(), server.url.clone(), id.clone());
+        tasks.push(tokio::spawn(async move {
+            let code = format!("import time\nlog.append({i})\ntime.sleep(0.05)\nlog.append({i})");
+            client
+                .post(format!("{url}/execute"))
+                .json(&json!({"code": code, "session": id}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }));
+        // Arrivals spaced so that their order is known.
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), 200);
+    }
+    let log = ok(&server, &id, "log").await;
+    assert_eq!(
+        log["result"], "[0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]",
+        "{log}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_leaves_no_session_process() {
+    let server = TestServer::start().await;
+    let base = server.executor.base_dir().to_path_buf();
+    let idle = create(&server, json!({})).await;
+    let busy = create(&server, json!({})).await;
+    ok(&server, &idle, "x = 1").await;
+    // Every worker and session process has the base dir in its command line
+    // (pids seen inside a run are those of its own pid namespace).
+    assert!(common::processes_mentioning(&base).len() >= 2);
+    let running = tokio::spawn({
+        let (client, url) = (server.client.clone(), server.url.clone());
+        async move {
+            let _ = client
+                .post(format!("{url}/execute"))
+                .json(&json!({"code": "import time; time.sleep(30)", "session": busy}))
+                .send()
+                .await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let executor = server.executor.clone();
+    executor.shutdown().await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = common::processes_mentioning(&base);
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "processes left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    running.abort();
+    server.stop().await;
+}
