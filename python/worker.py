@@ -1584,6 +1584,14 @@ def serve_session(worker, msg, frame):
 
 
 def remove_tree(path):
+    # Most run directories are empty by now: one rmdir instead of a walk.
+    try:
+        os.rmdir(path)
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
