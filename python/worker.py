@@ -343,13 +343,16 @@ def safe_join(root, rel):
     return os.path.join(root, *parts)
 
 
-def write_files(root, files):
+def write_files(root, files, replace=False):
+    """Write the request's input files under ``root``; a clean run's files are
+    all new (O_EXCL), a session call may replace what an earlier call left."""
+    mode = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if replace else os.O_EXCL)
     for rel, data in files or ():
         path = safe_join(root, rel)
         parent = os.path.dirname(path)
         if parent != root:
             os.makedirs(parent, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        fd = os.open(path, mode, 0o644)
         try:
             write_all(fd, data)
         finally:
@@ -1283,7 +1286,7 @@ def session_call(msg, main, rundir, devnull):
     outcome = RunOutcome()
     try:
         os.dup2(devnull, 0)
-        write_session_files(rundir, msg.get("files"))
+        write_files(rundir, msg.get("files"), replace=True)
         if msg.get("stdin"):
             set_stdin(msg.get("stdin"))
             sys.stdin = open(0, "r", closefd=False)
@@ -1307,20 +1310,6 @@ def session_call(msg, main, rundir, devnull):
         except BaseException:
             pass
     return packb({"status": outcome.status, "result": outcome.result, "error": outcome.error})
-
-
-def write_session_files(root, files):
-    """Like write_files, but a call may replace a file an earlier call left."""
-    for rel, data in files or ():
-        path = safe_join(root, rel)
-        parent = os.path.dirname(path)
-        if parent != root:
-            os.makedirs(parent, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        try:
-            write_all(fd, data)
-        finally:
-            os.close(fd)
 
 
 def set_cpu_budget(seconds):

@@ -531,14 +531,7 @@ impl Executor {
             };
             entry.metrics.outcome(outcome);
             tracing::info!(env = env_name, %outcome, "run refused: {e}");
-            match e {
-                PoolError::Busy(_) => ExecError::Busy(e),
-                PoolError::Closed => ExecError::ShuttingDown,
-                PoolError::Unavailable(reason) => ExecError::EnvUnavailable {
-                    env: entry.spec.name.clone(),
-                    reason,
-                },
-            }
+            pool_refusal(entry, e)
         })?;
         let worker_pid = worker.pid();
         let started = Instant::now();
