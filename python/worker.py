@@ -681,29 +681,36 @@ def set_private_tmp(rundir):
         tempfile.tempdir = None
 
 
+def enter_run(worker_pid, rundir, out_w, err_w, parent_fds, on_sigint):
+    """What every forked child does first: its own process group and signal
+    handlers, death with its worker, none of the worker's fds, output to its
+    capture pipes, and its run directory as cwd and first import path."""
+    os.setpgid(0, 0)
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, on_sigint)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    set_parent_death_signal(worker_pid)
+    for fd in parent_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.close(out_w)
+    os.close(err_w)
+    os.chdir(rundir)
+    os.environ["PWD"] = rundir
+    sys.path.insert(0, rundir)
+
+
 def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds):
     """Body of a forked child; never returns."""
     status = 70
     try:
-        os.setpgid(0, 0)
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        set_parent_death_signal(worker_pid)
-        for fd in parent_fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
-        os.close(out_w)
-        os.close(err_w)
-        os.chdir(rundir)
-        os.environ["PWD"] = rundir
+        enter_run(worker_pid, rundir, out_w, err_w, parent_fds, signal.default_int_handler)
         set_private_tmp(rundir)
-        sys.path.insert(0, rundir)
         # Everything that does not depend on the request is done now, while
         # no client waits: stdin on /dev/null (fd 0 already is), a fresh
         # __main__, and one pass over the request path so that its
@@ -1237,24 +1244,8 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
     """Body of a session child: serve calls until the request pipe closes."""
     status = 70
     try:
-        os.setpgid(0, 0)
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # only while user code runs
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        set_parent_death_signal(worker_pid)
-        for fd in parent_fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
-        os.close(out_w)
-        os.close(err_w)
-        os.chdir(rundir)
-        os.environ["PWD"] = rundir
-        sys.path.insert(0, rundir)
+        # SIGINT is ignored except while user code runs (see session_call).
+        enter_run(worker_pid, rundir, out_w, err_w, parent_fds, signal.SIG_IGN)
         install_plot_capture(rundir)
         fixed = dict(limits or {})
         fixed.pop("cpu_seconds", None)  # a budget per call, see session_call
