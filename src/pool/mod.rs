@@ -426,7 +426,10 @@ impl EnvPool {
     /// the old workers; the next request gets a new one.
     pub fn replace(&self) {
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
-        self.shared.retire_idle(usize::MAX);
+        // Idle workers are replaced now; busy ones count when they come back.
+        for _ in 0..self.shared.retire_idle(usize::MAX) {
+            self.shared.count_restart(RestartCause::Recycle);
+        }
         self.refill();
     }
 
