@@ -808,6 +808,27 @@ def run_usage(child):
     }
 
 
+def result_frame(msg, out, err, exit_code, signame, timed_out, duration_ms, report, artifacts):
+    """The ``result`` frame of one run (a clean run or a session call); the
+    child's report is checked first, since user code can write to its pipe."""
+    report = sane_report(report) if report else {}
+    return {
+        "t": "result",
+        "id": msg.get("id"),
+        "stdout": out.value(),
+        "stderr": err.value(),
+        "exit_code": exit_code,
+        "signal": signame,
+        "timed_out": timed_out,
+        "stdout_truncated": out.truncated,
+        "stderr_truncated": err.truncated,
+        "duration_ms": duration_ms,
+        "result": report.get("result"),
+        "error": report.get("error"),
+        "artifacts": artifacts,
+    }
+
+
 def sane_report(report):
     """The child's report, trusting nothing: user code can write to the ctl
     pipe, so anything that is not a well-formed report reads as an empty one."""
@@ -1135,22 +1156,8 @@ class Worker:
                 int(msg.get("max_artifact_bytes") or (10 << 20)),
                 int(msg.get("max_artifacts_bytes") or (32 << 20)),
             )
-        report = sane_report(report) if report else {}
-        reply = {
-            "t": "result",
-            "id": msg.get("id"),
-            "stdout": out.value(),
-            "stderr": err.value(),
-            "exit_code": exit_code,
-            "signal": signame,
-            "timed_out": timed_out,
-            "stdout_truncated": out.truncated,
-            "stderr_truncated": err.truncated,
-            "duration_ms": duration_ms,
-            "result": report.get("result"),
-            "error": report.get("error"),
-            "artifacts": artifacts,
-        }
+        reply = result_frame(msg, out, err, exit_code, signame, timed_out, duration_ms,
+                             report, artifacts)
         if msg.get("rusage"):
             reply.update(run_usage(child))
         write_frame(self.wfd, reply)
@@ -1460,7 +1467,8 @@ class Session:
             if capture.open:
                 worker.drain(fd, capture, None, stream_id)
         if report is not None:
-            exit_code = report.get("status", 0)
+            report = sane_report(report)
+            exit_code = report["status"]
         else:
             status = child.status or 0
             if os.WIFSIGNALED(status):
@@ -1484,23 +1492,10 @@ class Session:
         if lost is not None:
             self.close()
             self.lost = lost
-        report = report or {}
-        write_frame(worker.wfd, {
-            "t": "result",
-            "id": msg.get("id"),
-            "stdout": out.value(),
-            "stderr": err.value(),
-            "exit_code": exit_code,
-            "signal": signame,
-            "timed_out": timed_out,
-            "stdout_truncated": out.truncated,
-            "stderr_truncated": err.truncated,
-            "duration_ms": duration_ms,
-            "result": report.get("result"),
-            "error": report.get("error"),
-            "artifacts": artifacts,
-            "session_lost": lost,
-        })
+        reply = result_frame(msg, out, err, exit_code, signame, timed_out, duration_ms,
+                             report, artifacts)
+        reply["session_lost"] = lost
+        write_frame(worker.wfd, reply)
 
     def close(self):
         child = self.child
