@@ -1108,14 +1108,16 @@ class Worker:
                     elif closed:
                         poller.unregister(fd)
                         child.ctl_r_open = False
-                        done = child.reap(False)
+                        if child.reap(False):
+                            done = True
                 elif fd == self.wake_r:
                     try:
                         while os.read(fd, 512):
                             pass
                     except BlockingIOError:
                         pass
-                    done = child.reap(False) and not child.ctl_r_open
+                    if child.reap(False) and not child.ctl_r_open:
+                        done = True
                 elif fd == self.rfd:
                     child.kill_group()
                     child.reap(True)

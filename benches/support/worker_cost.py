@@ -1,0 +1,182 @@
+"""Where a clean run's CPU goes: python/worker.py driven directly, no server.
+
+    python3 benches/support/worker_cost.py [--python PATH] [--runs N]
+
+Prints, for the interpreter given (default: this one):
+
+* the floor: a bare ``fork`` + ``_exit`` + ``waitpid`` cycle of a process holding
+  the worker's imports, and what one copy-on-write page fault costs here;
+* clean runs of ``print(2+2)`` sent back to back: CPU and minor page faults
+  per run of the worker and of its forked children (from /proc/<pid>/stat),
+  and the round trip seen by this driver, back to back and with idle gaps;
+* session calls of the same code: the same figures without a fork.
+
+Linux only; the worker's pure-Python codec frames the requests.
+"""
+
+import argparse
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "..", "..", "python", "worker.py")
+sys.path.insert(0, os.path.dirname(WORKER))
+import worker as codec  # noqa: E402  (the bootstrap doubles as the codec)
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+FLOOR = r"""
+import gc, os, resource, sys, time, mmap
+import ast, linecache, traceback, atexit, shutil, fnmatch, mimetypes, ctypes, select, struct, types
+mimetypes.init()
+gc.collect(); gc.freeze()
+n = int(sys.argv[1])
+anon = [l.split()[1] for l in open("/proc/self/status") if l.startswith("RssAnon")][0]
+fork_s = 0.0
+t = time.perf_counter()
+for _ in range(n):
+    a = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    fork_s += time.perf_counter() - a
+    os.waitpid(pid, 0)
+wall = time.perf_counter() - t
+me, kids = resource.getrusage(0), resource.getrusage(resource.RUSAGE_CHILDREN)
+# One copy-on-write fault: a child writes once to each of 2000 shared pages.
+pages = 2000
+buf = mmap.mmap(-1, pages * 4096)
+for i in range(pages):
+    buf[i * 4096] = 1
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    f0 = resource.getrusage(0).ru_minflt
+    a = time.perf_counter()
+    for i in range(pages):
+        buf[i * 4096] = 2
+    faulting = time.perf_counter() - a
+    faults = resource.getrusage(0).ru_minflt - f0
+    a = time.perf_counter()
+    for i in range(pages):
+        buf[i * 4096] = 3
+    plain = time.perf_counter() - a
+    os.write(w, b"%f" % ((faulting - plain) / max(faults, 1) * 1e6))
+    os._exit(0)
+os.waitpid(pid, 0)
+per_fault = float(os.read(r, 64))
+print(anon, fork_s / n * 1e6, wall / n * 1e6, (me.ru_utime + me.ru_stime) / n * 1e6,
+      (kids.ru_utime + kids.ru_stime) / n * 1e6, per_fault)
+"""
+
+
+class Worker:
+    def __init__(self, python, scratch):
+        self.proc = subprocess.Popen(
+            [python, "-I", "-u", WORKER, scratch, ""],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        ready = self.read()
+        if ready.get("t") != "ready":
+            raise SystemExit("worker did not start: %r" % (ready,))
+
+    def send(self, msg):
+        data = codec.pure_packb(msg)
+        self.proc.stdin.write(struct.pack("!I", len(data)) + data)
+        self.proc.stdin.flush()
+
+    def read(self):
+        (n,) = struct.unpack("!I", self.proc.stdout.read(4))
+        return codec.pure_unpackb(self.proc.stdout.read(n))
+
+    def stat(self, pid=None):
+        """(minflt, cminflt, cpu s, children's cpu s) of ``pid``."""
+        fields = open("/proc/%d/stat" % (pid or self.proc.pid)).read().rsplit(")", 1)[1].split()
+        minflt, cminflt = int(fields[7]), int(fields[8])
+        cpu = (int(fields[11]) + int(fields[12])) / TICK
+        ccpu = (int(fields[13]) + int(fields[14])) / TICK
+        return minflt, cminflt, cpu, ccpu
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def exec_frame(i):
+    return {"t": "exec", "id": i, "code": "print(2+2)", "timeout": 5.0, "max_output": 1 << 20}
+
+
+def timed(worker, runs, gap=0.0):
+    rts = []
+    for i in range(runs):
+        if gap:
+            time.sleep(gap)
+        t = time.perf_counter()
+        worker.send(exec_frame(i))
+        reply = worker.read()
+        rts.append((time.perf_counter() - t) * 1e3)
+        if reply.get("stdout") != b"4\n":
+            raise SystemExit("unexpected reply: %r" % (reply,))
+    return rts
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--runs", type=int, default=1000)
+    args = ap.parse_args()
+    python = os.path.realpath(args.python)
+    floor = subprocess.run([python, "-I", "-c", FLOOR, str(args.runs)],
+                           capture_output=True, text=True)
+    if floor.returncode:
+        raise SystemExit("the floor measurement failed:\n" + floor.stderr)
+    out = floor.stdout.split()
+    anon_kb, fork_us, cycle_us, parent_us, child_us, fault_us = map(float, out)
+    print("interpreter: %s (worker's imports: %d KiB anonymous memory)" % (python, anon_kb))
+    print("floor: fork() %.0f us; fork+exit+wait cycle %.0f us wall, %.0f us CPU "
+          "(parent %.0f + child %.0f)" % (fork_us, cycle_us, parent_us + child_us,
+                                           parent_us, child_us))
+    print("one copy-on-write page fault: %.2f us" % fault_us)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        worker = Worker(python, scratch)
+        timed(worker, 100)
+        s0 = worker.stat()
+        rts = timed(worker, args.runs)
+        s1 = worker.stat()
+        n = args.runs
+        w_cpu, c_cpu = (s1[2] - s0[2]) / n * 1e3, (s1[3] - s0[3]) / n * 1e3
+        w_flt, c_flt = (s1[0] - s0[0]) / n, (s1[1] - s0[1]) / n
+        gapped = timed(worker, min(n, 300), gap=0.005)
+        worker.close()
+        print()
+        print("clean run print(2+2), %d back to back:" % n)
+        print("  worker   %.2f ms CPU, %4.0f page faults per run" % (w_cpu, w_flt))
+        print("  children %.2f ms CPU, %4.0f page faults per run" % (c_cpu, c_flt))
+        print("  total    %.2f ms CPU per run = %.1fx the fork floor; faults alone ~%.2f ms"
+              % (w_cpu + c_cpu, (w_cpu + c_cpu) / ((parent_us + child_us) / 1e3),
+                 (w_flt + c_flt) * fault_us / 1e3))
+        print("  round trip p50 %.3f ms back to back, %.3f ms with 5 ms idle gaps"
+              % (statistics.median(rts), statistics.median(gapped)))
+
+        worker = Worker(python, scratch)
+        worker.send({"t": "session", "id": 0, "limits": {}, "grace": 1.0})
+        child = worker.read()["pid"]
+        timed(worker, 100)
+        s0, k0 = worker.stat(), worker.stat(child)
+        rts = timed(worker, n)
+        s1, k1 = worker.stat(), worker.stat(child)
+        worker.close()
+        print()
+        print("session call print(2+2), %d back to back:" % n)
+        print("  worker %.0f us CPU, session child %.0f us CPU per call; round trip p50 %.0f us"
+              % ((s1[2] - s0[2]) / n * 1e6, (k1[2] - k0[2]) / n * 1e6,
+                 statistics.median(rts) * 1e3))
+
+
+if __name__ == "__main__":
+    main()
