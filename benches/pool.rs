@@ -37,6 +37,7 @@ fn checkout(c: &mut Criterion) {
                     sandbox: None,
                     owner: None,
                     pids_max: 256,
+                    memory_max: None,
                 },
                 PoolConfig {
                     size: pool_size,

@@ -258,6 +258,11 @@ impl Executor {
                         .processes
                         .unwrap_or(DEFAULT_PROCESSES)
                         + WORKER_TASKS,
+                    memory_max: plan
+                        .settings
+                        .run_limits
+                        .memory_bytes
+                        .map(|m| m.saturating_add(WORKER_MEMORY)),
                 },
                 PoolConfig {
                     size: plan.settings.pool_size,
@@ -1061,6 +1066,9 @@ fn shape_result(out: crate::worker::RunOutput) -> ExecResult {
 /// every run gets.
 fn sandbox_status(sandbox: Option<&Sandbox>) -> SandboxStatus {
     let mut status = sandbox.map(|s| s.status.clone()).unwrap_or_default();
+    if sandbox.is_none() {
+        status.memory = "rlimit_as";
+    }
     status.rlimits = ["cpu", "memory", "file_size", "open_files", "processes"]
         .iter()
         .map(|s| s.to_string())
@@ -1068,17 +1076,35 @@ fn sandbox_status(sandbox: Option<&Sandbox>) -> SandboxStatus {
     status
 }
 
-/// Which limit stopped the run, from how it ended: the wall clock, a
-/// resource signal (`SIGXCPU`, `SIGXFSZ`), an exception that only a limit
-/// raises (`MemoryError`; `fork`/thread creation refused; `EFBIG`).
+/// Which limit stopped the run, from how it ended and from what the
+/// worker's cgroups counted during it. In this order:
+///
+/// 1. The wall clock: `"timeout"`, unless the pids cgroup refused a fork or
+///    a thread during the run. Then `"processes"`: a fork bomb that catches
+///    its errors and retries until the deadline is stopped by the timeout,
+///    but what to fix is the number of processes.
+/// 2. A resource signal: `SIGXCPU` → `"cpu"`, `SIGXFSZ` → `"file_size"`.
+/// 3. An OOM kill in the worker's memory cgroup: `"memory"` (the run, or one
+///    of its processes, was SIGKILLed by the kernel at the cap).
+/// 4. An exception that only a limit raises: `MemoryError`; `EFBIG`;
+///    `fork`/thread creation refused with `EAGAIN`.
+/// 5. Any other failure while the pids cgroup refused a fork: `"processes"`.
+/// 6. A stream cut at the output cap: `"output"`.
 fn limit_hit(out: &crate::worker::RunOutput, truncated: bool) -> Option<&'static str> {
     if out.timed_out {
-        return Some("timeout");
+        return Some(if out.cgroup.pids_max {
+            "processes"
+        } else {
+            "timeout"
+        });
     }
     match out.signal.as_deref() {
         Some("SIGXCPU") => return Some("cpu"),
         Some("SIGXFSZ") => return Some("file_size"),
         _ => {}
+    }
+    if out.cgroup.oom_kill {
+        return Some("memory");
     }
     if let Some(e) = &out.error {
         let kind = e.kind.as_str();
@@ -1095,6 +1121,9 @@ fn limit_hit(out: &crate::worker::RunOutput, truncated: bool) -> Option<&'static
             return Some("processes");
         }
     }
+    if out.cgroup.pids_max {
+        return Some("processes");
+    }
     if truncated {
         return Some("output");
     }
@@ -1105,6 +1134,10 @@ fn limit_hit(out: &crate::worker::RunOutput, truncated: bool) -> Option<&'static
 const DEFAULT_PROCESSES: u64 = 256;
 /// Tasks of a worker besides its run's: the launcher, the worker, its next child.
 const WORKER_TASKS: u64 = 4;
+/// Memory of a worker besides its run's, in its memory cgroup: the
+/// interpreter and its preloads, the warm next child, the launcher, the
+/// private `/dev/shm` (64 MiB at most) and kernel memory.
+const WORKER_MEMORY: u64 = 256 << 20;
 
 /// Hard ceilings for limits a request sets where the server sets none.
 const MAX_PROCESSES: u64 = 4096;
@@ -1156,5 +1189,73 @@ impl ExecError {
 impl From<WorkerError> for ExecError {
     fn from(e: WorkerError) -> Self {
         ExecError::Worker(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::cgroup::LimitEvents;
+    use crate::worker::RunOutput;
+
+    fn failed(exit_code: i32, signal: Option<&str>, cgroup: LimitEvents) -> RunOutput {
+        RunOutput {
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            exit_code,
+            signal: signal.map(str::to_string),
+            timed_out: false,
+            stdout_truncated: false,
+            stderr_truncated: false,
+            duration_ms: 1.0,
+            result: None,
+            error: None,
+            artifacts: Vec::new(),
+            cpu_ms: None,
+            peak_rss_kb: None,
+            session_lost: None,
+            cgroup,
+        }
+    }
+
+    const PIDS_MAX: LimitEvents = LimitEvents {
+        pids_max: true,
+        oom_kill: false,
+    };
+    const OOM_KILL: LimitEvents = LimitEvents {
+        pids_max: false,
+        oom_kill: true,
+    };
+
+    #[test]
+    fn a_timeout_at_the_pids_cap_is_a_process_limit() {
+        let mut out = failed(-9, Some("SIGKILL"), LimitEvents::default());
+        out.timed_out = true;
+        assert_eq!(limit_hit(&out, false), Some("timeout"));
+        out.cgroup = PIDS_MAX;
+        assert_eq!(limit_hit(&out, false), Some("processes"));
+        // An OOM kill of some process does not explain a run that was still
+        // running at its deadline.
+        out.cgroup = OOM_KILL;
+        assert_eq!(limit_hit(&out, false), Some("timeout"));
+    }
+
+    #[test]
+    fn an_oom_kill_is_a_memory_limit() {
+        let out = failed(-9, Some("SIGKILL"), LimitEvents::default());
+        assert_eq!(limit_hit(&out, false), None);
+        let out = failed(-9, Some("SIGKILL"), OOM_KILL);
+        assert_eq!(limit_hit(&out, false), Some("memory"));
+        // A kernel resource signal names its own limit.
+        let out = failed(-24, Some("SIGXCPU"), OOM_KILL);
+        assert_eq!(limit_hit(&out, false), Some("cpu"));
+    }
+
+    #[test]
+    fn a_failure_at_the_pids_cap_is_a_process_limit() {
+        let out = failed(1, None, PIDS_MAX);
+        assert_eq!(limit_hit(&out, false), Some("processes"));
+        let out = failed(1, None, LimitEvents::default());
+        assert_eq!(limit_hit(&out, true), Some("output"));
     }
 }

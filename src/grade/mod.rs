@@ -556,10 +556,12 @@ fn judge(
 /// such as numpy's `_ArrayMemoryError`); when even reporting it failed, the
 /// last line of stderr still names it; C code that does not check its
 /// allocations dies of SIGSEGV or SIGABRT instead, and a kernel OOM or cgroup
-/// kill is SIGKILL. A crash by one of those signals counts as `memory_limit`
-/// only when the run's peak resident set reached half the limit (the address
-/// space holds more than the resident pages, so a run near its limit never
-/// shows an RSS equal to it); below that it is a `runtime_error`.
+/// kill is SIGKILL. An OOM kill the worker's memory cgroup counted during the
+/// run is `memory_limit`. Otherwise a crash by one of those signals counts as
+/// `memory_limit` only when the run's peak resident set reached half the
+/// limit (the address space holds more than the resident pages, so a run
+/// near its limit never shows an RSS equal to it); below that it is a
+/// `runtime_error`.
 fn limit_verdict(
     out: &RunOutput,
     memory_limit: Option<u64>,
@@ -591,7 +593,7 @@ fn limit_verdict(
         _ => false,
     };
     let crash = matches!(signal, Some("SIGKILL" | "SIGSEGV" | "SIGABRT" | "SIGBUS"));
-    if memory_error || (crash && near_limit) {
+    if memory_error || out.cgroup.oom_kill || (crash && near_limit) {
         let limit = memory_limit
             .map(|b| format!(" of {b} bytes"))
             .unwrap_or_default();
@@ -707,6 +709,7 @@ mod tests {
             cpu_ms: Some(1.0),
             peak_rss_kb: Some(10_000),
             session_lost: None,
+            cgroup: Default::default(),
         }
     }
 
@@ -737,6 +740,13 @@ mod tests {
         assert_eq!(verdict(&out, Some(1 << 30)), Some(Verdict::RuntimeError));
         // ... near it, the limit's doing.
         out.peak_rss_kb = Some(900 * 1024);
+        assert_eq!(verdict(&out, Some(1 << 30)), Some(Verdict::MemoryLimit));
+        // A SIGKILL at any size is the limit's doing when the memory cgroup
+        // counted an OOM kill.
+        let mut out = output(-9);
+        out.signal = Some("SIGKILL".into());
+        assert_eq!(verdict(&out, Some(1 << 30)), Some(Verdict::RuntimeError));
+        out.cgroup.oom_kill = true;
         assert_eq!(verdict(&out, Some(1 << 30)), Some(Verdict::MemoryLimit));
         let mut out = output(0);
         out.stdout_truncated = true;

@@ -1,102 +1,365 @@
-//! A pids cgroup per worker: caps the processes and threads a run can make
-//! (`RLIMIT_NPROC` counts per user and does not bind root). Detected, never
-//! assumed: the v2 hierarchy when it offers the `pids` controller, else the
-//! v1 `pids` hierarchy. The server makes one directory under its own cgroup
-//! and one child per worker; the launcher moves itself into the worker's.
+//! Cgroups per worker. A pids cgroup caps the processes and threads a run
+//! can make (`RLIMIT_NPROC` counts per user and does not bind root); a
+//! memory cgroup caps what a worker and its run hold together (`RLIMIT_AS`
+//! bounds the address space of one process, not its subprocesses, shared
+//! memory or kernel memory). Each cgroup also counts what the kernel refused
+//! or killed, which tells a run that hit a limit from one that failed.
+//!
+//! Detected, never assumed: `/proc/self/mountinfo` names the mounted
+//! hierarchies and `/proc/self/cgroup` the server's place in each. For each
+//! controller the v2 hierarchy is used when it offers the controller, else
+//! the v1 hierarchy that has it. The server makes one directory under its
+//! own cgroup in every hierarchy it uses, and in each of those one directory
+//! per worker; the launcher moves itself into all of the worker's
+//! ([`join`]) before anything else.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Which hierarchy holds the pids controller.
+/// Which kind of hierarchy holds a controller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CgroupVersion {
     V1,
     V2,
 }
 
-/// The server's own directory of worker cgroups; removed on drop.
-#[derive(Debug)]
-pub struct CgroupRoot {
-    dir: PathBuf,
-    pub version: CgroupVersion,
-}
-
-impl CgroupRoot {
-    /// Make the server's directory in a writable pids hierarchy, if any.
-    pub fn create() -> Option<CgroupRoot> {
-        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-        let name = format!("code-executor-{}", std::process::id());
-        let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers");
-        let candidates = own.lines().filter_map(|line| {
-            let mut parts = line.splitn(3, ':');
-            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-            let path = path.trim_start_matches('/');
-            if controllers.is_empty() {
-                let offered = std::fs::read_to_string(v2).ok()?;
-                offered
-                    .split_whitespace()
-                    .any(|c| c == "pids")
-                    .then(|| (Path::new("/sys/fs/cgroup").join(path), CgroupVersion::V2))
-            } else if controllers.split(',').any(|c| c == "pids") {
-                Some((
-                    Path::new("/sys/fs/cgroup/pids").join(path),
-                    CgroupVersion::V1,
-                ))
-            } else {
-                None
-            }
-        });
-        let mut found: Vec<_> = candidates.collect();
-        // Prefer v2 when it has the controller.
-        found.sort_by_key(|(_, v)| *v == CgroupVersion::V1);
-        for (parent, version) in found {
-            let dir = parent.join(&name);
-            if std::fs::create_dir(&dir).is_ok() || dir.is_dir() {
-                if version == CgroupVersion::V2 {
-                    // Children need the controller enabled here.
-                    let _ = std::fs::write(dir.join("cgroup.subtree_control"), "+pids");
-                }
-                if dir.join("cgroup.procs").exists() {
-                    return Some(CgroupRoot { dir, version });
-                }
-                let _ = std::fs::remove_dir(&dir);
-            }
+impl CgroupVersion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupVersion::V1 => "v1",
+            CgroupVersion::V2 => "v2",
         }
-        None
-    }
-
-    /// A cgroup for one worker, capped at `pids_max` tasks.
-    pub fn worker(&self, name: &str, pids_max: u64) -> std::io::Result<WorkerCgroup> {
-        let dir = self.dir.join(name);
-        std::fs::create_dir(&dir)?;
-        let cgroup = WorkerCgroup { dir };
-        std::fs::write(cgroup.dir.join("pids.max"), pids_max.to_string())?;
-        Ok(cgroup)
     }
 }
 
-impl Drop for CgroupRoot {
+/// A controller workers are placed under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Controller {
+    Pids,
+    Memory,
+}
+
+impl Controller {
+    const ALL: [Controller; 2] = [Controller::Pids, Controller::Memory];
+
+    fn name(self) -> &'static str {
+        match self {
+            Controller::Pids => "pids",
+            Controller::Memory => "memory",
+        }
+    }
+}
+
+/// The server's own directory in one hierarchy; removed on drop.
+#[derive(Debug)]
+struct Hierarchy {
+    dir: PathBuf,
+    version: CgroupVersion,
+    /// The controllers the workers get from this hierarchy.
+    controllers: Vec<Controller>,
+}
+
+impl Drop for Hierarchy {
     fn drop(&mut self) {
         remove_when_empty(self.dir.clone());
     }
 }
 
-/// One worker's cgroup; removed (once its processes are gone) on drop.
+/// The server's directories of worker cgroups, one per hierarchy used.
+#[derive(Debug)]
+pub struct CgroupRoot {
+    hierarchies: Vec<Hierarchy>,
+}
+
+/// What one worker's cgroups allow.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerLimits {
+    /// Tasks (processes and threads) of the worker, its next child and a run.
+    pub pids_max: u64,
+    /// Bytes the worker and its run may hold together; `None`: no cap.
+    pub memory_max: Option<u64>,
+}
+
+impl CgroupRoot {
+    /// Make the server's directory in each writable hierarchy that offers a
+    /// controller workers use; `None` when no hierarchy does.
+    pub fn create() -> Option<CgroupRoot> {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        let name = format!("code-executor-{}", std::process::id());
+        let places = own_places(&mountinfo, &own);
+        let mut hierarchies: Vec<Hierarchy> = Vec::new();
+        for controller in Controller::ALL {
+            // v2 first: one hierarchy for every controller it offers.
+            let mut candidates: Vec<&Place> = places
+                .iter()
+                .filter(|p| match p.version {
+                    CgroupVersion::V2 => true,
+                    CgroupVersion::V1 => p.controllers.iter().any(|c| c == controller.name()),
+                })
+                .collect();
+            candidates.sort_by_key(|p| p.version == CgroupVersion::V1);
+            for place in candidates {
+                let dir = place.base.join(&name);
+                if let Some(h) = hierarchies.iter_mut().find(|h| h.dir == dir) {
+                    if enable(&h.dir, h.version, controller) {
+                        h.controllers.push(controller);
+                        break;
+                    }
+                    continue;
+                }
+                if !(std::fs::create_dir(&dir).is_ok() || dir.is_dir()) {
+                    continue;
+                }
+                let mut hierarchy = Hierarchy {
+                    dir,
+                    version: place.version,
+                    controllers: Vec::new(),
+                };
+                if enable(&hierarchy.dir, hierarchy.version, controller) {
+                    hierarchy.controllers.push(controller);
+                    hierarchies.push(hierarchy);
+                    break;
+                }
+                // Dropping it removes the directory again.
+            }
+        }
+        (!hierarchies.is_empty()).then_some(CgroupRoot { hierarchies })
+    }
+
+    /// The kind of hierarchy that caps `controller` for workers, if any.
+    pub fn version(&self, controller: Controller) -> Option<CgroupVersion> {
+        self.hierarchies
+            .iter()
+            .find(|h| h.controllers.contains(&controller))
+            .map(|h| h.version)
+    }
+
+    /// The cgroups of one worker, one per hierarchy, with `limits` set.
+    pub fn worker(&self, name: &str, limits: &WorkerLimits) -> std::io::Result<WorkerCgroup> {
+        let mut cgroup = WorkerCgroup {
+            dirs: Vec::new(),
+            pids_events: None,
+            oom_events: None,
+            seen: LimitCounters::default(),
+        };
+        for h in &self.hierarchies {
+            let dir = h.dir.join(name);
+            std::fs::create_dir(&dir)?;
+            cgroup.dirs.push(dir.clone());
+            for controller in &h.controllers {
+                match controller {
+                    Controller::Pids => {
+                        std::fs::write(dir.join("pids.max"), limits.pids_max.to_string())?;
+                        cgroup.pids_events = Some(dir.join("pids.events"));
+                    }
+                    Controller::Memory => {
+                        cgroup.oom_events = Some(set_memory(&dir, h.version, limits.memory_max)?);
+                    }
+                }
+            }
+        }
+        cgroup.seen = cgroup.counters();
+        Ok(cgroup)
+    }
+}
+
+/// Where the server's own cgroup is in one mounted hierarchy.
+#[derive(Debug, PartialEq)]
+struct Place {
+    /// The server's cgroup directory in that hierarchy.
+    base: PathBuf,
+    version: CgroupVersion,
+    /// Controllers of a v1 hierarchy (its mount options).
+    controllers: Vec<String>,
+}
+
+/// Join `/proc/self/cgroup` (`ID:CONTROLLERS:PATH`, `0::PATH` for v2) with
+/// the cgroup mounts of `/proc/self/mountinfo` (`... ROOT MOUNTPOINT ... -
+/// FSTYPE SOURCE OPTIONS`).
+fn own_places(mountinfo: &str, own: &str) -> Vec<Place> {
+    let mut places = Vec::new();
+    for line in mountinfo.lines() {
+        let Some((before, after)) = line.split_once(" - ") else {
+            continue;
+        };
+        let fields: Vec<&str> = before.split(' ').collect();
+        let tail: Vec<&str> = after.split(' ').collect();
+        let (Some(root), Some(point), Some(fstype)) = (fields.get(3), fields.get(4), tail.first())
+        else {
+            continue;
+        };
+        if point.contains('\\') {
+            continue; // escaped characters: not a cgroup mount anyone makes
+        }
+        let (version, controllers): (CgroupVersion, Vec<String>) = match *fstype {
+            "cgroup2" => (CgroupVersion::V2, Vec::new()),
+            "cgroup" => (
+                CgroupVersion::V1,
+                tail.get(2)
+                    .map(|o| o.split(',').map(str::to_string).collect())
+                    .unwrap_or_default(),
+            ),
+            _ => continue,
+        };
+        let path = own.lines().find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, names, path) = (parts.next()?, parts.next()?, parts.next()?);
+            let matches = match version {
+                CgroupVersion::V2 => names.is_empty(),
+                CgroupVersion::V1 => {
+                    !names.is_empty()
+                        && names.split(',').all(|n| controllers.iter().any(|c| c == n))
+                }
+            };
+            matches.then_some(path)
+        });
+        // The mount shows the hierarchy from `root` down; the server's
+        // cgroup must lie beneath it.
+        let Some(relative) = path.and_then(|p| {
+            let rest = p.strip_prefix(root.trim_end_matches('/'))?;
+            (rest.is_empty() || rest.starts_with('/')).then_some(rest)
+        }) else {
+            continue;
+        };
+        places.push(Place {
+            base: Path::new(point).join(relative.trim_start_matches('/')),
+            version,
+            controllers,
+        });
+    }
+    places
+}
+
+/// Let workers under `dir` have `controller`: a v2 directory must offer it
+/// and pass it on to its children; a v1 one only needs its files.
+fn enable(dir: &Path, version: CgroupVersion, controller: Controller) -> bool {
+    if !dir.join("cgroup.procs").exists() {
+        return false;
+    }
+    match version {
+        CgroupVersion::V1 => true,
+        CgroupVersion::V2 => {
+            let name = controller.name();
+            let offered = std::fs::read_to_string(dir.join("cgroup.controllers"))
+                .is_ok_and(|c| c.split_whitespace().any(|c| c == name));
+            offered
+                && std::fs::write(dir.join("cgroup.subtree_control"), format!("+{name}")).is_ok()
+                && std::fs::read_to_string(dir.join("cgroup.subtree_control"))
+                    .is_ok_and(|c| c.split_whitespace().any(|c| c == name))
+        }
+    }
+}
+
+/// Cap memory (and swap, where the hierarchy accounts it) at `max`; returns
+/// the file that counts OOM kills.
+fn set_memory(dir: &Path, version: CgroupVersion, max: Option<u64>) -> std::io::Result<PathBuf> {
+    let write_if_present = |file: &str, value: String| {
+        let path = dir.join(file);
+        if path.exists() {
+            std::fs::write(path, value)
+        } else {
+            Ok(())
+        }
+    };
+    match version {
+        CgroupVersion::V2 => {
+            if let Some(max) = max {
+                std::fs::write(dir.join("memory.max"), max.to_string())?;
+                // Memory pushed to swap would not count against memory.max.
+                write_if_present("memory.swap.max", "0".into())?;
+            }
+            Ok(dir.join("memory.events"))
+        }
+        CgroupVersion::V1 => {
+            if let Some(max) = max {
+                std::fs::write(dir.join("memory.limit_in_bytes"), max.to_string())?;
+                // Memory + swap: the same cap, so nothing escapes into swap.
+                write_if_present("memory.memsw.limit_in_bytes", max.to_string())?;
+            }
+            Ok(dir.join("memory.oom_control"))
+        }
+    }
+}
+
+/// Events a worker's cgroups counted, as totals since they were made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimitCounters {
+    /// Forks refused at `pids.max` (`pids.events` `max`).
+    pub pids_max: u64,
+    /// Processes the OOM killer killed in the memory cgroup (`oom_kill`).
+    pub oom_kill: u64,
+}
+
+/// What a worker's cgroups counted since the last look.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimitEvents {
+    /// A fork or thread was refused because the pids cgroup was full.
+    pub pids_max: bool,
+    /// The OOM killer killed a process in the memory cgroup.
+    pub oom_kill: bool,
+}
+
+/// One worker's cgroups; removed (once its processes are gone) on drop.
 #[derive(Debug)]
 pub struct WorkerCgroup {
-    dir: PathBuf,
+    /// One directory per hierarchy; the launcher joins each.
+    dirs: Vec<PathBuf>,
+    /// `pids.events` (v1 and v2), with a pids cgroup.
+    pids_events: Option<PathBuf>,
+    /// `memory.events` (v2) or `memory.oom_control` (v1), with a memory cgroup.
+    oom_events: Option<PathBuf>,
+    /// The counters at the last look, to tell what is new.
+    seen: LimitCounters,
 }
 
 impl WorkerCgroup {
-    pub fn path(&self) -> &Path {
-        &self.dir
+    /// The directories to join.
+    pub fn paths(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
+    /// The counters now (a missing file or line counts as zero).
+    pub fn counters(&self) -> LimitCounters {
+        let read = |file: &Option<PathBuf>, key: &str| {
+            file.as_ref()
+                .and_then(|f| std::fs::read_to_string(f).ok())
+                .and_then(|text| counter(&text, key))
+                .unwrap_or(0)
+        };
+        LimitCounters {
+            pids_max: read(&self.pids_events, "max"),
+            oom_kill: read(&self.oom_events, "oom_kill"),
+        }
+    }
+
+    /// What the counters added since the last call (or since the cgroups
+    /// were made).
+    pub fn take_events(&mut self) -> LimitEvents {
+        let now = self.counters();
+        let events = LimitEvents {
+            pids_max: now.pids_max > self.seen.pids_max,
+            oom_kill: now.oom_kill > self.seen.oom_kill,
+        };
+        self.seen = now;
+        events
     }
 }
 
 impl Drop for WorkerCgroup {
     fn drop(&mut self) {
-        remove_when_empty(self.dir.clone());
+        for dir in self.dirs.drain(..) {
+            remove_when_empty(dir);
+        }
     }
+}
+
+/// The value of `key` in a flat-keyed cgroup file (`key value` lines).
+fn counter(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let (k, v) = line.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
 }
 
 /// `rmdir` a cgroup, retrying for a while: killed processes take a moment to
@@ -119,4 +382,66 @@ fn remove_when_empty(dir: PathBuf) {
 /// Join the cgroup at `dir` (called by the launcher on itself).
 pub fn join(dir: &Path) -> std::io::Result<()> {
     std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID_MOUNTS: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    const HYBRID_OWN: &str = "\
+9:name=systemd:/
+8:pids:/
+4:memory:/api/abc
+2:cpu,cpuacct:/
+0::/
+";
+
+    #[test]
+    fn hybrid_hierarchies_are_found_where_the_server_is() {
+        let places = own_places(HYBRID_MOUNTS, HYBRID_OWN);
+        let base = |p: &str| places.iter().find(|x| x.base == Path::new(p));
+        assert_eq!(
+            base("/sys/fs/cgroup/memory/api/abc").unwrap().version,
+            CgroupVersion::V1
+        );
+        assert!(base("/sys/fs/cgroup/pids").is_some());
+        assert!(base("/sys/fs/cgroup/cpu,cpuacct").is_some());
+        assert_eq!(
+            base("/sys/fs/cgroup/unified").unwrap().version,
+            CgroupVersion::V2
+        );
+    }
+
+    #[test]
+    fn a_mount_of_a_subtree_is_joined_below_its_root() {
+        let mounts = "50 1 0:40 /kubepods/pod1 /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        let own = "0::/kubepods/pod1/ctr\n";
+        let places = own_places(mounts, own);
+        assert_eq!(places[0].base, Path::new("/sys/fs/cgroup/ctr"));
+        // A cgroup outside the mounted subtree cannot be reached through it.
+        assert!(own_places(mounts, "0::/elsewhere\n").is_empty());
+    }
+
+    #[test]
+    fn counters_are_read_by_key() {
+        assert_eq!(
+            counter("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n", "oom_kill"),
+            Some(3)
+        );
+        assert_eq!(counter("max 12\n", "max"), Some(12));
+        assert_eq!(
+            counter("low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n", "max"),
+            Some(4)
+        );
+        assert_eq!(counter("", "max"), None);
+    }
 }

@@ -55,9 +55,10 @@ pub struct LaunchArgs {
     /// Numeric group to run as.
     #[arg(long)]
     pub gid: Option<u32>,
-    /// Join this cgroup (a worker's pids cgroup) before anything else.
-    #[arg(long)]
-    pub cgroup: Option<PathBuf>,
+    /// Join this cgroup (one of the worker's, one per hierarchy) before
+    /// anything else; repeatable.
+    #[arg(long = "cgroup")]
+    pub cgroup: Vec<PathBuf>,
     /// Make no namespaces (only with `--net host`, on hosts that cannot).
     #[arg(long)]
     pub no_namespaces: bool,
@@ -96,7 +97,7 @@ fn stage1(args: &LaunchArgs) -> Result<i32, String> {
     if args.command.is_empty() {
         return Err("no program to run".into());
     }
-    if let Some(dir) = &args.cgroup {
+    for dir in &args.cgroup {
         super::cgroup::join(dir)
             .map_err(|e| format!("cannot join cgroup {}: {e}", dir.display()))?;
     }

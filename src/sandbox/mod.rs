@@ -14,7 +14,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cgroup::{CgroupRoot, CgroupVersion};
+use cgroup::{CgroupRoot, Controller};
 
 use landlock::{ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr};
 use nix::sched::{CloneFlags, unshare};
@@ -109,7 +109,10 @@ pub struct SandboxStatus {
     /// A pids cgroup per worker caps processes and threads (`"v1"`, `"v2"`),
     /// or `null`: then only `RLIMIT_NPROC` does, which binds no root worker.
     pub pids_cgroup: Option<&'static str>,
-    /// Memory is bounded by `RLIMIT_AS` per run (no memory cgroup is used).
+    /// What bounds memory: `"cgroup_v2"` or `"cgroup_v1"` (a memory cgroup
+    /// per worker caps the worker and its run together, on top of each
+    /// run's `RLIMIT_AS`), or `"rlimit_as"` (the address space of each
+    /// process of a run only).
     pub memory: &'static str,
     /// Why something the config asked for is missing, if it is.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -172,7 +175,7 @@ pub struct SandboxPlan {
     pub gid: Option<u32>,
     /// Paths the worker may read besides the system ones.
     pub read: Vec<PathBuf>,
-    /// Where each worker gets its pids cgroup, if the host has one.
+    /// Where each worker gets its pids and memory cgroups, if the host has them.
     pub cgroups: Option<Arc<CgroupRoot>>,
 }
 
@@ -184,14 +187,14 @@ impl SandboxPlan {
         python: &Path,
         args: &[OsString],
         scratch: &Path,
-        cgroup: Option<&Path>,
+        cgroups: &[PathBuf],
     ) -> Vec<OsString> {
         let mut out: Vec<OsString> = vec![
             "sandbox-exec".into(),
             "--net".into(),
             self.network.as_str().into(),
         ];
-        if let Some(dir) = cgroup {
+        for dir in cgroups {
             out.push("--cgroup".into());
             out.push(dir.into());
         }
@@ -301,9 +304,15 @@ impl Sandbox {
         }
         let (uid, gid) = resolve_user(config)?;
         let cgroups = CgroupRoot::create().map(Arc::new);
-        if cgroups.is_none() {
+        let version = |c| cgroups.as_ref().and_then(|r| r.version(c));
+        if version(Controller::Pids).is_none() {
             tracing::warn!(
                 "no writable pids cgroup: the process/thread cap of runs is RLIMIT_NPROC only"
+            );
+        }
+        if version(Controller::Memory).is_none() {
+            tracing::warn!(
+                "no writable memory cgroup: memory is bounded by each process's RLIMIT_AS only"
             );
         }
         Ok(Some(Sandbox {
@@ -315,11 +324,12 @@ impl Sandbox {
                 no_new_privs: true,
                 rlimits: Vec::new(),
                 run_as: uid.is_some(),
-                pids_cgroup: cgroups.as_ref().map(|c| match c.version {
-                    CgroupVersion::V1 => "v1",
-                    CgroupVersion::V2 => "v2",
-                }),
-                memory: "rlimit_as",
+                pids_cgroup: version(Controller::Pids).map(|v| v.as_str()),
+                memory: match version(Controller::Memory) {
+                    Some(cgroup::CgroupVersion::V1) => "cgroup_v1",
+                    Some(cgroup::CgroupVersion::V2) => "cgroup_v2",
+                    None => "rlimit_as",
+                },
                 problem,
             },
             launcher,

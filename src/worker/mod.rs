@@ -22,6 +22,7 @@ use tokio_util::codec::FramedRead;
 
 use crate::error::WorkerError;
 use crate::protocol::{self, PROTOCOL_VERSION};
+use crate::sandbox::cgroup::{LimitEvents, WorkerCgroup, WorkerLimits};
 
 pub use process::kill_process_tree;
 
@@ -52,6 +53,9 @@ pub struct WorkerSpec {
     /// Tasks (processes and threads) the worker's pids cgroup allows: the
     /// worker, its next child and one run's processes.
     pub pids_max: u64,
+    /// Bytes the worker's memory cgroup allows: one run's memory limit plus
+    /// the worker's own; `None`: no cap.
+    pub memory_max: Option<u64>,
 }
 
 /// What the worker reported in its `ready` frame.
@@ -83,6 +87,9 @@ pub struct RunOutput {
     pub peak_rss_kb: Option<u64>,
     /// Session mode: why the session child is gone after this run.
     pub session_lost: Option<String>,
+    /// What the worker's cgroups counted during a run that failed or timed
+    /// out (not looked at after a run that succeeded).
+    pub cgroup: LimitEvents,
 }
 
 /// Which stream a chunk of streamed output came from.
@@ -112,9 +119,10 @@ pub struct Worker {
     frames: FramedRead<ChildStdout, tokio_util::codec::LengthDelimitedCodec>,
     /// The worker's private scratch root; removed when the worker is dropped.
     scratch: Option<tempfile::TempDir>,
-    /// The worker's pids cgroup (caps a run's processes and threads);
-    /// removed once the worker's processes are gone.
-    cgroup: Option<crate::sandbox::cgroup::WorkerCgroup>,
+    /// The worker's pids and memory cgroups (cap a run's processes, threads
+    /// and memory, and count when they did); removed once the worker's
+    /// processes are gone.
+    cgroup: Option<WorkerCgroup>,
     /// Set while a request is in flight; still set after a dropped or failed
     /// request, which makes the worker unusable (poisoned).
     in_flight: bool,
@@ -159,8 +167,12 @@ impl Worker {
             Some(plan) => {
                 if let Some(root) = &plan.cgroups {
                     let name = scratch.path().file_name().unwrap_or_default();
+                    let limits = WorkerLimits {
+                        pids_max: spec.pids_max,
+                        memory_max: spec.memory_max,
+                    };
                     cgroup = Some(
-                        root.worker(&name.to_string_lossy(), spec.pids_max)
+                        root.worker(&name.to_string_lossy(), &limits)
                             .map_err(WorkerError::Io)?,
                     );
                 }
@@ -169,7 +181,7 @@ impl Worker {
                     &spec.python,
                     &args,
                     scratch.path(),
-                    cgroup.as_ref().map(|c| c.path()),
+                    cgroup.as_ref().map_or(&[], |c| c.paths()),
                 ));
                 cmd
             }
@@ -312,11 +324,19 @@ impl Worker {
             pid: self.info.pid,
             armed: true,
         };
-        let result = self.round_trip(frame, deadline, output).await;
+        let mut result = self.round_trip(frame, deadline, output).await;
         guard.disarm();
-        if result.is_ok() {
+        if let Ok(out) = &mut result {
             self.in_flight = false;
             self.runs += 1;
+            // Only a run that failed can have been stopped by a cgroup: the
+            // counters are read then, and the request path of a run that
+            // succeeded stays free of the reads.
+            let failed =
+                out.timed_out || out.exit_code != 0 || out.signal.is_some() || out.error.is_some();
+            if failed && let Some(cgroup) = &mut self.cgroup {
+                out.cgroup = cgroup.take_events();
+            }
         }
         result
     }
@@ -385,6 +405,7 @@ impl Worker {
                         cpu_ms: frame.cpu_ms,
                         peak_rss_kb: frame.peak_rss_kb,
                         session_lost: frame.session_lost,
+                        cgroup: LimitEvents::default(),
                     });
                 }
                 "error" => return Err(WorkerError::Internal(frame.message.unwrap_or_default())),

@@ -62,6 +62,7 @@ async fn pure_codec_worker() -> (Worker, tempfile::TempDir) {
         sandbox: None,
         owner: None,
         pids_max: 256,
+        memory_max: None,
     };
     (
         Worker::create(&spec, None).await.expect("worker starts"),

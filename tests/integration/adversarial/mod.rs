@@ -3,6 +3,7 @@
 //! and nothing is left behind: no stray process, file descriptor or directory.
 //! No test sends traffic to any address outside this machine.
 
+mod cgroups;
 mod code;
 mod host;
 mod launcher;

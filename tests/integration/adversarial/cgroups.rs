@@ -1,0 +1,142 @@
+//! Limits the worker's cgroups enforce: memory across a run's processes,
+//! and processes for a run that catches its own fork errors. This host has
+//! writable pids and memory hierarchies; a host without them fails these
+//! tests instead of skipping them.
+
+use serde_json::{Value, json};
+
+use super::{Arena, pool, run};
+use crate::common::{self, TestServer};
+
+/// `/health`'s sandbox section, insisting that both cgroups are in use.
+async fn require_cgroups(server: &TestServer) -> Value {
+    let (status, health) = server.get("/health").await;
+    assert_eq!(status, 200, "{health}");
+    let sandbox = health["sandbox"].clone();
+    assert!(
+        matches!(sandbox["memory"].as_str(), Some("cgroup_v1" | "cgroup_v2")),
+        "no memory cgroup in use (is a memory hierarchy mounted and writable here?): {sandbox}"
+    );
+    assert!(
+        matches!(sandbox["pids_cgroup"].as_str(), Some("v1" | "v2")),
+        "no pids cgroup in use: {sandbox}"
+    );
+    sandbox
+}
+
+/// Pids of the workers' launchers (direct children of this test process):
+/// a worker keeps its launcher for life.
+fn worker_pids(server: &TestServer) -> Vec<u32> {
+    let me = std::process::id().to_string();
+    let mut pids: Vec<u32> = common::processes_mentioning(server.executor.base_dir())
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit(')')
+                    .next()
+                    .and_then(|s| s.split_whitespace().nth(1))
+                    == Some(&me)
+            })
+        })
+        .collect();
+    pids.sort();
+    pids
+}
+
+#[tokio::test]
+async fn health_reports_the_memory_cgroup() {
+    let server = TestServer::start().await;
+    let sandbox = require_cgroups(&server).await;
+    // The hierarchy this host offers: v1 memory in a hybrid layout, or v2.
+    let v2_memory = std::fs::read_to_string("/proc/self/cgroup")
+        .unwrap()
+        .lines()
+        .all(|l| {
+            !l.split(':')
+                .nth(1)
+                .unwrap_or("")
+                .split(',')
+                .any(|c| c == "memory")
+        });
+    let expected = if v2_memory { "cgroup_v2" } else { "cgroup_v1" };
+    assert_eq!(sandbox["memory"], expected, "{sandbox}");
+    server.stop().await;
+}
+
+/// Memory spread over several processes, each under its own `RLIMIT_AS`:
+/// three helpers hold 120 MiB each while the run grows to the cgroup's cap
+/// (the env's 512 MiB plus the worker's allowance). The kernel kills the
+/// biggest process, the run, and the worker lives on.
+#[tokio::test]
+async fn memory_across_processes_is_stopped_by_the_memory_cgroup() {
+    let mut config = code_executor::Config {
+        pool_size: 1,
+        ..pool()
+    };
+    config.run_limits.memory_bytes = Some(512 << 20);
+    let arena = Arena::with_config(config).await;
+    require_cgroups(&arena.server).await;
+    let workers = worker_pids(&arena.server);
+    assert_eq!(workers.len(), 1, "{workers:?}");
+    let helper =
+        "import time\nx = bytearray(120 << 20)\nprint('held', flush=True)\ntime.sleep(600)";
+    let code = format!(
+        "import subprocess, sys\n\
+         helpers = []\n\
+         for _ in range(3):\n\
+         \x20   p = subprocess.Popen([sys.executable, '-c', {helper:?}], stdout=subprocess.PIPE)\n\
+         \x20   assert p.stdout.readline() == b'held\\n'\n\
+         \x20   helpers.append(p)\n\
+         print('helpers hold their memory', flush=True)\n\
+         chunks = []\n\
+         while True:\n\
+         \x20   chunks.append(bytearray(8 << 20))\n"
+    );
+    let body = arena.attack(run(&code, 60.0)).await;
+    assert_eq!(body["limit"], "memory", "{body}");
+    assert_eq!(body["exit_code"], -9, "{body}");
+    assert_eq!(body["signal"], "SIGKILL", "{body}");
+    assert_eq!(body["timed_out"], false, "{body}");
+    assert_eq!(body["stdout"], "helpers hold their memory\n", "{body}");
+    // The same worker serves the next run.
+    let next = arena.server.run("print('next')").await;
+    assert_eq!(next["stdout"], "next\n", "{next}");
+    assert_eq!(next["limit"], Value::Null, "{next}");
+    assert_eq!(
+        worker_pids(&arena.server),
+        workers,
+        "the worker was replaced"
+    );
+    arena.assert_recovered().await;
+}
+
+/// A fork bomb that catches `BlockingIOError` and keeps trying spins until
+/// the deadline: the timeout stops it, the pids cgroup is what it hit.
+#[tokio::test]
+async fn a_fork_bomb_that_catches_its_errors_is_a_process_limit() {
+    let arena = Arena::with_config(code_executor::Config {
+        pool_size: 1,
+        ..pool()
+    })
+    .await;
+    require_cgroups(&arena.server).await;
+    let code = "import os, time\n\
+                refused = 0\n\
+                while True:\n\
+                \x20   try:\n\
+                \x20       if os.fork() == 0:\n\
+                \x20           time.sleep(600)\n\
+                \x20           os._exit(0)\n\
+                \x20   except (BlockingIOError, OSError):\n\
+                \x20       refused += 1\n";
+    let body = arena.attack(run(code, 3.0)).await;
+    assert_eq!(body["timed_out"], true, "{body}");
+    assert_eq!(body["limit"], "processes", "{body}");
+    assert_eq!(body["error"], Value::Null, "{body}");
+    // A plain timeout on the same worker afterwards is a timeout again.
+    let body = arena.attack(run("while True:\n    pass", 1.0)).await;
+    assert_eq!(body["limit"], "timeout", "{body}");
+    let body = arena.attack(json!({"code": "print('ok')"})).await;
+    assert_eq!(body["stdout"], "ok\n", "{body}");
+    arena.assert_recovered().await;
+}
