@@ -186,6 +186,8 @@ pub struct Executor {
     request_limits: RequestLimits,
     /// Live sessions, their caps and TTL reaper.
     sessions: Arc<Sessions>,
+    /// The workers' cgroups, removed at shutdown.
+    cgroups: Option<Arc<crate::sandbox::cgroup::CgroupRoot>>,
 }
 
 impl Executor {
@@ -344,6 +346,7 @@ impl Executor {
             sandbox: sandbox_status(sandbox.as_ref()),
             request_limits: config.request_limits,
             sessions: Sessions::start(config.sessions.clone(), config.grace_period),
+            cgroups: sandbox.as_ref().and_then(Sandbox::cgroups),
         })
     }
 
@@ -924,6 +927,12 @@ impl Executor {
         self.closing.store(true, Ordering::Release);
         self.sessions.shutdown().await;
         futures_util::future::join_all(self.envs.iter().map(|e| e.pool.close())).await;
+        if let Some(cgroups) = self.cgroups.clone() {
+            let _ = tokio::task::spawn_blocking(move || {
+                cgroups.remove_all(std::time::Duration::from_secs(3))
+            })
+            .await;
+        }
     }
 
     /// The server's metrics (`GET /metrics`).

@@ -71,6 +71,68 @@ pub struct CgroupRoot {
     hierarchies: Vec<Hierarchy>,
 }
 
+impl CgroupRoot {
+    /// Remove the worker directories left (their workers have exited) and
+    /// then the server's own, waiting at most `wait` for the last processes
+    /// to leave them. Called at shutdown: the process may exit right after,
+    /// so this does not leave the work to a thread.
+    pub fn remove_all(&self, wait: Duration) {
+        let deadline = std::time::Instant::now() + wait;
+        for h in &self.hierarchies {
+            loop {
+                if let Ok(entries) = std::fs::read_dir(&h.dir) {
+                    for entry in entries.flatten() {
+                        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                            let _ = std::fs::remove_dir(entry.path());
+                        }
+                    }
+                }
+                if std::fs::remove_dir(&h.dir).is_ok() || !h.dir.exists() {
+                    break;
+                }
+                if std::time::Instant::now() >= deadline {
+                    tracing::warn!(cgroup = %h.dir.display(), "could not remove the server's cgroup");
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Remove the directories that servers no longer running left in `base`
+/// (a server killed with SIGKILL cannot clean up). Only empty cgroups can be
+/// removed, so nothing that still holds a process is touched.
+fn remove_stale(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("code-executor-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let dir = entry.path();
+        if let Ok(workers) = std::fs::read_dir(&dir) {
+            for worker in workers.flatten() {
+                if worker.file_type().is_ok_and(|t| t.is_dir()) {
+                    let _ = std::fs::remove_dir(worker.path());
+                }
+            }
+        }
+        if std::fs::remove_dir(&dir).is_ok() {
+            tracing::info!(cgroup = %dir.display(), "removed the cgroup of a server that is gone");
+        }
+    }
+}
+
 /// What one worker's cgroups allow.
 #[derive(Debug, Clone, Copy)]
 pub struct WorkerLimits {
@@ -88,6 +150,9 @@ impl CgroupRoot {
         let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
         let name = format!("code-executor-{}", std::process::id());
         let places = own_places(&mountinfo, &own);
+        for place in &places {
+            remove_stale(&place.base);
+        }
         let mut hierarchies: Vec<Hierarchy> = Vec::new();
         for controller in Controller::ALL {
             // v2 first: one hierarchy for every controller it offers.

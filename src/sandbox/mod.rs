@@ -361,6 +361,10 @@ impl Sandbox {
     }
 
     /// The user workers run as, if not the server's.
+    pub fn cgroups(&self) -> Option<Arc<CgroupRoot>> {
+        self.cgroups.clone()
+    }
+
     pub fn owner(&self) -> Option<(u32, u32)> {
         self.uid.map(|u| (u, self.gid.unwrap_or(u)))
     }

@@ -39,6 +39,11 @@ async fn sigterm_finishes_in_flight_runs_and_leaves_no_worker() {
     let url = format!("http://{address}/execute");
     let client = reqwest::Client::new();
     assert!(common::processes_mentioning(tmp.path()).len() >= 3);
+    let server_pid = child.id().unwrap();
+    assert!(
+        !server_cgroups(server_pid).is_empty(),
+        "the workers have cgroups"
+    );
 
     let in_flight = tokio::spawn({
         let (client, url) = (client.clone(), url.clone());
@@ -89,6 +94,9 @@ async fn sigterm_finishes_in_flight_runs_and_leaves_no_worker() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // So are its cgroup directories: removed before it exited, not left to
+    // a thread that the exit cut short.
+    assert_eq!(server_cgroups(server_pid), Vec::<std::path::PathBuf>::new());
     // The scratch directories are gone too.
     let leftovers: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
@@ -100,10 +108,59 @@ async fn stopping_the_in_process_server_terminates_every_worker() {
     server.run("print(1)").await;
     let base = server.executor.base_dir().to_path_buf();
     assert!(!common::processes_mentioning(&base).is_empty());
+    let me = std::process::id();
+    assert!(!server_cgroups(me).is_empty(), "the workers have cgroups");
     server.stop().await;
+    assert_eq!(server_cgroups(me), Vec::<std::path::PathBuf>::new());
     let deadline = Instant::now() + Duration::from_secs(2);
     while !common::processes_mentioning(&base).is_empty() {
         assert!(Instant::now() < deadline, "workers left after stop");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test]
+async fn cgroups_left_by_a_killed_server_are_removed_by_the_next() {
+    // Where this process's servers make their cgroups.
+    let server = common::TestServer::start().await;
+    let bases: Vec<_> = server_cgroups(std::process::id())
+        .iter()
+        .map(|d| d.parent().unwrap().to_path_buf())
+        .collect();
+    server.stop().await;
+    assert!(!bases.is_empty(), "the workers have cgroups");
+    // A server that was SIGKILLed: its pid is gone, its directories stay.
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    for base in &bases {
+        std::fs::create_dir_all(base.join(format!("code-executor-{dead}/w-1"))).unwrap();
+    }
+    assert_eq!(server_cgroups(dead).len(), bases.len());
+    let server = common::TestServer::start().await;
+    assert_eq!(server_cgroups(dead), Vec::<std::path::PathBuf>::new());
+    server.stop().await;
+}
+
+/// The cgroup directories the server in process `pid` made, in any hierarchy.
+fn server_cgroups(pid: u32) -> Vec<std::path::PathBuf> {
+    let name = format!("code-executor-{pid}");
+    let mut found = Vec::new();
+    let mut stack = vec![(std::path::PathBuf::from("/sys/fs/cgroup"), 0)];
+    while let Some((dir, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if entry.file_name() == name.as_str() {
+                found.push(entry.path());
+            } else if depth < 4 {
+                stack.push((entry.path(), depth + 1));
+            }
+        }
+    }
+    found
 }
