@@ -329,13 +329,18 @@ impl Worker {
         if let Ok(out) = &mut result {
             self.in_flight = false;
             self.runs += 1;
-            // Only a run that failed can have been stopped by a cgroup: the
-            // counters are read then, and the request path of a run that
-            // succeeded stays free of the reads.
-            let failed =
-                out.timed_out || out.exit_code != 0 || out.signal.is_some() || out.error.is_some();
-            if failed && let Some(cgroup) = &mut self.cgroup {
-                out.cgroup = cgroup.take_events();
+            // The counters are read after every run, so that what a run
+            // caused is never laid at the next one's door; only a run that
+            // failed can have been stopped by a cgroup.
+            if let Some(cgroup) = &mut self.cgroup {
+                let events = cgroup.take_events();
+                let failed = out.timed_out
+                    || out.exit_code != 0
+                    || out.signal.is_some()
+                    || out.error.is_some();
+                if failed {
+                    out.cgroup = events;
+                }
             }
         }
         result
