@@ -242,7 +242,11 @@ impl Executor {
                     start_timeout: config.worker_start_timeout,
                     grace_period: config.grace_period,
                     sandbox: sandbox.as_ref().map(|s| {
-                        let mut wrap = s.plan(plan.settings.network, &plan.spec.python);
+                        let mut wrap = s.plan(
+                            plan.settings.network,
+                            plan.settings.disk_bytes,
+                            &plan.spec.python,
+                        );
                         wrap.read.push(match &config.worker_script {
                             // A replacement bootstrap may import its neighbours.
                             Some(_) => script.parent().unwrap_or(&script).to_path_buf(),
@@ -323,6 +327,7 @@ impl Executor {
         if !lazy.is_empty() {
             tokio::spawn(shrink_idle_pools(lazy, config.idle_timeout));
         }
+        let sandbox = sandbox_status(sandbox.as_ref(), &envs);
         Ok(Executor {
             envs,
             default: registry.default,
@@ -336,7 +341,7 @@ impl Executor {
             closing: AtomicBool::new(false),
             metrics,
             max_grade_cases: config.max_grade_cases,
-            sandbox: sandbox_status(sandbox.as_ref()),
+            sandbox,
             request_limits: config.request_limits,
             sessions: Sessions::start(config.sessions.clone(), config.grace_period),
         })
@@ -412,6 +417,13 @@ impl Executor {
                 )));
             }
             contents.push((path.as_str(), bytes));
+        }
+        // Files that cannot fit in the worker's scratch tmpfs never could.
+        if self.sandbox.disk_quota && total as u64 > entry.settings.disk_bytes {
+            return Err(ExecError::TooLarge(format!(
+                "files total {total} bytes, over the disk_bytes quota of {} bytes",
+                entry.settings.disk_bytes
+            )));
         }
         let artifacts = match &req.artifacts {
             None => WireSelection::All(true),
@@ -1057,10 +1069,16 @@ fn shape_result(out: crate::worker::RunOutput) -> ExecResult {
     }
 }
 
-/// `/health`'s account of the sandbox: what is enforced, and the rlimits
-/// every run gets.
-fn sandbox_status(sandbox: Option<&Sandbox>) -> SandboxStatus {
+/// `/health`'s account of the sandbox: what is enforced, the rlimits
+/// every run gets and each env's scratch quota.
+fn sandbox_status(sandbox: Option<&Sandbox>, envs: &[EnvEntry]) -> SandboxStatus {
     let mut status = sandbox.map(|s| s.status.clone()).unwrap_or_default();
+    if status.disk_quota {
+        status.disk_bytes = envs
+            .iter()
+            .map(|e| (e.spec.name.clone(), e.settings.disk_bytes))
+            .collect();
+    }
     status.rlimits = ["cpu", "memory", "file_size", "open_files", "processes"]
         .iter()
         .map(|s| s.to_string())
@@ -1070,7 +1088,8 @@ fn sandbox_status(sandbox: Option<&Sandbox>) -> SandboxStatus {
 
 /// Which limit stopped the run, from how it ended: the wall clock, a
 /// resource signal (`SIGXCPU`, `SIGXFSZ`), an exception that only a limit
-/// raises (`MemoryError`; `fork`/thread creation refused; `EFBIG`).
+/// raises (`MemoryError`; `fork`/thread creation refused; `EFBIG`; `ENOSPC`
+/// on the worker's scratch tmpfs or its `/dev/shm`).
 fn limit_hit(out: &crate::worker::RunOutput, truncated: bool) -> Option<&'static str> {
     if out.timed_out {
         return Some("timeout");
@@ -1088,6 +1107,9 @@ fn limit_hit(out: &crate::worker::RunOutput, truncated: bool) -> Option<&'static
         }
         if kind == "OSError" && message.contains("File too large") {
             return Some("file_size");
+        }
+        if kind == "OSError" && message.contains("No space left on device") {
+            return Some("disk");
         }
         if (kind == "BlockingIOError" && message.contains("Resource temporarily unavailable"))
             || (kind == "RuntimeError" && message.contains("can't start new thread"))
