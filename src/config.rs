@@ -18,6 +18,8 @@ use crate::session::SessionConfig;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
+/// Smallest scratch quota: room for the worker's own directories and a run's files.
+const MIN_DISK_BYTES: u64 = MIB;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -174,6 +176,8 @@ pub struct FileConfig {
     pub memory_bytes: Option<u64>,
     pub open_files: Option<u64>,
     pub file_size_bytes: Option<u64>,
+    /// Size of each worker's scratch tmpfs: all its runs' files at once.
+    pub disk_bytes: Option<u64>,
     /// Bootstrap script to run instead of the embedded one (testing aid).
     pub worker_script: Option<PathBuf>,
     /// Look for Conda environments (default true).
@@ -233,6 +237,8 @@ pub struct EnvTable {
     pub processes: Option<u64>,
     /// This env's network (`isolated` or `host`); the global one when absent.
     pub network: Option<Network>,
+    /// Size of this env's workers' scratch tmpfs; the global one when absent.
+    pub disk_bytes: Option<u64>,
 }
 
 /// A resolved `[[envs]]` table.
@@ -248,6 +254,8 @@ pub struct EnvConfig {
     pub max_timeout: f64,
     pub run_limits: RunLimits,
     pub network: Network,
+    /// Size of each worker's scratch tmpfs.
+    pub disk_bytes: u64,
 }
 
 /// The resolved configuration.
@@ -441,6 +449,7 @@ impl Config {
             ..d.run_limits
         };
         let network = args.network.or(file.network).unwrap_or_default();
+        let disk_bytes = file.disk_bytes.unwrap_or(d.sandbox.disk_bytes);
         let envs = file
             .envs
             .into_iter()
@@ -478,6 +487,7 @@ impl Config {
                         processes: t.processes.or(run_limits.processes),
                     },
                     network: t.network.unwrap_or(network),
+                    disk_bytes: t.disk_bytes.unwrap_or(disk_bytes),
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -531,6 +541,7 @@ impl Config {
                 landlock: file.landlock.unwrap_or(d.sandbox.landlock),
                 run_as: args.run_as.clone().or(file.run_as),
                 run_as_group: file.run_as_group,
+                disk_bytes,
             },
             insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
             request_limits: RequestLimits {
@@ -645,8 +656,18 @@ impl Config {
                 "max_workers must be at least 1".into(),
             ));
         }
+        if self.sandbox.disk_bytes < MIN_DISK_BYTES {
+            return Err(ConfigError::Invalid(format!(
+                "disk_bytes must be at least {MIN_DISK_BYTES} (1 MiB)"
+            )));
+        }
         for env in &self.envs {
             let name = env.name.as_deref().unwrap_or("(unnamed)");
+            if env.disk_bytes < MIN_DISK_BYTES {
+                return Err(ConfigError::Invalid(format!(
+                    "[[envs]] {name}: disk_bytes must be at least {MIN_DISK_BYTES} (1 MiB)"
+                )));
+            }
             if env.pool_size == 0 {
                 return Err(ConfigError::Invalid(format!(
                     "[[envs]] {name}: pool_size must be at least 1"
@@ -752,6 +773,25 @@ mod tests {
         let bad: FileConfig = toml::from_str("[[envs]]\npool_size = 2").unwrap();
         assert!(Config::merge(&ServeArgs::default(), bad).is_err());
         assert!(toml::from_str::<FileConfig>("[[envs]]\nname = 'x'\nsize = 2").is_err());
+    }
+
+    #[test]
+    fn the_disk_quota_is_global_or_per_env() {
+        let c = Config::merge(&ServeArgs::default(), FileConfig::default()).unwrap();
+        assert_eq!(c.sandbox.disk_bytes, 256 << 20);
+        let file: FileConfig = toml::from_str(
+            "disk_bytes = 67108864\n[[envs]]\nname = 'a'\n[[envs]]\nname = 'b'\ndisk_bytes = 2097152",
+        )
+        .unwrap();
+        let c = Config::merge(&ServeArgs::default(), file).unwrap();
+        assert_eq!(c.sandbox.disk_bytes, 64 << 20);
+        assert_eq!(c.envs[0].disk_bytes, 64 << 20);
+        assert_eq!(c.envs[1].disk_bytes, 2 << 20);
+        for text in ["disk_bytes = 1000", "[[envs]]\nname = 'a'\ndisk_bytes = 0"] {
+            let file: FileConfig = toml::from_str(text).unwrap();
+            let err = Config::merge(&ServeArgs::default(), file).unwrap_err();
+            assert!(err.to_string().contains("disk_bytes"), "{err}");
+        }
     }
 
     #[test]

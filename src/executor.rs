@@ -244,7 +244,11 @@ impl Executor {
                     start_timeout: config.worker_start_timeout,
                     grace_period: config.grace_period,
                     sandbox: sandbox.as_ref().map(|s| {
-                        let mut wrap = s.plan(plan.settings.network, &plan.spec.python);
+                        let mut wrap = s.plan(
+                            plan.settings.network,
+                            plan.settings.disk_bytes,
+                            &plan.spec.python,
+                        );
                         wrap.read.push(match &config.worker_script {
                             // A replacement bootstrap may import its neighbours.
                             Some(_) => script.parent().unwrap_or(&script).to_path_buf(),
@@ -260,11 +264,12 @@ impl Executor {
                         .processes
                         .unwrap_or(DEFAULT_PROCESSES)
                         + WORKER_TASKS,
-                    memory_max: plan
-                        .settings
-                        .run_limits
-                        .memory_bytes
-                        .map(|m| m.saturating_add(WORKER_MEMORY)),
+                    memory_max: plan.settings.run_limits.memory_bytes.map(|m| {
+                        // The scratch tmpfs is memory too, charged to
+                        // the writer's cgroup.
+                        m.saturating_add(WORKER_MEMORY)
+                            .saturating_add(plan.settings.disk_bytes)
+                    }),
                 },
                 PoolConfig {
                     size: plan.settings.pool_size,
@@ -330,6 +335,8 @@ impl Executor {
         if !lazy.is_empty() {
             tokio::spawn(shrink_idle_pools(lazy, config.idle_timeout));
         }
+        let cgroups = sandbox.as_ref().and_then(Sandbox::cgroups);
+        let sandbox = sandbox_status(sandbox.as_ref(), &envs);
         Ok(Executor {
             envs,
             default: registry.default,
@@ -343,10 +350,10 @@ impl Executor {
             closing: AtomicBool::new(false),
             metrics,
             max_grade_cases: config.max_grade_cases,
-            sandbox: sandbox_status(sandbox.as_ref()),
+            sandbox,
             request_limits: config.request_limits,
             sessions: Sessions::start(config.sessions.clone(), config.grace_period),
-            cgroups: sandbox.as_ref().and_then(Sandbox::cgroups),
+            cgroups,
         })
     }
 
@@ -420,6 +427,13 @@ impl Executor {
                 )));
             }
             contents.push((path.as_str(), bytes));
+        }
+        // Files that cannot fit in the worker's scratch tmpfs never could.
+        if self.sandbox.disk_quota && total as u64 > entry.settings.disk_bytes {
+            return Err(ExecError::TooLarge(format!(
+                "files total {total} bytes, over the disk_bytes quota of {} bytes",
+                entry.settings.disk_bytes
+            )));
         }
         let artifacts = match &req.artifacts {
             None => WireSelection::All(true),
@@ -1071,12 +1085,18 @@ fn shape_result(out: crate::worker::RunOutput) -> ExecResult {
     }
 }
 
-/// `/health`'s account of the sandbox: what is enforced, and the rlimits
-/// every run gets.
-fn sandbox_status(sandbox: Option<&Sandbox>) -> SandboxStatus {
+/// `/health`'s account of the sandbox: what is enforced, the rlimits
+/// every run gets and each env's scratch quota.
+fn sandbox_status(sandbox: Option<&Sandbox>, envs: &[EnvEntry]) -> SandboxStatus {
     let mut status = sandbox.map(|s| s.status.clone()).unwrap_or_default();
     if sandbox.is_none() {
         status.memory = "rlimit_as";
+    }
+    if status.disk_quota {
+        status.disk_bytes = envs
+            .iter()
+            .map(|e| (e.spec.name.clone(), e.settings.disk_bytes))
+            .collect();
     }
     status.rlimits = ["cpu", "memory", "file_size", "open_files", "processes"]
         .iter()
@@ -1096,7 +1116,8 @@ fn sandbox_status(sandbox: Option<&Sandbox>) -> SandboxStatus {
 /// 3. An OOM kill in the worker's memory cgroup: `"memory"` (the run, or one
 ///    of its processes, was SIGKILLed by the kernel at the cap).
 /// 4. An exception that only a limit raises: `MemoryError`; `EFBIG`;
-///    `fork`/thread creation refused with `EAGAIN`.
+///    `fork`/thread creation refused with `EAGAIN`; `ENOSPC` on the worker's
+///    scratch tmpfs or its `/dev/shm` (`"disk"`).
 /// 5. Any other failure while the pids cgroup refused a fork: `"processes"`.
 /// 6. A stream cut at the output cap: `"output"`.
 fn limit_hit(out: &crate::worker::RunOutput, truncated: bool) -> Option<&'static str> {
@@ -1123,6 +1144,9 @@ fn limit_hit(out: &crate::worker::RunOutput, truncated: bool) -> Option<&'static
         }
         if kind == "OSError" && message.contains("File too large") {
             return Some("file_size");
+        }
+        if kind == "OSError" && message.contains("No space left on device") {
+            return Some("disk");
         }
         if (kind == "BlockingIOError" && message.contains("Resource temporarily unavailable"))
             || (kind == "RuntimeError" && message.contains("can't start new thread"))

@@ -134,7 +134,8 @@ pub struct ExecResult {
     pub result: Option<String>,
     /// The uncaught exception, if the run raised one.
     pub error: Option<RunError>,
-    /// Which limit stopped the run: `"timeout"`, `"cpu"`, `"file_size"`, `"output"`.
+    /// Which limit stopped the run: `"timeout"`, `"cpu"`, `"memory"`,
+    /// `"processes"`, `"file_size"`, `"disk"`, `"output"`.
     pub limit: Option<String>,
     /// Session calls only: the session process died or was killed during
     /// this call, and why. The session is gone; later calls get 404.

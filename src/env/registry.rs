@@ -30,6 +30,8 @@ pub struct EnvSettings {
     pub run_limits: RunLimits,
     /// The workers' network.
     pub network: crate::sandbox::Network,
+    /// Size of each worker's scratch tmpfs.
+    pub disk_bytes: u64,
 }
 
 /// One environment the server will serve.
@@ -102,6 +104,7 @@ impl Registry {
             max_timeout: config.max_timeout,
             run_limits: config.run_limits.clone(),
             network: config.sandbox.network,
+            disk_bytes: config.sandbox.disk_bytes,
         };
         let mut envs = Vec::new();
         if config.env != EnvChoice::Default || config.envs.is_empty() {
@@ -122,6 +125,7 @@ impl Registry {
                     max_timeout: table.max_timeout,
                     run_limits: table.run_limits.clone(),
                     network: table.network,
+                    disk_bytes: table.disk_bytes,
                 },
                 configured: true,
             });

@@ -4,14 +4,16 @@
 //! `--net host`) network namespace, brings loopback up, then starts stage 2
 //! (itself again, with `--stage2`) and waits for it. Stage 2 is pid 1 of the
 //! new pid namespace: it mounts a fresh `/proc` (so only the sandbox's own
-//! processes are visible), sets a parent-death signal, drops to `--uid/--gid`,
-//! sets `no_new_privs`, restricts itself with Landlock and `exec`s PROGRAM.
+//! processes are visible), a private `/dev/shm` and, with `--scratch`, a
+//! size-capped tmpfs over the worker's scratch root; sets a parent-death
+//! signal, drops to `--uid/--gid`, sets `no_new_privs`, restricts itself with
+//! Landlock, installs the seccomp filter (`--seccomp`) and `exec`s PROGRAM.
 //! When PROGRAM (the worker) exits, the kernel kills everything left in its
 //! pid namespace: no process a run starts can outlive its worker.
 
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use clap::Args;
@@ -62,6 +64,17 @@ pub struct LaunchArgs {
     /// Make no namespaces (only with `--net host`, on hosts that cannot).
     #[arg(long)]
     pub no_namespaces: bool,
+    /// The worker's scratch root: mounted over with a tmpfs of
+    /// `--disk-bytes` in the new mount namespace, and the program's working
+    /// directory.
+    #[arg(long, requires = "disk_bytes")]
+    pub scratch: Option<PathBuf>,
+    /// Size of the scratch tmpfs: all a worker's runs may write at once.
+    #[arg(long, requires = "scratch")]
+    pub disk_bytes: Option<u64>,
+    /// Install the syscall filter (see `seccomp`) just before `exec`.
+    #[arg(long)]
+    pub seccomp: bool,
     /// Internal: this process is pid 1 of the new namespaces.
     #[arg(long, hide = true)]
     pub stage2: bool,
@@ -105,6 +118,9 @@ fn stage1(args: &LaunchArgs) -> Result<i32, String> {
         if args.net != Network::Host {
             return Err("--no-namespaces needs --net host".into());
         }
+        if args.scratch.is_some() {
+            return Err("--scratch needs a mount namespace (no --no-namespaces)".into());
+        }
         return confine_and_exec(args);
     }
     let mut flags = CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWNS;
@@ -136,6 +152,15 @@ fn stage2_args(args: &LaunchArgs) -> Vec<OsString> {
     let mut out: Vec<OsString> = vec!["--net".into(), args.net.as_str().into()];
     if args.landlock {
         out.push("--landlock".into());
+    }
+    if args.seccomp {
+        out.push("--seccomp".into());
+    }
+    if let (Some(dir), Some(bytes)) = (&args.scratch, args.disk_bytes) {
+        out.push("--scratch".into());
+        out.push(dir.into());
+        out.push("--disk-bytes".into());
+        out.push(bytes.to_string().into());
     }
     for p in &args.read {
         out.push("--read".into());
@@ -178,6 +203,9 @@ fn stage2(args: &LaunchArgs) -> Result<i32, String> {
         None::<&str>,
     )
     .map_err(|e| format!("cannot mount /proc: {e}"))?;
+    if let (Some(dir), Some(bytes)) = (&args.scratch, args.disk_bytes) {
+        mount_scratch(dir, bytes, args.uid, args.gid)?;
+    }
     // A private /dev/shm (POSIX semaphores and shared memory, which
     // multiprocessing needs), gone with the namespace; the worker empties
     // it between runs.
@@ -199,7 +227,37 @@ fn stage2(args: &LaunchArgs) -> Result<i32, String> {
 /// Where each worker gets its own tmpfs.
 pub const PRIVATE_SHM: &str = "/dev/shm";
 /// Size of that tmpfs.
-const SHM_BYTES: u64 = 64 << 20;
+pub const SHM_BYTES: u64 = 64 << 20;
+
+/// Bytes of scratch quota per inode the tmpfs allows, so that empty files
+/// (which take no pages) cannot pile up unbounded kernel memory either.
+const BYTES_PER_INODE: u64 = 4096;
+/// Fewest inodes a scratch tmpfs gets, however small its quota.
+const MIN_INODES: u64 = 1024;
+
+/// Cover the scratch root with a tmpfs of `bytes`, owned by the worker's
+/// user: whatever the worker and its runs write lands there, and writing
+/// past it fails with `ENOSPC`. The launcher's working directory was the
+/// covered directory; it moves onto the tmpfs.
+fn mount_scratch(dir: &Path, bytes: u64, uid: Option<u32>, gid: Option<u32>) -> Result<(), String> {
+    let inodes = (bytes / BYTES_PER_INODE).max(MIN_INODES);
+    let mut options = format!("size={bytes},nr_inodes={inodes},mode=0700");
+    if let Some(uid) = uid {
+        options.push_str(&format!(",uid={uid}"));
+    }
+    if let Some(gid) = gid {
+        options.push_str(&format!(",gid={gid}"));
+    }
+    mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(options.as_str()),
+    )
+    .map_err(|e| format!("cannot mount a tmpfs on {}: {e}", dir.display()))?;
+    std::env::set_current_dir(dir).map_err(|e| format!("cannot enter {}: {e}", dir.display()))
+}
 
 /// Limits, user, `no_new_privs`, Landlock, then `exec` the program.
 fn confine_and_exec(args: &LaunchArgs) -> Result<i32, String> {
@@ -225,6 +283,10 @@ fn confine_and_exec_with(args: &LaunchArgs, vars: &[(&str, &str)]) -> Result<i32
     prctl::set_no_new_privs().map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))?;
     if args.landlock {
         restrict_filesystem(args)?;
+    }
+    // Last: from here on only what the program itself needs may be called.
+    if args.seccomp {
+        super::seccomp::install()?;
     }
     let err = Command::new(&args.command[0])
         .args(&args.command[1..])

@@ -1,7 +1,8 @@
 //! The sandbox around every worker: what the host offers, and how a worker
 //! is started through the launcher (`code-executor sandbox-exec`, see
-//! [`launch`]) so that namespaces, Landlock, `no_new_privs` and the
-//! `run_as` user apply to the interpreter from its first instruction.
+//! [`launch`]) so that namespaces, the scratch quota, Landlock,
+//! `no_new_privs`, the `run_as` user and the syscall filter ([`seccomp`])
+//! apply to the interpreter from its first instruction.
 //!
 //! The server never runs code between `fork` and `exec` itself: the launcher
 //! is this same binary, re-executed, which sets the sandbox up on itself.
@@ -9,7 +10,9 @@
 pub mod cgroup;
 pub mod launch;
 mod netlink;
+pub mod seccomp;
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -74,7 +77,13 @@ pub struct SandboxConfig {
     pub run_as: Option<String>,
     /// Group (name or gid) workers run as; the user's primary group when absent.
     pub run_as_group: Option<String>,
+    /// Size of each worker's scratch tmpfs (all its runs' files at once) for
+    /// envs that set none.
+    pub disk_bytes: u64,
 }
+
+/// Default size of a worker's scratch tmpfs.
+pub const DEFAULT_DISK_BYTES: u64 = 256 << 20;
 
 impl Default for SandboxConfig {
     fn default() -> Self {
@@ -85,6 +94,7 @@ impl Default for SandboxConfig {
             landlock: true,
             run_as: None,
             run_as_group: None,
+            disk_bytes: DEFAULT_DISK_BYTES,
         }
     }
 }
@@ -114,6 +124,20 @@ pub struct SandboxStatus {
     /// run's `RLIMIT_AS`), or `"rlimit_as"` (the address space of each
     /// process of a run only).
     pub memory: &'static str,
+    /// Each worker's scratch root (its runs' directories and temp dirs) is a
+    /// size-capped tmpfs in its own mount namespace: writing past it fails
+    /// with `ENOSPC`. False without mount namespaces: then nothing caps the
+    /// total a run writes but the filesystem's free space.
+    pub disk_quota: bool,
+    /// The scratch tmpfs size of each env's workers, when `disk_quota` holds.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub disk_bytes: BTreeMap<String, u64>,
+    /// Size of each worker's private `/dev/shm`, when it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shm_bytes: Option<u64>,
+    /// A seccomp filter denies workers the system calls a run never needs
+    /// (`ptrace`, `mount`, `unshare`, `bpf`, `perf_event_open`, `keyctl`, ...).
+    pub seccomp: bool,
     /// Why something the config asked for is missing, if it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
@@ -141,6 +165,14 @@ pub enum SandboxError {
 struct ProbeReport {
     namespaces: Result<(), String>,
     landlock: bool,
+    /// Whether the syscall filter can be installed (and is built for this
+    /// architecture); a launcher that does not say has none.
+    #[serde(default = "unreported")]
+    seccomp: Result<(), String>,
+}
+
+fn unreported() -> Result<(), String> {
+    Err("the launcher does not report it".into())
 }
 
 /// Run inside the launcher: try what the sandbox needs, on this process only.
@@ -155,9 +187,14 @@ pub(crate) fn probe_here(net: Network) -> String {
         .handle_access(AccessFs::from_all(ABI::V1))
         .and_then(|r| r.create())
         .is_ok();
+    // Last, as in the launcher: the filter forbids the calls above.
+    let seccomp = nix::sys::prctl::set_no_new_privs()
+        .map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))
+        .and_then(|()| seccomp::install());
     serde_json::to_string(&ProbeReport {
         namespaces,
         landlock,
+        seccomp,
     })
     .unwrap_or_default()
 }
@@ -177,6 +214,11 @@ pub struct SandboxPlan {
     pub read: Vec<PathBuf>,
     /// Where each worker gets its pids and memory cgroups, if the host has them.
     pub cgroups: Option<Arc<CgroupRoot>>,
+    /// Size of the tmpfs over each worker's scratch root; `None` without
+    /// mount namespaces (no quota).
+    pub disk_bytes: Option<u64>,
+    /// Install the syscall filter.
+    pub seccomp: bool,
 }
 
 impl SandboxPlan {
@@ -200,6 +242,15 @@ impl SandboxPlan {
         }
         if !self.namespaces {
             out.push("--no-namespaces".into());
+        }
+        if let Some(bytes) = self.disk_bytes {
+            out.push("--scratch".into());
+            out.push(scratch.into());
+            out.push("--disk-bytes".into());
+            out.push(bytes.to_string().into());
+        }
+        if self.seccomp {
+            out.push("--seccomp".into());
         }
         if self.landlock {
             out.push("--landlock".into());
@@ -245,6 +296,7 @@ pub struct Sandbox {
     launcher: PathBuf,
     landlock: bool,
     namespaces: bool,
+    seccomp: bool,
     uid: Option<u32>,
     gid: Option<u32>,
     cgroups: Option<Arc<CgroupRoot>>,
@@ -294,14 +346,32 @@ impl Sandbox {
                 false
             }
         };
-        let mut problem = None;
+        // Why something asked for is missing, each said once at start.
+        let mut problems: Vec<String> = Vec::new();
         let landlock = config.landlock && report.landlock;
         if config.landlock && !report.landlock {
             tracing::error!(
                 "LANDLOCK IS NOT AVAILABLE on this kernel: runs can read and write every file the worker user can; see SECURITY.md"
             );
-            problem = Some("landlock is not available on this kernel".to_string());
+            problems.push("landlock is not available on this kernel".into());
         }
+        if !namespaces {
+            tracing::warn!(
+                "workers have no mount namespace: the scratch quota (disk_bytes) is not enforced, only the size of each file is"
+            );
+            problems.push("disk_bytes is not enforced without mount namespaces".into());
+        }
+        let seccomp = match &report.seccomp {
+            Ok(()) => true,
+            Err(reason) => {
+                tracing::error!(
+                    "NO SECCOMP FILTER: workers may make every system call the kernel offers ({reason}); see SECURITY.md"
+                );
+                problems.push(format!("no seccomp filter: {reason}"));
+                false
+            }
+        };
+        let problem = (!problems.is_empty()).then(|| problems.join("; "));
         let (uid, gid) = resolve_user(config)?;
         let cgroups = CgroupRoot::create().map(Arc::new);
         let version = |c| cgroups.as_ref().and_then(|r| r.version(c));
@@ -330,19 +400,25 @@ impl Sandbox {
                     Some(cgroup::CgroupVersion::V2) => "cgroup_v2",
                     None => "rlimit_as",
                 },
+                disk_quota: namespaces,
+                disk_bytes: BTreeMap::new(),
+                shm_bytes: namespaces.then_some(launch::SHM_BYTES),
+                seccomp,
                 problem,
             },
             launcher,
             landlock,
             namespaces,
+            seccomp,
             uid,
             gid,
             cgroups,
         }))
     }
 
-    /// The plan for one env's workers: `python` is its interpreter.
-    pub fn plan(&self, network: Network, python: &Path) -> SandboxPlan {
+    /// The plan for one env's workers: `python` is its interpreter,
+    /// `disk_bytes` the size of each worker's scratch tmpfs.
+    pub fn plan(&self, network: Network, disk_bytes: u64, python: &Path) -> SandboxPlan {
         let read = interpreter_paths(python);
         SandboxPlan {
             launcher: self.launcher.clone(),
@@ -357,6 +433,8 @@ impl Sandbox {
             gid: self.gid,
             read,
             cgroups: self.cgroups.clone(),
+            disk_bytes: self.namespaces.then_some(disk_bytes),
+            seccomp: self.seccomp,
         }
     }
 
@@ -479,4 +557,49 @@ fn resolve_user(config: &SandboxConfig) -> Result<(Option<u32>, Option<u32>), Sa
         });
     }
     Ok((uid, gid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(namespaces: bool) -> SandboxPlan {
+        SandboxPlan {
+            launcher: PathBuf::from("/bin/code-executor"),
+            network: Network::Host,
+            landlock: false,
+            namespaces,
+            uid: None,
+            gid: None,
+            read: Vec::new(),
+            cgroups: None,
+            disk_bytes: namespaces.then_some(1 << 20),
+            seccomp: true,
+        }
+    }
+
+    fn words(plan: &SandboxPlan) -> Vec<String> {
+        plan.command(Path::new("/py"), &[], Path::new("/scratch/w"), &[])
+            .iter()
+            .map(|w| w.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_scratch_quota_needs_a_mount_namespace() {
+        let with = words(&plan(true));
+        let at = with.iter().position(|w| w == "--scratch").unwrap();
+        assert_eq!(
+            with[at + 1..at + 4],
+            ["/scratch/w", "--disk-bytes", "1048576"]
+        );
+        let without = words(&plan(false));
+        assert!(without.contains(&"--no-namespaces".to_string()));
+        assert!(!without.contains(&"--scratch".to_string()), "{without:?}");
+        assert!(
+            !without.contains(&"--disk-bytes".to_string()),
+            "{without:?}"
+        );
+        assert!(without.contains(&"--seccomp".to_string()), "{without:?}");
+    }
 }

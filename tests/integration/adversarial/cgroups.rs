@@ -74,6 +74,9 @@ async fn memory_across_processes_is_stopped_by_the_memory_cgroup() {
         ..pool()
     };
     config.run_limits.memory_bytes = Some(512 << 20);
+    // The cgroup holds memory_bytes + disk_bytes + 256 MiB: keep the scratch
+    // share small so that three helpers and the run fill it.
+    config.sandbox.disk_bytes = 8 << 20;
     let arena = Arena::with_config(config).await;
     require_cgroups(&arena.server).await;
     let workers = worker_pids(&arena.server);

@@ -27,7 +27,7 @@ async fn without_namespaces_the_server_refuses_to_start_unless_network_is_host()
     let dir = tempfile::tempdir().unwrap();
     let launcher = fake_launcher(
         dir.path(),
-        r#"{"namespaces":{"Err":"Operation not permitted"},"landlock":true}"#,
+        r#"{"namespaces":{"Err":"Operation not permitted"},"landlock":true,"seccomp":{"Ok":null}}"#,
     );
     let mut sandbox = common::sandbox_config();
     sandbox.launcher = Some(launcher.clone());
@@ -44,6 +44,7 @@ async fn without_namespaces_the_server_refuses_to_start_unless_network_is_host()
 
     // Opting out explicitly starts it, on the host network, and says so.
     sandbox.network = code_executor::sandbox::Network::Host;
+    sandbox.disk_bytes = 2 << 20;
     let server = TestServer::with_config(code_executor::Config {
         sandbox,
         ..common::config()
@@ -52,15 +53,37 @@ async fn without_namespaces_the_server_refuses_to_start_unless_network_is_host()
     let (_, health) = server.get("/health").await;
     assert_eq!(health["sandbox"]["network_namespace"], false, "{health}");
     assert_eq!(health["sandbox"]["pid_namespace"], false, "{health}");
-    let body = server.run("print('on the host network')").await;
-    assert_eq!(body["stdout"], "on the host network\n");
+    // No mount namespace, no scratch tmpfs: no quota is claimed.
+    assert_eq!(health["sandbox"]["disk_quota"], false, "{health}");
+    assert_eq!(health["sandbox"].get("disk_bytes"), None, "{health}");
+    assert!(
+        health["sandbox"]["problem"]
+            .as_str()
+            .unwrap()
+            .contains("disk_bytes is not enforced"),
+        "{health}"
+    );
+    // The syscall filter does not need namespaces.
+    assert_eq!(health["sandbox"]["seccomp"], true, "{health}");
+    let body = server
+        .run("print('on the host network', open('/proc/self/status').read().split('Seccomp:')[1].split()[0])")
+        .await;
+    assert_eq!(body["stdout"], "on the host network 2\n");
+    // Nothing caps the total but the file size: past the 2 MiB asked for.
+    let body = server
+        .run("open('big', 'wb').write(b'x' * (8 << 20)); import os; print(os.path.getsize('big') >> 20)")
+        .await;
+    assert_eq!(body["stdout"], "8\n", "{body}");
     server.stop().await;
 }
 
 #[tokio::test]
 async fn without_landlock_health_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    let launcher = fake_launcher(dir.path(), r#"{"namespaces":{"Ok":null},"landlock":false}"#);
+    let launcher = fake_launcher(
+        dir.path(),
+        r#"{"namespaces":{"Ok":null},"landlock":false,"seccomp":{"Ok":null}}"#,
+    );
     let mut sandbox = common::sandbox_config();
     sandbox.launcher = Some(launcher);
     let server = TestServer::with_config(code_executor::Config {
@@ -83,5 +106,35 @@ async fn without_landlock_health_says_so() {
         .run("import socket; print(socket.if_nameindex())")
         .await;
     assert_eq!(body["stdout"], "[(1, 'lo')]\n");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn without_seccomp_health_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let launcher = fake_launcher(
+        dir.path(),
+        r#"{"namespaces":{"Ok":null},"landlock":true,"seccomp":{"Err":"Invalid argument"}}"#,
+    );
+    let mut sandbox = common::sandbox_config();
+    sandbox.launcher = Some(launcher);
+    let server = TestServer::with_config(code_executor::Config {
+        sandbox,
+        ..common::config()
+    })
+    .await;
+    let (_, health) = server.get("/health").await;
+    assert_eq!(health["sandbox"]["seccomp"], false, "{health}");
+    let problem = health["sandbox"]["problem"].as_str().unwrap();
+    assert!(
+        problem.contains("no seccomp filter: Invalid argument"),
+        "{health}"
+    );
+    // Workers start without the filter; the rest of the sandbox holds.
+    assert_eq!(health["sandbox"]["disk_quota"], true, "{health}");
+    let body = server
+        .run("print(open('/proc/self/status').read().split('Seccomp:')[1].split()[0])")
+        .await;
+    assert_eq!(body["stdout"], "0\n", "{body}");
     server.stop().await;
 }

@@ -14,6 +14,7 @@ fn the_probe_reports_what_the_host_offers() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["namespaces"], serde_json::json!({"Ok": null}));
     assert_eq!(report["landlock"], true);
+    assert_eq!(report["seccomp"], serde_json::json!({"Ok": null}));
 }
 
 #[test]
@@ -68,4 +69,62 @@ fn a_launcher_that_cannot_start_the_program_says_why() {
     assert_eq!(out.status.code(), Some(125), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("/nonexistent/python"), "{stderr}");
+}
+
+#[test]
+fn the_launcher_caps_the_scratch_root_and_filters_syscalls() {
+    let scratch = tempfile::tempdir().unwrap();
+    let code = r#"
+import ctypes, os, shutil
+print(os.getcwd() == os.environ['SCRATCH'], shutil.disk_usage('.').total)
+try:
+    open('big', 'wb').write(b'x' * (3 << 20))
+except OSError as e:
+    print(e.errno)
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.syscall(int(os.environ['NR_UNSHARE']), 0x10000000), ctypes.get_errno())
+"#;
+    let out = Command::new(common::launcher())
+        .args(["sandbox-exec", "--net", "isolated", "--seccomp"])
+        .arg("--scratch")
+        .arg(scratch.path())
+        .args(["--disk-bytes", "2097152"])
+        .args(["--", "/usr/bin/python3.11", "-I", "-c", code])
+        .current_dir(scratch.path())
+        .env_clear()
+        .env("SCRATCH", scratch.path())
+        .env("NR_UNSHARE", nix::libc::SYS_unshare.to_string())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!(
+            "True 2097152\n{}\n-1 {}\n",
+            nix::libc::ENOSPC,
+            nix::libc::EPERM
+        ),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The tmpfs was the launcher's own: nothing reached the directory.
+    assert_eq!(std::fs::read_dir(scratch.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn a_scratch_quota_without_namespaces_is_refused() {
+    let scratch = tempfile::tempdir().unwrap();
+    let out = Command::new(common::launcher())
+        .args(["sandbox-exec", "--net", "host", "--no-namespaces"])
+        .arg("--scratch")
+        .arg(scratch.path())
+        .args(["--disk-bytes", "2097152", "--", "/bin/true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--scratch needs a mount namespace"),
+        "{stderr}"
+    );
 }

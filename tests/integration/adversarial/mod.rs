@@ -5,9 +5,11 @@
 
 mod cgroups;
 mod code;
+mod disk;
 mod host;
 mod launcher;
 mod requests;
+mod seccomp;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -85,8 +87,9 @@ impl Arena {
             .collect();
         assert_eq!(workers.len() as u64, self.size, "worker scratch roots");
         for w in workers {
-            // The next run's directory and its private tmp, nothing else.
-            let mut names: Vec<String> = std::fs::read_dir(w.path())
+            // The next run's directory and its private tmp, nothing else, on
+            // the worker's scratch tmpfs (seen through its mount namespace).
+            let mut names: Vec<String> = std::fs::read_dir(scratch_seen_by_worker(&w.path()))
                 .unwrap()
                 .flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -107,6 +110,16 @@ impl Arena {
         }
         assert!(!base.exists(), "{} was not removed", base.display());
     }
+}
+
+/// A worker's scratch root as its own processes see it: in their mount
+/// namespace a tmpfs covers the directory the server created.
+pub fn scratch_seen_by_worker(scratch: &Path) -> std::path::PathBuf {
+    let pid = common::processes_mentioning(scratch)
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no process of the worker at {}", scratch.display()));
+    Path::new(&format!("/proc/{pid}/root")).join(scratch.strip_prefix("/").unwrap())
 }
 
 /// Wait until every worker has its next child forked and nothing else runs
