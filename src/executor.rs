@@ -72,6 +72,9 @@ pub struct PreparedRun {
     /// The session the run belongs to, held active (it cannot expire)
     /// until the run ends.
     session: Option<ActiveCall>,
+    /// Tasks the worker's pids cgroup allows during the run, when the
+    /// request lowered `processes`.
+    tasks: Option<u64>,
 }
 
 impl PreparedRun {
@@ -483,6 +486,12 @@ impl Executor {
             timeout,
             memory_bytes: run.memory_bytes,
             session,
+            tasks: req
+                .limits
+                .as_ref()
+                .and_then(|l| l.processes)
+                .and(run.processes)
+                .map(|p| p + WORKER_TASKS),
         })
     }
 
@@ -530,6 +539,7 @@ impl Executor {
             frame,
             timeout,
             session,
+            tasks,
             ..
         } = prepared;
         let entry = &self.envs[env];
@@ -556,13 +566,29 @@ impl Executor {
             pool_refusal(entry, e)
         })?;
         let worker_pid = worker.pid();
+        if tasks.is_some()
+            && let Err(e) = worker.set_tasks(tasks)
+        {
+            entry.pool.discard(worker, RestartCause::Crash);
+            return Err(ExecError::Internal(format!(
+                "cannot cap the run's processes in the worker's cgroup: {e}"
+            )));
+        }
         let started = Instant::now();
         let deadline = Duration::from_secs_f64(timeout) + HARD_DEADLINE_SLACK;
         let ran = worker.execute(&frame, deadline, output.as_ref()).await;
         let seconds = started.elapsed().as_secs_f64();
         match ran {
             Ok(out) => {
-                entry.pool.put(worker);
+                if tasks.is_some()
+                    && let Err(e) = worker.set_tasks(None)
+                {
+                    // It would cap the next runs too low: replace it.
+                    tracing::warn!(worker_pid, "cannot restore the worker's pids.max: {e}");
+                    entry.pool.discard(worker, RestartCause::Crash);
+                } else {
+                    entry.pool.put(worker);
+                }
                 let outcome = RunOutcome::of(&out);
                 entry.metrics.run(outcome, seconds);
                 // One line per run; never the code or its output.
@@ -633,6 +659,20 @@ impl Executor {
         let reservation = self.sessions.reserve(index, &entry.spec.name)?;
         let worker = entry.pool.get().await.map_err(|e| pool_refusal(entry, e))?;
         let mut worker = entry.pool.detach(worker);
+        // The worker serves this session alone from now on: a lower
+        // `processes` stays in its cgroup for the session's life.
+        let tasks = req
+            .limits
+            .as_ref()
+            .and_then(|l| l.processes)
+            .and(limits.processes)
+            .map(|p| p + WORKER_TASKS);
+        if let Err(e) = worker.set_tasks(tasks) {
+            tokio::spawn(worker.terminate(self.sessions.grace()));
+            return Err(ExecError::Internal(format!(
+                "cannot cap the session's processes in its worker's cgroup: {e}"
+            )));
+        }
         let frame = protocol::encode_frame(&SessionFrame {
             t: "session",
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -1165,8 +1205,10 @@ fn limit_hit(out: &crate::worker::RunOutput, truncated: bool) -> Option<&'static
 
 /// Processes and threads of one run when the config sets no limit.
 const DEFAULT_PROCESSES: u64 = 256;
-/// Tasks of a worker besides its run's: the launcher, the worker, its next child.
-const WORKER_TASKS: u64 = 4;
+/// Tasks in a worker's cgroup besides its run's: the launcher and the
+/// worker. (The waiting child becomes the run's main thread; the next one is
+/// forked after the run ends.)
+const WORKER_TASKS: u64 = 2;
 /// Memory of a worker besides its run's, in its memory cgroup: the
 /// interpreter and its preloads, the warm next child, the launcher, the
 /// private `/dev/shm` (64 MiB at most) and kernel memory.

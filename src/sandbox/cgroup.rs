@@ -207,6 +207,8 @@ impl CgroupRoot {
             pids_events: None,
             oom_events: None,
             seen: LimitCounters::default(),
+            pids_max: None,
+            tasks: (limits.pids_max, limits.pids_max),
         };
         for h in &self.hierarchies {
             let dir = h.dir.join(name);
@@ -217,6 +219,7 @@ impl CgroupRoot {
                     Controller::Pids => {
                         std::fs::write(dir.join("pids.max"), limits.pids_max.to_string())?;
                         cgroup.pids_events = Some(dir.join("pids.events"));
+                        cgroup.pids_max = Some(dir.join("pids.max"));
                     }
                     Controller::Memory => {
                         cgroup.oom_events = Some(set_memory(&dir, h.version, limits.memory_max)?);
@@ -376,12 +379,32 @@ pub struct WorkerCgroup {
     oom_events: Option<PathBuf>,
     /// The counters at the last look, to tell what is new.
     seen: LimitCounters,
+    /// `pids.max`, with a pids cgroup.
+    pids_max: Option<PathBuf>,
+    /// Tasks the worker's cgroup allows: (as configured, now).
+    tasks: (u64, u64),
 }
 
 impl WorkerCgroup {
     /// The directories to join.
     pub fn paths(&self) -> &[PathBuf] {
         &self.dirs
+    }
+
+    /// Cap the worker's tasks at `tasks` for its next runs (never above
+    /// the configured cap), or with `None` return to the configured cap.
+    /// Writes only when the value changes.
+    pub fn set_tasks(&mut self, tasks: Option<u64>) -> std::io::Result<()> {
+        let Some(file) = &self.pids_max else {
+            return Ok(());
+        };
+        let (configured, now) = self.tasks;
+        let wanted = tasks.map_or(configured, |t| t.min(configured));
+        if wanted != now {
+            std::fs::write(file, wanted.to_string())?;
+            self.tasks.1 = wanted;
+        }
+        Ok(())
     }
 
     /// The counters now (a missing file or line counts as zero).

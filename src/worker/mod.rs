@@ -306,6 +306,17 @@ impl Worker {
         !self.terminated && matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// Cap the tasks (processes and threads) of the worker's next runs at
+    /// `tasks` in its pids cgroup, below the configured cap; `None` returns
+    /// to the configured cap. Without a pids cgroup this does nothing (the
+    /// run's `RLIMIT_NPROC` still applies).
+    pub fn set_tasks(&mut self, tasks: Option<u64>) -> std::io::Result<()> {
+        match &mut self.cgroup {
+            Some(cgroup) => cgroup.set_tasks(tasks),
+            None => Ok(()),
+        }
+    }
+
     /// Send one pre-encoded `exec` frame (see [`encode_exec`]) and wait for its
     /// result, at most `deadline`. Any failure poisons the worker; so does
     /// dropping the returned future before it completes, and in that case

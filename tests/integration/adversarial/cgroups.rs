@@ -143,3 +143,48 @@ async fn a_fork_bomb_that_catches_its_errors_is_a_process_limit() {
     assert_eq!(body["stdout"], "ok\n", "{body}");
     arena.assert_recovered().await;
 }
+
+/// Threads until one is refused (at most 60): how many a run may have.
+const THREADS: &str = "import threading\nstop = threading.Event()\nstarted = 0\ntry:\n    for _ in range(60):\n        threading.Thread(target=stop.wait).start()\n        started += 1\nexcept RuntimeError:\n    pass\nstop.set()\nprint(started)";
+
+/// A request's `limits.processes` binds even a run as root (which
+/// `RLIMIT_NPROC` does not): the worker's pids cgroup is lowered for that
+/// run alone, then restored for the next.
+#[tokio::test]
+async fn a_request_lowers_the_process_cap_for_its_run_only() {
+    let server = TestServer::with_config(code_executor::Config {
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    require_cgroups(&server).await;
+    let threads = |processes: Option<u64>| {
+        let mut body = json!({"code": THREADS});
+        if let Some(p) = processes {
+            body["limits"] = json!({"processes": p});
+        }
+        body
+    };
+    let (status, body) = server.post("/execute", threads(Some(10))).await;
+    assert_eq!(status, 200, "{body}");
+    // Ten tasks: the run's main thread and nine more.
+    assert_eq!(body["stdout"], "9\n", "{body}");
+    // The same (only) worker, back to the configured cap.
+    let (_, body) = server.post("/execute", threads(None)).await;
+    assert_eq!(body["stdout"], "60\n", "{body}");
+    // A session keeps its lower cap for every call.
+    let (status, session) = server
+        .post("/sessions", json!({"limits": {"processes": 10}}))
+        .await;
+    assert_eq!(status, 201, "{session}");
+    for _ in 0..2 {
+        let (_, body) = server
+            .post(
+                "/execute",
+                json!({"code": THREADS, "session": session["id"]}),
+            )
+            .await;
+        assert_eq!(body["stdout"], "9\n", "{body}");
+    }
+    server.stop().await;
+}
