@@ -17,7 +17,9 @@ worker -> server
 server -> worker
     exec    {t, id, code, stdin, files, timeout, max_output, limits}
             optional ``rusage: true``: reap the run before answering and add
-            ``cpu_ms`` and ``peak_rss_kb`` (os.wait4) to its ``result``
+            ``cpu_ms`` and ``peak_rss_kb`` (os.wait4) to its ``result``;
+            ``limits.disk_bytes``: kill the run once the scratch filesystem
+            holds that much more than before it (``disk_exceeded: true``)
     session {t, id, limits, grace}                        switch to session mode (see
                                                           "Sessions"); answered by an
                                                           empty ``result`` with ``pid``
@@ -1008,6 +1010,28 @@ class Child:
         self.req_w = self.out_r = self.err_r = self.ctl_r = None
 
 
+class DiskWatch:
+    """A run's ``limits.disk_bytes``: the bytes in use on the worker's scratch
+    filesystem (its own tmpfs, which holds nothing but the current run's
+    directories) may grow by at most that much, checked every INTERVAL
+    seconds while the run lasts; past it the run is killed."""
+
+    INTERVAL = 0.02
+    __slots__ = ("path", "limit", "base")
+
+    def __init__(self, path, limit):
+        self.path = path
+        self.limit = limit
+        self.base = self.used()
+
+    def used(self):
+        st = os.statvfs(self.path)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    def exceeded(self):
+        return self.used() - self.base > self.limit
+
+
 class Capture:
     """One captured stream, keeping at most ``cap`` bytes."""
 
@@ -1110,6 +1134,8 @@ class Worker:
         timeout = float(msg.get("timeout") or 30.0)
         cap = int(msg.get("max_output") or (1 << 20))
         stream_id = msg.get("id") if msg.get("stream") else None
+        disk_bytes = (msg.get("limits") or {}).get("disk_bytes")
+        disk = DiskWatch(self.scratch, int(disk_bytes)) if disk_bytes else None
         start = time.monotonic()
         child = self.take_child(frame)
         deadline = start + timeout
@@ -1121,12 +1147,17 @@ class Worker:
         poller.register(self.rfd, 0)  # only POLLHUP/POLLERR: the server went away
         report = None  # what the child reported over ctl
         ctl = bytearray()
-        timed_out = False
+        timed_out = disk_exceeded = False
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 timed_out = True
                 break
+            if disk is not None:
+                if disk.exceeded():
+                    disk_exceeded = True
+                    break
+                remaining = min(remaining, DiskWatch.INTERVAL)
             events = poller.poll(max(1, int(remaining * 1000) + 1))
             done = False
             for fd, ev in events:
@@ -1159,13 +1190,13 @@ class Worker:
         # Whatever the outcome, the run's process group ends here: stray
         # subprocesses do not outlive their run.
         child.kill_group()
-        if timed_out:
+        if timed_out or disk_exceeded:
             child.reap(True)
         for fd, capture in streams.items():
             if capture.open:
                 self.drain(fd, capture, None, stream_id)
         signame = None
-        if timed_out:
+        if timed_out or disk_exceeded:
             exit_code, signame = -signal.SIGKILL, "SIGKILL"
         elif report is not None:
             report = sane_report(report)
@@ -1193,6 +1224,8 @@ class Worker:
                              report, artifacts)
         if msg.get("rusage"):
             reply.update(run_usage(child))
+        if disk_exceeded:
+            reply["disk_exceeded"] = True
         write_frame(self.wfd, reply)
         # Off the request path: reap, clean up, fork the next child.
         set_nice(BACKGROUND_NICE)

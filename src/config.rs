@@ -368,6 +368,8 @@ impl Default for Config {
                 file_size_bytes: Some(GIB),
                 open_files: Some(1024),
                 processes: None,
+                // A request's own; the env's scratch tmpfs is `disk_bytes`.
+                disk_bytes: None,
             },
             worker_script: None,
             envs: Vec::new(),
@@ -485,6 +487,7 @@ impl Config {
                         open_files: t.open_files.or(run_limits.open_files),
                         cpu_seconds: t.cpu_seconds.or(run_limits.cpu_seconds),
                         processes: t.processes.or(run_limits.processes),
+                        disk_bytes: None,
                     },
                     network: t.network.unwrap_or(network),
                     disk_bytes: t.disk_bytes.unwrap_or(disk_bytes),

@@ -455,6 +455,7 @@ impl Executor {
         if let Some(asked) = &req.limits {
             run = narrow_limits(&run, asked)?;
         }
+        run.disk_bytes = self.run_disk_bytes(entry, run.disk_bytes)?;
         let frame = protocol::encode_frame(&ExecFrame {
             t: "exec",
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -493,6 +494,25 @@ impl Executor {
                 .and(run.processes)
                 .map(|p| p + WORKER_TASKS),
         })
+    }
+
+    /// A run's `limits.disk_bytes`: watched by the worker below the size of
+    /// its scratch tmpfs (which caps every run anyway); refused where there is
+    /// no such tmpfs, since usage could not be told from other files there.
+    fn run_disk_bytes(
+        &self,
+        entry: &EnvEntry,
+        asked: Option<u64>,
+    ) -> Result<Option<u64>, ExecError> {
+        let Some(asked) = asked else {
+            return Ok(None);
+        };
+        if !self.sandbox.disk_quota {
+            return Err(ExecError::BadRequest(
+                "limits.disk_bytes needs the workers' scratch tmpfs, which this server does not have (see /health sandbox.disk_quota)".into(),
+            ));
+        }
+        Ok((asked < entry.settings.disk_bytes).then_some(asked))
     }
 
     /// The session a request names, checked against the rest of the
@@ -655,6 +675,13 @@ impl Executor {
         let mut limits = entry.settings.run_limits.clone();
         if let Some(asked) = &req.limits {
             limits = narrow_limits(&limits, asked)?;
+        }
+        if limits.disk_bytes.is_some() {
+            return Err(ExecError::BadRequest(format!(
+                "limits.disk_bytes applies to single runs; a session's files are capped by the \
+                 environment's disk_bytes ({} bytes)",
+                entry.settings.disk_bytes
+            )));
         }
         let reservation = self.sessions.reserve(index, &entry.spec.name)?;
         let worker = entry.pool.get().await.map_err(|e| pool_refusal(entry, e))?;
@@ -1152,7 +1179,8 @@ fn sandbox_status(sandbox: Option<&Sandbox>, envs: &[EnvEntry]) -> SandboxStatus
 ///    a thread during the run. Then `"processes"`: a fork bomb that catches
 ///    its errors and retries until the deadline is stopped by the timeout,
 ///    but what to fix is the number of processes.
-/// 2. A resource signal: `SIGXCPU` → `"cpu"`, `SIGXFSZ` → `"file_size"`.
+/// 2. The worker killed the run past its `limits.disk_bytes`: `"disk"`.
+///    A resource signal: `SIGXCPU` → `"cpu"`, `SIGXFSZ` → `"file_size"`.
 /// 3. An OOM kill in the worker's memory cgroup: `"memory"` (the run, or one
 ///    of its processes, was SIGKILLed by the kernel at the cap).
 /// 4. An exception that only a limit raises: `MemoryError`; `EFBIG`;
@@ -1167,6 +1195,9 @@ fn limit_hit(out: &crate::worker::RunOutput, truncated: bool) -> Option<&'static
         } else {
             "timeout"
         });
+    }
+    if out.disk_exceeded {
+        return Some("disk");
     }
     match out.signal.as_deref() {
         Some("SIGXCPU") => return Some("cpu"),
@@ -1246,6 +1277,7 @@ fn narrow_limits(configured: &RunLimits, asked: &RunLimits) -> Result<RunLimits,
             asked.processes,
             configured.processes.or(Some(MAX_PROCESSES)),
         )?,
+        disk_bytes: pick("disk_bytes", asked.disk_bytes, configured.disk_bytes)?,
     })
 }
 
@@ -1289,6 +1321,7 @@ mod tests {
             cpu_ms: None,
             peak_rss_kb: None,
             session_lost: None,
+            disk_exceeded: false,
             cgroup,
         }
     }

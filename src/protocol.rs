@@ -66,6 +66,10 @@ pub struct RunLimits {
     pub open_files: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub processes: Option<u64>,
+    /// Bytes the run may have in its directories at once (below the env's
+    /// `disk_bytes`, the size of the worker's scratch tmpfs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
 }
 
 /// One input file: a relative path and its bytes, sent as a 2-element array.
@@ -175,6 +179,8 @@ pub struct WorkerFrame {
     pub peak_rss_kb: Option<u64>,
     /// Session mode: why the session child is gone after this call.
     pub session_lost: Option<String>,
+    /// The run was killed for going over its `limits.disk_bytes`.
+    pub disk_exceeded: bool,
     // output
     pub stream: Option<String>,
     #[serde(with = "serde_bytes")]

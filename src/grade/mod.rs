@@ -709,6 +709,7 @@ mod tests {
             cpu_ms: Some(1.0),
             peak_rss_kb: Some(10_000),
             session_lost: None,
+            disk_exceeded: false,
             cgroup: Default::default(),
         }
     }

@@ -87,6 +87,8 @@ pub struct RunOutput {
     pub peak_rss_kb: Option<u64>,
     /// Session mode: why the session child is gone after this run.
     pub session_lost: Option<String>,
+    /// The run was killed for going over its `limits.disk_bytes`.
+    pub disk_exceeded: bool,
     /// What the worker's cgroups counted during a run that failed or timed
     /// out (not looked at after a run that succeeded).
     pub cgroup: LimitEvents,
@@ -421,6 +423,7 @@ impl Worker {
                         cpu_ms: frame.cpu_ms,
                         peak_rss_kb: frame.peak_rss_kb,
                         session_lost: frame.session_lost,
+                        disk_exceeded: frame.disk_exceeded,
                         cgroup: LimitEvents::default(),
                     });
                 }

@@ -271,3 +271,96 @@ async fn input_files_larger_than_the_quota_are_refused() {
     assert_eq!(body["stdout"], format!("{}\n", 1 << 20), "{body}");
     arena.assert_recovered().await;
 }
+
+/// A request's `limits.disk_bytes` lowers the quota for its run alone: the
+/// worker watches its scratch tmpfs and kills the run past it.
+#[tokio::test]
+async fn a_request_lowers_the_disk_quota_for_its_run() {
+    let arena = arena().await;
+    // 1 MiB every 10 ms: 64 MiB would take most of a second.
+    let code = format!(
+        r#"import time
+{WORKER_STARTED}
+with open('big.bin', 'wb') as f:
+    for i in range(64):
+        f.write(b'x' * (1 << 20))
+        f.flush()
+        print('MiB', i + 1, flush=True)
+        time.sleep(0.01)
+"#
+    );
+    let mut request = run(&code, 30.0);
+    request["limits"] = json!({"disk_bytes": 4 << 20});
+    let body = arena.attack(request).await;
+    assert_eq!(body["limit"], "disk", "{body}");
+    assert_eq!(body["exit_code"], -9, "{body}");
+    assert_eq!(body["signal"], "SIGKILL", "{body}");
+    assert_eq!(body["timed_out"], false, "{body}");
+    let stdout = body["stdout"].as_str().unwrap();
+    let last: u64 = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("MiB "))
+        .last()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    // Stopped soon after it passed 4 MiB (checks come every 20 ms).
+    assert!((4..16).contains(&last), "wrote {last} MiB: {body}");
+    // Under its limit a run is left alone; the next run has the env's quota.
+    let mut small = run(
+        "open('f.bin', 'wb').write(b'x' * (3 << 20))\nprint('ok')",
+        30.0,
+    );
+    small["limits"] = json!({"disk_bytes": 4 << 20});
+    let body = arena.attack(small).await;
+    assert_eq!(body["stdout"], "ok\n", "{body}");
+    assert_eq!(body["limit"], Value::Null, "{body}");
+    assert_quota_back(&arena, &worker_line(&body_with_worker(&arena).await)).await;
+    // A session's files are capped by the env's quota only.
+    let (status, body) = arena
+        .server
+        .post("/sessions", json!({"limits": {"disk_bytes": 1 << 20}}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("limits.disk_bytes"),
+        "{body}"
+    );
+    arena.assert_recovered().await;
+}
+
+/// A run that prints its worker's identity.
+async fn body_with_worker(arena: &Arena) -> Value {
+    arena.attack(run(WORKER_STARTED, 10.0)).await
+}
+
+#[tokio::test]
+async fn a_disk_limit_without_the_scratch_tmpfs_is_refused() {
+    let server = crate::common::TestServer::with_config(code_executor::Config {
+        pool_size: 1,
+        sandbox: code_executor::sandbox::SandboxConfig {
+            enabled: false,
+            ..common::sandbox_config()
+        },
+        ..common::config()
+    })
+    .await;
+    let (status, body) = server
+        .post(
+            "/execute",
+            json!({"code": "print(1)", "limits": {"disk_bytes": 1 << 20}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "bad_request", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("scratch tmpfs"),
+        "{body}"
+    );
+    server.stop().await;
+}
