@@ -299,8 +299,8 @@ with open('big.bin', 'wb') as f:
     let stdout = body["stdout"].as_str().unwrap();
     let last: u64 = stdout
         .lines()
-        .filter_map(|l| l.strip_prefix("MiB "))
-        .last()
+        .rev()
+        .find_map(|l| l.strip_prefix("MiB "))
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{stdout}"));
     // Stopped soon after it passed 4 MiB (checks come every 20 ms).
