@@ -5,7 +5,8 @@
 //!
 //! `cargo bench --bench e2e`. Environment: `BENCH_SECONDS` per scenario
 //! (default 5), `BENCH_POOL_SIZE` (default 4), `BENCH_SPAWNS` (default 200),
-//! `BENCH_PYTHON` (default: the real interpreter behind `python3`).
+//! `BENCH_PYTHON` (default: the real interpreter behind `python3`),
+//! `BENCH_MCP_ONLY` (set: only the MCP comparison, in about `4 * BENCH_SECONDS`).
 //! The numpy and Jupyter scenarios use venvs made by `tests/python_envs/setup.sh`.
 
 #[path = "../tests/integration/common/mcp.rs"]
@@ -18,6 +19,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// Rows of the MCP comparison (see [`mcp_comparison`]).
+const BESIDE_MCP: &str = "HTTP /execute print(2+2), beside MCP";
+const STREAMABLE: &str = "MCP streamable HTTP, plain client";
+const STREAMABLE_RMCP: &str = "MCP streamable HTTP, rmcp client";
+const STDIO: &str = "MCP stdio, rmcp client";
 
 struct Stats {
     name: String,
@@ -226,28 +233,219 @@ async fn send(client: &reqwest::Client, url: &str, body: &str) {
     assert_eq!(result["exit_code"], 0, "{result}");
 }
 
-async fn mcp_load(
-    client: &mcp_client::McpClient,
-    code: &str,
-    seconds: f64,
-) -> (Vec<Duration>, Duration) {
-    let args = json!({ "code": code });
-    for _ in 0..20 {
-        mcp_client::execute_code(client, args.clone())
-            .await
+/// A plain MCP client over streamable HTTP, as lean as the `/execute`
+/// client: one keep-alive connection, one request at a time, each response
+/// body read whole and its SSE events (or JSON body) parsed in place. It
+/// speaks the protocol a real client does (initialize, session id, protocol
+/// version header) and checks every result; what it leaves out is the SDK's
+/// own machinery, which the rmcp client rows measure.
+struct PlainMcpClient {
+    client: reqwest::Client,
+    url: String,
+    /// `Mcp-Session-Id` from the `initialize` response.
+    session: String,
+    /// The negotiated protocol version, sent as `MCP-Protocol-Version`.
+    version: String,
+    next_id: u64,
+}
+
+impl PlainMcpClient {
+    async fn connect(url: &str) -> PlainMcpClient {
+        let client = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .build()
             .unwrap();
+        let init = json!({
+            "jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": { "name": "e2e-bench", "version": "0" },
+            },
+        });
+        let resp = client
+            .post(url)
+            .header("accept", "application/json, text/event-stream")
+            .json(&init)
+            .send()
+            .await
+            .expect("initialize answered");
+        let session = resp.headers()["mcp-session-id"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let reply = response_to(resp, 0).await;
+        let version = reply["result"]["protocolVersion"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let plain = PlainMcpClient {
+            client,
+            url: url.to_string(),
+            session,
+            version,
+            next_id: 1,
+        };
+        let resp = plain
+            .post(&json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }))
+            .await;
+        assert_eq!(resp.status(), 202);
+        plain
     }
-    let started = Instant::now();
-    let mut latencies = Vec::new();
-    while started.elapsed().as_secs_f64() < seconds {
-        let t = Instant::now();
-        let result = mcp_client::execute_code(client, args.clone())
+
+    async fn post(&self, message: &serde_json::Value) -> reqwest::Response {
+        self.client
+            .post(&self.url)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-session-id", &self.session)
+            .header("mcp-protocol-version", &self.version)
+            .json(message)
+            .send()
             .await
-            .unwrap();
-        latencies.push(t.elapsed());
+            .expect("MCP request answered")
+    }
+
+    async fn execute_code(&mut self, args: &serde_json::Value) -> rmcp::model::CallToolResult {
+        let id = self.next_id;
+        self.next_id += 1;
+        let request = json!({
+            "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": { "name": "execute_code", "arguments": args },
+        });
+        let reply = response_to(self.post(&request).await, id).await;
+        serde_json::from_value(reply["result"].clone()).expect("a tool result")
+    }
+}
+
+/// The JSON-RPC response with `id` in `resp`'s body: a JSON body, or the
+/// `data` of one event of an SSE body (priming events carry none,
+/// notifications have no `id`).
+async fn response_to(resp: reqwest::Response, id: u64) -> serde_json::Value {
+    assert_eq!(resp.status(), 200);
+    let sse = resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream");
+    let body = resp.bytes().await.expect("response body");
+    let messages = if sse {
+        sse_data(&body)
+            .iter()
+            .map(|data| serde_json::from_str(data).expect("JSON-RPC message"))
+            .collect()
+    } else {
+        vec![serde_json::from_slice(&body).expect("JSON-RPC message")]
+    };
+    messages
+        .into_iter()
+        .find(|m: &serde_json::Value| m["id"] == id)
+        .expect("a response to the request")
+}
+
+/// The `data` of each event in an SSE body that has any.
+fn sse_data(body: &[u8]) -> Vec<String> {
+    let mut events = Vec::new();
+    let mut data: Option<String> = None;
+    for line in std::str::from_utf8(body).unwrap().split('\n') {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.is_empty() {
+            events.extend(data.take().filter(|d| !d.is_empty()));
+        } else if let Some(value) = line.strip_prefix("data:") {
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            match &mut data {
+                Some(d) => {
+                    d.push('\n');
+                    d.push_str(value);
+                }
+                None => data = Some(value.to_string()),
+            }
+        }
+    }
+    events.extend(data.filter(|d| !d.is_empty()));
+    events
+}
+
+/// rmcp's client over streamable HTTP on a keep-alive connection. Its
+/// default HTTP client (`StreamableHttpClientTransport::from_config`) keeps
+/// no idle connections, so every call would open a new TCP connection: a
+/// cost of that client's setup, not of MCP, and one `/execute` is not
+/// charged either. rmcp also attaches a progress token to every request, so
+/// these calls stream their output as progress notifications.
+async fn connect_rmcp_keep_alive(url: &str) -> mcp_client::McpClient {
+    use rmcp::ServiceExt;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let client = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .build()
+        .unwrap();
+    let transport = StreamableHttpClientTransport::with_client(
+        client,
+        StreamableHttpClientTransportConfig::with_uri(url),
+    );
+    ().serve(transport)
+        .await
+        .expect("MCP handshake over streamable HTTP")
+}
+
+/// One client of the MCP comparison.
+enum Front<'a> {
+    /// `POST /execute` with this body.
+    Execute(reqwest::Client, String, String),
+    Plain(PlainMcpClient),
+    Rmcp(&'a mcp_client::McpClient),
+}
+
+impl Front<'_> {
+    /// One call with `args` (`{"code": ...}`), its result checked.
+    async fn call(&mut self, args: &serde_json::Value) {
+        let result = match self {
+            Front::Execute(client, url, body) => return send(client, url, body).await,
+            Front::Plain(client) => client.execute_code(args).await,
+            Front::Rmcp(client) => mcp_client::execute_code(client, args.clone())
+                .await
+                .unwrap(),
+        };
         assert_eq!(result.is_error, Some(false));
     }
-    (latencies, started.elapsed())
+
+    /// Calls until `until`, each timed.
+    async fn calls(&mut self, args: &serde_json::Value, until: Instant) -> Vec<Duration> {
+        let mut latencies = Vec::new();
+        while Instant::now() < until {
+            let t = Instant::now();
+            self.call(args).await;
+            latencies.push(t.elapsed());
+        }
+        latencies
+    }
+}
+
+/// The MCP overhead, measured fairly on a shared machine: `fronts` (one
+/// client each, one call at a time) take turns in `ROUNDS` slices of
+/// `seconds / ROUNDS` each, so that load from elsewhere falls on all alike.
+async fn mcp_comparison(
+    fronts: &mut [Front<'_>],
+    code: &str,
+    seconds: f64,
+) -> Vec<(Vec<Duration>, Duration)> {
+    const ROUNDS: u32 = 10;
+    let args = json!({ "code": code });
+    // Warm-up: connections opened, every worker used.
+    for front in fronts.iter_mut() {
+        front
+            .calls(&args, Instant::now() + Duration::from_millis(200))
+            .await;
+    }
+    let slice = Duration::from_secs_f64(seconds / f64::from(ROUNDS));
+    let mut out = vec![(Vec::new(), Duration::ZERO); fronts.len()];
+    for _ in 0..ROUNDS {
+        for (front, (latencies, elapsed)) in fronts.iter_mut().zip(&mut out) {
+            let t = Instant::now();
+            latencies.extend(front.calls(&args, t + slice).await);
+            *elapsed += t.elapsed();
+        }
+    }
+    out
 }
 
 fn spawn_load(
@@ -300,98 +498,22 @@ fn jupyter_load(python: &Path, code: &str, seconds: f64) -> (Vec<Duration>, Dura
     )
 }
 
-#[tokio::main]
-async fn main() {
-    // `cargo bench` passes `--bench`; `cargo test --benches` does not, and
-    // should not run the load.
-    if !std::env::args().any(|a| a == "--bench") {
-        return;
-    }
-    let seconds: f64 = env_or("BENCH_SECONDS", 5.0);
-    let pool_size: usize = env_or("BENCH_POOL_SIZE", 4);
-    let spawns: usize = env_or("BENCH_SPAWNS", 200);
-    let python = real_python();
-    let pool = pool_size.to_string();
-    let code = "print(2+2)";
-    let mut rows: Vec<Stats> = Vec::new();
-
-    // Clean-state print(2+2) over HTTP.
-    let server = Server::start(&["--python", python.to_str().unwrap(), "--pool-size", &pool]).await;
-    let ready = server.ready_after;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let rss_idle = server.rss_kib();
-    let mut rss_load = 0;
-    for concurrency in [1, 8, 32] {
-        let sampler = async {
-            let mut max = 0;
-            for _ in 0..(seconds * 10.0) as usize {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                max = max.max(server.rss_kib());
-            }
-            max
-        };
-        let ((latencies, elapsed), max) =
-            tokio::join!(http_load(&server.url, code, concurrency, seconds), sampler);
-        rss_load = rss_load.max(max);
-        rows.push(Stats::new(
-            "HTTP /execute print(2+2)",
-            concurrency,
-            latencies,
-            elapsed,
-        ));
-    }
-
-    // Sessions: each client has its own session (calls to one session run
-    // one at a time, so more clients on one session would only queue).
-    for concurrency in [1, 4] {
-        let mut bodies = Vec::new();
-        for _ in 0..concurrency {
-            let id = create_session(&server.url).await;
-            bodies.push(json!({ "code": code, "session": id }).to_string());
-        }
-        let (latencies, elapsed) = http_load_bodies(&server.url, bodies, seconds).await;
-        rows.push(Stats::new(
-            "HTTP session print(2+2)",
-            concurrency,
-            latencies,
-            elapsed,
-        ));
-    }
-
-    // The same over MCP: streamable HTTP on the same server, and stdio.
-    let client = mcp_client::connect_http(&format!("{}/mcp", server.url), None).await;
-    let (latencies, elapsed) = mcp_load(&client, code, seconds).await;
-    rows.push(Stats::new(
-        "MCP streamable HTTP execute_code print(2+2)",
-        1,
-        latencies,
-        elapsed,
-    ));
-    drop(client);
-    drop(server);
-    let (client, _stdio_server) = mcp_client::connect_stdio(
-        Path::new(env!("CARGO_BIN_EXE_code-executor")),
-        &["--python", python.to_str().unwrap(), "--pool-size", &pool],
-        &[],
-    )
-    .await;
-    let (latencies, elapsed) = mcp_load(&client, code, seconds).await;
-    rows.push(Stats::new(
-        "MCP stdio execute_code print(2+2)",
-        1,
-        latencies,
-        elapsed,
-    ));
-    drop(client);
-
-    // numpy preloaded in the workers.
-    let numpy_python = venv_python("plot", &python);
+/// numpy preloaded in the workers, then the baselines without a server.
+async fn other_scenarios(
+    python: &Path,
+    pool: &str,
+    code: &str,
+    seconds: f64,
+    spawns: usize,
+    rows: &mut Vec<Stats>,
+) {
+    let numpy_python = venv_python("plot", python);
     let numpy_code = "import numpy; numpy.arange(10).sum()";
     let server = Server::start(&[
         "--python",
         numpy_python.to_str().unwrap(),
         "--pool-size",
-        &pool,
+        pool,
         "--preload",
         "numpy",
     ])
@@ -406,14 +528,14 @@ async fn main() {
     drop(server);
 
     // Baselines.
-    let (latencies, elapsed) = spawn_load(&python, &["-c", code], spawns, b"4\n");
+    let (latencies, elapsed) = spawn_load(python, &["-c", code], spawns, b"4\n");
     rows.push(Stats::new(
         "baseline: python -c print(2+2)",
         1,
         latencies,
         elapsed,
     ));
-    let (latencies, elapsed) = spawn_load(&python, &["-I", "-S", "-c", code], spawns, b"4\n");
+    let (latencies, elapsed) = spawn_load(python, &["-I", "-S", "-c", code], spawns, b"4\n");
     rows.push(Stats::new(
         "baseline: python -I -S -c print(2+2)",
         1,
@@ -428,7 +550,7 @@ async fn main() {
         latencies,
         elapsed,
     ));
-    let jupyter_python = venv_python("jupyter", &python);
+    let jupyter_python = venv_python("jupyter", python);
     let (latencies, elapsed) = jupyter_load(&jupyter_python, code, seconds);
     rows.push(Stats::new(
         "baseline: warm Jupyter kernel print(2+2)",
@@ -436,7 +558,108 @@ async fn main() {
         latencies,
         elapsed,
     ));
+}
 
+#[tokio::main]
+async fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` does not, and
+    // should not run the load.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let seconds: f64 = env_or("BENCH_SECONDS", 5.0);
+    let pool_size: usize = env_or("BENCH_POOL_SIZE", 4);
+    let spawns: usize = env_or("BENCH_SPAWNS", 200);
+    let python = real_python();
+    let pool = pool_size.to_string();
+    let code = "print(2+2)";
+    // Only the MCP comparison (a quick check of the MCP overhead).
+    let mcp_only = std::env::var_os("BENCH_MCP_ONLY").is_some();
+    let mut rows: Vec<Stats> = Vec::new();
+
+    // Clean-state print(2+2) over HTTP.
+    let server = Server::start(&["--python", python.to_str().unwrap(), "--pool-size", &pool]).await;
+    let ready = server.ready_after;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_idle = server.rss_kib();
+    let mut rss_load = 0;
+    if !mcp_only {
+        for concurrency in [1, 8, 32] {
+            let sampler = async {
+                let mut max = 0;
+                for _ in 0..(seconds * 10.0) as usize {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    max = max.max(server.rss_kib());
+                }
+                max
+            };
+            let ((latencies, elapsed), max) =
+                tokio::join!(http_load(&server.url, code, concurrency, seconds), sampler);
+            rss_load = rss_load.max(max);
+            rows.push(Stats::new(
+                "HTTP /execute print(2+2)",
+                concurrency,
+                latencies,
+                elapsed,
+            ));
+        }
+
+        // Sessions: each client has its own session (calls to one session run
+        // one at a time, so more clients on one session would only queue).
+        for concurrency in [1, 4] {
+            let mut bodies = Vec::new();
+            for _ in 0..concurrency {
+                let id = create_session(&server.url).await;
+                bodies.push(json!({ "code": code, "session": id }).to_string());
+            }
+            let (latencies, elapsed) = http_load_bodies(&server.url, bodies, seconds).await;
+            rows.push(Stats::new(
+                "HTTP session print(2+2)",
+                concurrency,
+                latencies,
+                elapsed,
+            ));
+        }
+    }
+
+    // The same over MCP: streamable HTTP on the same server (a plain client
+    // and rmcp's), and stdio (rmcp's client); with /execute, in turns.
+    let mcp_url = format!("{}/mcp", server.url);
+    let rmcp_http = connect_rmcp_keep_alive(&mcp_url).await;
+    let (rmcp_stdio, _stdio_server) = mcp_client::connect_stdio(
+        Path::new(env!("CARGO_BIN_EXE_code-executor")),
+        &["--python", python.to_str().unwrap(), "--pool-size", &pool],
+        &[],
+    )
+    .await;
+    let execute = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .build()
+        .unwrap();
+    let mut fronts = [
+        Front::Execute(
+            execute,
+            server.url.clone(),
+            json!({ "code": code }).to_string(),
+        ),
+        Front::Plain(PlainMcpClient::connect(&mcp_url).await),
+        Front::Rmcp(&rmcp_http),
+        Front::Rmcp(&rmcp_stdio),
+    ];
+    let measured = mcp_comparison(&mut fronts, code, 4.0 * seconds).await;
+    for (name, (latencies, elapsed)) in [BESIDE_MCP, STREAMABLE, STREAMABLE_RMCP, STDIO]
+        .into_iter()
+        .zip(measured)
+    {
+        rows.push(Stats::new(name, 1, latencies, elapsed));
+    }
+    drop(fronts);
+    drop(rmcp_http);
+    drop(rmcp_stdio);
+    drop(server);
+    if !mcp_only {
+        other_scenarios(&python, &pool, code, seconds, spawns, &mut rows).await;
+    }
     println!(
         "\ninterpreter: {}; pool size {pool_size}; {seconds} s per scenario",
         python.display()
@@ -450,40 +673,59 @@ async fn main() {
     for row in &rows {
         println!("{}", row.row());
     }
-    let find = |name: &str| rows.iter().find(|r| r.name.starts_with(name)).unwrap();
-    let http = find("HTTP /execute print").p50_ms();
+    // p50 of the row named `name` at concurrency 1, if it ran.
+    let p50 = |name: &str| {
+        rows.iter()
+            .find(|r| r.name == name && r.concurrency == 1)
+            .map(Stats::p50_ms)
+    };
+    let faster = |label: &str, slow: &str, fast: &str| {
+        if let (Some(slow), Some(fast)) = (p50(slow), p50(fast)) {
+            println!("{label}: {:.1}x faster", slow / fast);
+        }
+    };
     println!();
     println!(
         "server start to ready ({pool_size} workers): {:.0} ms",
         ready.as_secs_f64() * 1e3
     );
-    println!(
-        "server RSS: {:.1} MiB idle, {:.1} MiB max under load",
-        rss_idle as f64 / 1024.0,
-        rss_load as f64 / 1024.0
+    if !mcp_only {
+        println!(
+            "server RSS: {:.1} MiB idle, {:.1} MiB max under load",
+            rss_idle as f64 / 1024.0,
+            rss_load as f64 / 1024.0
+        );
+    }
+    let http = "HTTP /execute print(2+2)";
+    faster(
+        "HTTP c=1 p50 vs python -c",
+        "baseline: python -c print(2+2)",
+        http,
     );
-    println!(
-        "HTTP c=1 p50 vs python -c: {:.1}x faster",
-        find("baseline: python -c print").p50_ms() / http
+    faster(
+        "HTTP c=1 p50 vs python -I -S -c",
+        "baseline: python -I -S -c print(2+2)",
+        http,
     );
-    println!(
-        "HTTP c=1 p50 vs python -I -S -c: {:.1}x faster",
-        find("baseline: python -I -S").p50_ms() / http
+    faster(
+        "HTTP c=1 p50 vs warm Jupyter kernel",
+        "baseline: warm Jupyter kernel print(2+2)",
+        http,
     );
-    println!(
-        "HTTP c=1 p50 vs warm Jupyter kernel: {:.1}x faster",
-        find("baseline: warm Jupyter").p50_ms() / http
+    faster(
+        "numpy preloaded p50 vs cold numpy start",
+        "baseline: python -c numpy (cold)",
+        "HTTP /execute numpy (preloaded)",
     );
-    println!(
-        "numpy preloaded p50 vs cold numpy start: {:.1}x faster",
-        find("baseline: python -c numpy").p50_ms() / find("HTTP /execute numpy").p50_ms()
-    );
-    println!(
-        "MCP streamable HTTP adds {:+.3} ms p50 over /execute",
-        find("MCP streamable").p50_ms() - http
-    );
-    println!(
-        "MCP stdio adds {:+.3} ms p50 over /execute",
-        find("MCP stdio").p50_ms() - http
-    );
+    let beside = p50(BESIDE_MCP).unwrap();
+    for (label, name) in [
+        ("MCP streamable HTTP, plain client,", STREAMABLE),
+        ("MCP streamable HTTP, rmcp client,", STREAMABLE_RMCP),
+        ("MCP stdio, rmcp client,", STDIO),
+    ] {
+        println!(
+            "{label} adds {:+.3} ms p50 over /execute (measured in the same slices of time)",
+            p50(name).unwrap() - beside
+        );
+    }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::middleware;
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +45,14 @@ pub async fn run(
         .layer(middleware::from_fn_with_state(state, observe));
     let stop = Arc::new(tokio::sync::Notify::new());
     let stopped = stop.clone();
+    // Responses go out as soon as they are written. Without TCP_NODELAY an
+    // MCP result (an SSE event written after the response head and priming
+    // event) waits in Nagle's buffer for the client's delayed ACK: ~40 ms.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::warn!("cannot set TCP_NODELAY on a connection: {err}");
+        }
+    });
     let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown.await;
         tracing::info!("shutting down: finishing in-flight requests");
