@@ -722,7 +722,6 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds):
         warm = unpackb(packb(WARM_REQUEST))
         run_user_code(warm["code"], warm.get("argv"), types.ModuleType("__warm__"), at_exit=False)
         main = fresh_main()
-        set_nice(0)  # warmed up in the background; the run itself is not
         req = open(req_r, "rb", buffering=0)
         try:
             frame = read_frame(req)
@@ -867,36 +866,6 @@ def become_subreaper():
         try:
             _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         except Exception:
-            pass
-
-
-# Background work (reaping the last child, forking and warming the next) runs
-# at this nice value, so that runs in flight on other workers get the CPU
-# first; the worker and the new child return to nice 0 before they serve.
-BACKGROUND_NICE = 19
-_can_renice = False  # set by main(): whether nice 0 can be restored
-
-
-def can_renice():
-    """Whether this process may lower its nice value back to 0: with
-    CAP_SYS_NICE, or with RLIMIT_NICE at 20 (which the launcher sets)."""
-    try:
-        if resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20:
-            return True
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) & (1 << 23))  # CAP_SYS_NICE
-    except (AttributeError, OSError, ValueError):
-        pass
-    return False
-
-
-def set_nice(value):
-    if _can_renice:
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, value)
-        except OSError:
             pass
 
 
@@ -1228,12 +1197,8 @@ class Worker:
             reply["disk_exceeded"] = True
         write_frame(self.wfd, reply)
         # Off the request path: reap, clean up, fork the next child.
-        set_nice(BACKGROUND_NICE)
-        try:
-            self.retire(child)
-            self.spawn()
-        finally:
-            set_nice(0)
+        self.retire(child)
+        self.spawn()
 
     def drain(self, fd, capture, poller, stream_id=None):
         while True:
@@ -1677,8 +1642,6 @@ def main():
         })
         os._exit(1)
     become_subreaper()
-    global _can_renice
-    _can_renice = can_renice()
     worker = Worker(scratch, rfd, wfd)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     signal.set_wakeup_fd(worker.wake_w)

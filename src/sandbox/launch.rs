@@ -268,10 +268,6 @@ fn confine_and_exec(args: &LaunchArgs) -> Result<i32, String> {
 fn confine_and_exec_with(args: &LaunchArgs, vars: &[(&str, &str)]) -> Result<i32, String> {
     // No core files: they would land in the run directory and fill it.
     let _ = setrlimit(Resource::RLIMIT_CORE, 0, 0);
-    // Nice values down to 0 (20 - 20) stay reachable after the user switch:
-    // the worker does its background work at a higher nice value and
-    // returns to 0 to serve.
-    let _ = setrlimit(Resource::RLIMIT_NICE, 20, 20);
     if let Some(gid) = args.gid {
         let gid = Gid::from_raw(gid);
         setgroups(&[gid]).map_err(|e| format!("setgroups: {e}"))?;

@@ -196,20 +196,6 @@ async fn each_run_gets_a_fresh_main_module() {
 }
 
 #[tokio::test]
-async fn runs_are_not_niced_by_the_background_work() {
-    // Children are forked while their worker runs niced; every run is back
-    // at nice 0, the first on a worker as well as the later ones.
-    let server = TestServer::start().await;
-    for _ in 0..6 {
-        let body = server
-            .run("import os\nprint(os.getpriority(os.PRIO_PROCESS, 0))")
-            .await;
-        assert_eq!(body["stdout"], "0\n", "{body}");
-    }
-    server.stop().await;
-}
-
-#[tokio::test]
 async fn invalid_utf8_output_is_replaced_not_rejected() {
     let server = TestServer::start().await;
     let body = server
