@@ -226,7 +226,7 @@ async fn health_reports_the_disk_quota() {
 }
 
 #[tokio::test]
-async fn without_the_sandbox_health_claims_no_quota_and_no_filter() {
+async fn without_the_sandbox_there_is_no_quota_and_no_filter() {
     let server = crate::common::TestServer::with_config(code_executor::Config {
         pool_size: 1,
         sandbox: code_executor::sandbox::SandboxConfig {
@@ -241,6 +241,22 @@ async fn without_the_sandbox_health_claims_no_quota_and_no_filter() {
     assert_eq!(health["sandbox"]["disk_quota"], false, "{health}");
     assert_eq!(health["sandbox"].get("disk_bytes"), None, "{health}");
     assert_eq!(health["sandbox"]["seccomp"], false, "{health}");
+    // A request's own disk limit cannot be told from other files there.
+    let (status, body) = server
+        .post(
+            "/execute",
+            json!({"code": "print(1)", "limits": {"disk_bytes": 1 << 20}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "bad_request", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("scratch tmpfs"),
+        "{body}"
+    );
     server.stop().await;
 }
 
@@ -334,33 +350,4 @@ with open('big.bin', 'wb') as f:
 /// A run that prints its worker's identity.
 async fn body_with_worker(arena: &Arena) -> Value {
     arena.attack(run(WORKER_STARTED, 10.0)).await
-}
-
-#[tokio::test]
-async fn a_disk_limit_without_the_scratch_tmpfs_is_refused() {
-    let server = crate::common::TestServer::with_config(code_executor::Config {
-        pool_size: 1,
-        sandbox: code_executor::sandbox::SandboxConfig {
-            enabled: false,
-            ..common::sandbox_config()
-        },
-        ..common::config()
-    })
-    .await;
-    let (status, body) = server
-        .post(
-            "/execute",
-            json!({"code": "print(1)", "limits": {"disk_bytes": 1 << 20}}),
-        )
-        .await;
-    assert_eq!(status, 400, "{body}");
-    assert_eq!(body["error"]["code"], "bad_request", "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("scratch tmpfs"),
-        "{body}"
-    );
-    server.stop().await;
 }
