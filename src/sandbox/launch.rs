@@ -123,7 +123,8 @@ fn stage1(args: &LaunchArgs) -> Result<i32, String> {
         }
         return confine_and_exec(args);
     }
-    let mut flags = CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWNS;
+    // UTS too: the host's name is not the worker's to see changed or change.
+    let mut flags = CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWUTS;
     if args.net == Network::Isolated {
         flags |= CloneFlags::CLONE_NEWNET;
     }

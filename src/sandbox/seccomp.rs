@@ -29,10 +29,13 @@ mod imp {
 
     /// Denied outright, whatever their arguments.
     const DENIED: &[i64] = &[
-        // Reading or steering other processes.
+        // Reading or steering other processes: their memory, their fds.
         libc::SYS_ptrace,
         libc::SYS_process_vm_readv,
         libc::SYS_process_vm_writev,
+        libc::SYS_pidfd_getfd,
+        libc::SYS_process_madvise,
+        libc::SYS_kcmp,
         // Mounts: the sandbox's are made before the filter; none after.
         libc::SYS_mount,
         libc::SYS_umount2,
@@ -77,6 +80,8 @@ mod imp {
         libc::SYS_quotactl,
         libc::SYS_quotactl_fd,
         libc::SYS_vhangup,
+        libc::SYS_sethostname,
+        libc::SYS_setdomainname,
         // Opening files by handle walks around path-based confinement.
         libc::SYS_open_by_handle_at,
         libc::SYS_name_to_handle_at,

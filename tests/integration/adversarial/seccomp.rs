@@ -50,6 +50,16 @@ async fn kernel_facing_syscalls_are_refused_with_eperm() {
         ("io_uring_setup", libc::SYS_io_uring_setup, "1, None".into()),
         // PER_LINUX32
         ("personality", libc::SYS_personality, "8".into()),
+        // The worker (pid 1 of the run's pid namespace): its fds, its pages.
+        ("pidfd_getfd", libc::SYS_pidfd_getfd, "0, 0, 0".into()),
+        (
+            "process_madvise",
+            libc::SYS_process_madvise,
+            "0, None, 0, 0, 0".into(),
+        ),
+        ("kcmp", libc::SYS_kcmp, "1, os.getpid(), 0, 0, 0".into()),
+        ("sethostname", libc::SYS_sethostname, "b'x', 1".into()),
+        ("setdomainname", libc::SYS_setdomainname, "b'x', 1".into()),
     ];
     let mut code = String::from(
         "import ctypes, errno, os\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n",
@@ -72,6 +82,19 @@ async fn kernel_facing_syscalls_are_refused_with_eperm() {
         );
     }
     assert!(stdout.contains("query True\n"), "{stdout}");
+    // The run has its own UTS namespace besides: the host's name is apart.
+    let body = arena
+        .attack(run(
+            "import os\nprint(os.readlink('/proc/self/ns/uts'))",
+            10.0,
+        ))
+        .await;
+    let ours = std::fs::read_link("/proc/self/ns/uts").unwrap();
+    assert_ne!(
+        body["stdout"].as_str().unwrap().trim(),
+        ours.to_string_lossy(),
+        "{body}"
+    );
     arena.assert_recovered().await;
 }
 
