@@ -1073,8 +1073,10 @@ class Worker:
         kill_descendants()
         clear_private_shm()
         child.close()
-        remove_tree(child.rundir)
-        remove_tree(private_tmp(child.rundir))
+        # Everything in the scratch root goes, not only the run's own
+        # directories: what a run wrote beside them (``~`` is the scratch
+        # root) must neither reach the next run nor hold its disk quota.
+        clear_dir(self.scratch)
 
     def take_child(self, frame):
         """Hand ``frame`` to the waiting child, re-forking once if it died."""
@@ -1605,6 +1607,23 @@ def remove_tree(path):
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
+
+
+def clear_dir(path):
+    """Remove everything inside ``path`` (symlinks themselves, not what they
+    point to)."""
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                remove_tree(entry.path)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
 
 
 def main():

@@ -43,6 +43,42 @@ print("wave" in sys.modules)
 }
 
 #[tokio::test]
+async fn files_written_beside_the_run_directory_do_not_leak() {
+    // `~` and `..` of a run are its worker's scratch root: what a run leaves
+    // there is gone before the next run on the same worker.
+    let server = TestServer::with_config(code_executor::Config {
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    let first = server
+        .run(
+            r#"
+import os
+home = os.path.expanduser("~")
+os.makedirs(os.path.join(home, ".cache", "tool"))
+open(os.path.join(home, ".cache", "tool", "state"), "w").write("x")
+open("../beside.txt", "w").write("x")
+os.symlink("/etc/hostname", os.path.join(home, "link"))
+print(sorted(os.listdir(home)) != [])
+"#,
+        )
+        .await;
+    assert_eq!(first["stdout"], "True\n", "{first}");
+    let second = server
+        .run(
+            r#"
+import os
+home = os.path.expanduser("~")
+print(os.path.exists(os.path.join(home, ".cache")), os.path.exists("../beside.txt"), os.path.lexists(os.path.join(home, "link")))
+"#,
+        )
+        .await;
+    assert_eq!(second["stdout"], "False False False\n", "{second}");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn worker_environment_is_built_from_scratch() {
     // The test process has CARGO_* variables; none may reach user code.
     let server = TestServer::start().await;
