@@ -438,11 +438,12 @@ impl Sandbox {
         }
     }
 
-    /// The user workers run as, if not the server's.
+    /// Where the workers' cgroups are made, if the host has a hierarchy.
     pub fn cgroups(&self) -> Option<Arc<CgroupRoot>> {
         self.cgroups.clone()
     }
 
+    /// The user workers run as, if not the server's.
     pub fn owner(&self) -> Option<(u32, u32)> {
         self.uid.map(|u| (u, self.gid.unwrap_or(u)))
     }
