@@ -456,6 +456,14 @@ impl Executor {
             run = narrow_limits(&run, asked)?;
         }
         run.disk_bytes = self.run_disk_bytes(entry, run.disk_bytes)?;
+        if let Some(disk) = run.disk_bytes
+            && total as u64 > disk
+        {
+            // The run's files count against its own limit as well.
+            return Err(ExecError::TooLarge(format!(
+                "files total {total} bytes, over the request's limits.disk_bytes of {disk} bytes"
+            )));
+        }
         let frame = protocol::encode_frame(&ExecFrame {
             t: "exec",
             id: self.next_id.fetch_add(1, Ordering::Relaxed),

@@ -331,6 +331,23 @@ with open('big.bin', 'wb') as f:
     assert_eq!(body["stdout"], "ok\n", "{body}");
     assert_eq!(body["limit"], Value::Null, "{body}");
     assert_quota_back(&arena, &worker_line(&body_with_worker(&arena).await)).await;
+    // Its files count against its limit: too many are refused up front.
+    let (status, body) = arena
+        .server
+        .execute(json!({
+            "code": "print(1)",
+            "files": {"in.txt": "a".repeat(2 << 20)},
+            "limits": {"disk_bytes": 1 << 20},
+        }))
+        .await;
+    assert_eq!(status, 413, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("limits.disk_bytes"),
+        "{body}"
+    );
     // A session's files are capped by the env's quota only.
     let (status, body) = arena
         .server
