@@ -9,7 +9,8 @@ Every frame is a 4-byte big-endian unsigned length followed by that many bytes
 of one msgpack map.  The map's ``t`` key names the frame type.
 
 worker -> server
-    ready   {t, protocol, python, executable, pid}        once, after preloading
+    ready   {t, protocol, python, executable, pid}        once, after preloading and
+                                                          forking the first child
     result  {t, id, stdout, stderr, exit_code, signal, timed_out,
              stdout_truncated, stderr_truncated, duration_ms}
     error   {t, id, message, traceback}                   a fault of the worker itself
@@ -1220,7 +1221,8 @@ class Worker:
                 write_frame(self.wfd, {"t": "output", "id": stream_id, "stream": capture.name, "data": kept})
 
     def serve(self):
-        self.spawn()
+        if self.next is None:
+            self.spawn()
         while True:
             try:
                 frame = read_frame(self.rfile)
@@ -1664,13 +1666,6 @@ def main():
     worker = Worker(scratch, rfd, wfd)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     signal.set_wakeup_fd(worker.wake_w)
-    write_frame(wfd, {
-        "t": "ready",
-        "protocol": PROTOCOL_VERSION,
-        "python": "%d.%d.%d" % sys.version_info[:3],
-        "executable": sys.executable,
-        "pid": os.getpid(),
-    })
     # Objects alive now never need collecting: freeze them so that a child's
     # collections do not touch (and copy) every page it shares with us.
     gc.collect()
@@ -1678,6 +1673,16 @@ def main():
         gc.freeze()
     code = 0
     try:
+        # The first child exists before `ready`: the server then counts the
+        # worker's own tasks (a preload may start threads) as all but one.
+        worker.spawn()
+        write_frame(wfd, {
+            "t": "ready",
+            "protocol": PROTOCOL_VERSION,
+            "python": "%d.%d.%d" % sys.version_info[:3],
+            "executable": sys.executable,
+            "pid": os.getpid(),
+        })
         worker.serve()
     except BaseException:
         import traceback

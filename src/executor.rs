@@ -72,9 +72,9 @@ pub struct PreparedRun {
     /// The session the run belongs to, held active (it cannot expire)
     /// until the run ends.
     session: Option<ActiveCall>,
-    /// Tasks the worker's pids cgroup allows during the run, when the
-    /// request lowered `processes`.
-    tasks: Option<u64>,
+    /// The run's `processes`, for the worker's pids cgroup, when the
+    /// request lowered it.
+    processes: Option<u64>,
 }
 
 impl PreparedRun {
@@ -261,12 +261,11 @@ impl Executor {
                         wrap
                     }),
                     owner: sandbox.as_ref().and_then(Sandbox::owner),
-                    pids_max: plan
+                    run_processes: plan
                         .settings
                         .run_limits
                         .processes
-                        .unwrap_or(DEFAULT_PROCESSES)
-                        + WORKER_TASKS,
+                        .unwrap_or(DEFAULT_PROCESSES),
                     memory_max: plan.settings.run_limits.memory_bytes.map(|m| {
                         // The scratch tmpfs is memory too, charged to
                         // the writer's cgroup.
@@ -495,12 +494,11 @@ impl Executor {
             timeout,
             memory_bytes: run.memory_bytes,
             session,
-            tasks: req
+            processes: req
                 .limits
                 .as_ref()
                 .and_then(|l| l.processes)
-                .and(run.processes)
-                .map(|p| p + WORKER_TASKS),
+                .and(run.processes),
         })
     }
 
@@ -567,7 +565,7 @@ impl Executor {
             frame,
             timeout,
             session,
-            tasks,
+            processes,
             ..
         } = prepared;
         let entry = &self.envs[env];
@@ -594,8 +592,8 @@ impl Executor {
             pool_refusal(entry, e)
         })?;
         let worker_pid = worker.pid();
-        if tasks.is_some()
-            && let Err(e) = worker.set_tasks(tasks)
+        if processes.is_some()
+            && let Err(e) = worker.set_run_processes(processes)
         {
             entry.pool.discard(worker, RestartCause::Crash);
             return Err(ExecError::Internal(format!(
@@ -608,8 +606,8 @@ impl Executor {
         let seconds = started.elapsed().as_secs_f64();
         match ran {
             Ok(out) => {
-                if tasks.is_some()
-                    && let Err(e) = worker.set_tasks(None)
+                if processes.is_some()
+                    && let Err(e) = worker.set_run_processes(None)
                 {
                     // It would cap the next runs too low: replace it.
                     tracing::warn!(worker_pid, "cannot restore the worker's pids.max: {e}");
@@ -696,13 +694,12 @@ impl Executor {
         let mut worker = entry.pool.detach(worker);
         // The worker serves this session alone from now on: a lower
         // `processes` stays in its cgroup for the session's life.
-        let tasks = req
+        let processes = req
             .limits
             .as_ref()
             .and_then(|l| l.processes)
-            .and(limits.processes)
-            .map(|p| p + WORKER_TASKS);
-        if let Err(e) = worker.set_tasks(tasks) {
+            .and(limits.processes);
+        if let Err(e) = worker.set_run_processes(processes) {
             tokio::spawn(worker.terminate(self.sessions.grace()));
             return Err(ExecError::Internal(format!(
                 "cannot cap the session's processes in its worker's cgroup: {e}"
@@ -1244,10 +1241,6 @@ fn limit_hit(out: &crate::worker::RunOutput, truncated: bool) -> Option<&'static
 
 /// Processes and threads of one run when the config sets no limit.
 const DEFAULT_PROCESSES: u64 = 256;
-/// Tasks in a worker's cgroup besides its run's: the launcher and the
-/// worker. (The waiting child becomes the run's main thread; the next one is
-/// forked after the run ends.)
-const WORKER_TASKS: u64 = 2;
 /// Memory of a worker besides its run's, in its memory cgroup: the
 /// interpreter and its preloads, the warm next child, the launcher, the
 /// private `/dev/shm` (64 MiB at most) and kernel memory.

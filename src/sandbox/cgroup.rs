@@ -136,8 +136,11 @@ fn remove_stale(base: &Path) {
 /// What one worker's cgroups allow.
 #[derive(Debug, Clone, Copy)]
 pub struct WorkerLimits {
-    /// Tasks (processes and threads) of the worker, its next child and a run.
+    /// Tasks (processes and threads) of the worker while it starts, before
+    /// [`WorkerCgroup::calibrate`] counts its own.
     pub pids_max: u64,
+    /// Tasks a run may have (its main thread included).
+    pub run_processes: u64,
     /// Bytes the worker and its run may hold together; `None`: no cap.
     pub memory_max: Option<u64>,
 }
@@ -208,7 +211,9 @@ impl CgroupRoot {
             oom_events: None,
             seen: LimitCounters::default(),
             pids_max: None,
-            tasks: (limits.pids_max, limits.pids_max),
+            run_processes: limits.run_processes,
+            own_tasks: None,
+            tasks_now: limits.pids_max,
         };
         for h in &self.hierarchies {
             let dir = h.dir.join(name);
@@ -381,8 +386,13 @@ pub struct WorkerCgroup {
     seen: LimitCounters,
     /// `pids.max`, with a pids cgroup.
     pids_max: Option<PathBuf>,
-    /// Tasks the worker's cgroup allows: (as configured, now).
-    tasks: (u64, u64),
+    /// Tasks a run may have as configured (its main thread included).
+    run_processes: u64,
+    /// Tasks of the worker itself besides its run (launcher, worker and its
+    /// threads), counted once it is ready.
+    own_tasks: Option<u64>,
+    /// `pids.max` as last written.
+    tasks_now: u64,
 }
 
 impl WorkerCgroup {
@@ -391,18 +401,33 @@ impl WorkerCgroup {
         &self.dirs
     }
 
-    /// Cap the worker's tasks at `tasks` for its next runs (never above
-    /// the configured cap), or with `None` return to the configured cap.
-    /// Writes only when the value changes.
-    pub fn set_tasks(&mut self, tasks: Option<u64>) -> std::io::Result<()> {
+    /// Count the worker's own tasks and cap the cgroup at those plus the
+    /// configured `processes` of a run. Called when the worker is ready: the
+    /// cgroup then holds the worker's tasks and the one child waiting for
+    /// the first run, which becomes that run's main thread.
+    pub fn calibrate(&mut self) -> std::io::Result<()> {
         let Some(file) = &self.pids_max else {
             return Ok(());
         };
-        let (configured, now) = self.tasks;
-        let wanted = tasks.map_or(configured, |t| t.min(configured));
-        if wanted != now {
+        let current = std::fs::read_to_string(file.with_file_name("pids.current"))?;
+        let current: u64 = current.trim().parse().map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::InvalidData, "unreadable pids.current")
+        })?;
+        self.own_tasks = Some(current.saturating_sub(1));
+        self.set_run_processes(None)
+    }
+
+    /// Let the next runs have `processes` tasks (never more than
+    /// configured), or with `None` the configured number. Writes only when
+    /// the value changes.
+    pub fn set_run_processes(&mut self, processes: Option<u64>) -> std::io::Result<()> {
+        let (Some(file), Some(own)) = (&self.pids_max, self.own_tasks) else {
+            return Ok(());
+        };
+        let wanted = own + processes.map_or(self.run_processes, |p| p.min(self.run_processes));
+        if wanted != self.tasks_now {
             std::fs::write(file, wanted.to_string())?;
-            self.tasks.1 = wanted;
+            self.tasks_now = wanted;
         }
         Ok(())
     }

@@ -28,6 +28,10 @@ pub use process::kill_process_tree;
 
 /// Bytes of a worker's stderr kept to explain a failed start.
 const STDERR_TAIL_BYTES: usize = 4096;
+/// Tasks a starting worker may have besides a run's: the launcher, the
+/// interpreter, the threads its preloads start and its first child. Its
+/// cgroup is narrowed to what it really has once it is ready.
+const STARTUP_TASKS: u64 = 1024;
 
 /// How a worker process is started: everything but the per-run request.
 #[derive(Debug, Clone)]
@@ -50,9 +54,9 @@ pub struct WorkerSpec {
     pub sandbox: Option<crate::sandbox::SandboxPlan>,
     /// Owner (uid, gid) given the scratch root when workers run as another user.
     pub owner: Option<(u32, u32)>,
-    /// Tasks (processes and threads) the worker's pids cgroup allows: the
-    /// worker, its next child and one run's processes.
-    pub pids_max: u64,
+    /// Tasks (processes and threads) one run may have, its main thread
+    /// included; the worker's pids cgroup allows these plus the worker's own.
+    pub run_processes: u64,
     /// Bytes the worker's memory cgroup allows: one run's memory limit plus
     /// the worker's own; `None`: no cap.
     pub memory_max: Option<u64>,
@@ -170,7 +174,9 @@ impl Worker {
                 if let Some(root) = &plan.cgroups {
                     let name = scratch.path().file_name().unwrap_or_default();
                     let limits = WorkerLimits {
-                        pids_max: spec.pids_max,
+                        // Room for a preload's threads until `calibrate`.
+                        pids_max: spec.run_processes + STARTUP_TASKS,
+                        run_processes: spec.run_processes,
                         memory_max: spec.memory_max,
                     };
                     cgroup = Some(
@@ -244,6 +250,12 @@ impl Worker {
                     } else {
                         worker.info.python_version = frame.python.unwrap_or_default();
                         worker.info.executable = frame.executable.unwrap_or_default();
+                        if let Some(cgroup) = &mut worker.cgroup
+                            && let Err(e) = cgroup.calibrate()
+                        {
+                            worker.kill();
+                            return Err(WorkerError::Io(e));
+                        }
                         tracing::debug!(
                             pid,
                             python = %worker.info.python_version,
@@ -308,13 +320,13 @@ impl Worker {
         !self.terminated && matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// Cap the tasks (processes and threads) of the worker's next runs at
-    /// `tasks` in its pids cgroup, below the configured cap; `None` returns
-    /// to the configured cap. Without a pids cgroup this does nothing (the
-    /// run's `RLIMIT_NPROC` still applies).
-    pub fn set_tasks(&mut self, tasks: Option<u64>) -> std::io::Result<()> {
+    /// Let the worker's next runs have `processes` tasks in its pids cgroup
+    /// (never more than configured); `None` returns to the configured
+    /// number. Without a pids cgroup this does nothing (the run's
+    /// `RLIMIT_NPROC` still applies).
+    pub fn set_run_processes(&mut self, processes: Option<u64>) -> std::io::Result<()> {
         match &mut self.cgroup {
-            Some(cgroup) => cgroup.set_tasks(tasks),
+            Some(cgroup) => cgroup.set_run_processes(processes),
             None => Ok(()),
         }
     }

@@ -61,7 +61,7 @@ async fn pure_codec_worker() -> (Worker, tempfile::TempDir) {
         grace_period: Duration::from_millis(200),
         sandbox: None,
         owner: None,
-        pids_max: 256,
+        run_processes: 256,
         memory_max: None,
     };
     (

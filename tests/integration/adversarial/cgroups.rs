@@ -188,3 +188,40 @@ async fn a_request_lowers_the_process_cap_for_its_run_only() {
     }
     server.stop().await;
 }
+
+/// A preload that starts threads (as numpy's BLAS pool can) does not eat
+/// into a run's `processes`: the worker's own tasks are counted once it is
+/// ready.
+#[tokio::test]
+async fn a_preload_with_threads_leaves_a_run_its_processes() {
+    use crate::common::conda::{Interpreter, create_prefix, site_packages};
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("threads");
+    let interpreter = Interpreter::primary();
+    create_prefix(&prefix, interpreter);
+    std::fs::write(
+        site_packages(&prefix, interpreter).join("threads_at_import.py"),
+        "import threading\nfor _ in range(3):\n    threading.Thread(target=threading.Event().wait, daemon=True).start()\n",
+    )
+    .unwrap();
+    let server = TestServer::with_config(code_executor::Config {
+        pool_size: 1,
+        env: code_executor::env::EnvChoice::Python(prefix.join("bin/python")),
+        preload: vec!["threads_at_import".into()],
+        ..common::config()
+    })
+    .await;
+    require_cgroups(&server).await;
+    let code = format!(
+        "print('worker threads', open('/proc/1/status').read().split('Threads:')[1].split()[0])\n{THREADS}"
+    );
+    let (status, body) = server
+        .post(
+            "/execute",
+            json!({"code": code, "limits": {"processes": 10}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], "worker threads 4\n9\n", "{body}");
+    server.stop().await;
+}
