@@ -36,7 +36,7 @@ fn checkout(c: &mut Criterion) {
                     grace_period: Duration::from_millis(200),
                     sandbox: None,
                     owner: None,
-                    pids_max: 256,
+                    run_processes: 256,
                     memory_max: None,
                 },
                 PoolConfig {
