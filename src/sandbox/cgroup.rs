@@ -100,23 +100,41 @@ impl CgroupRoot {
     }
 }
 
+/// The name of a server's directory: its pid and its pid namespace, so that
+/// a pid is only ever judged in the namespace it belongs to.
+fn server_dir_name(pid: u32, pid_namespace: u64) -> String {
+    format!("code-executor-{pid}-{pid_namespace}")
+}
+
+/// This process's pid namespace (the inode of `/proc/self/ns/pid`).
+fn own_pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino())
+}
+
 /// Remove the directories that servers no longer running left in `base`
-/// (a server killed with SIGKILL cannot clean up). Only empty cgroups can be
-/// removed, so nothing that still holds a process is touched.
+/// (a server killed with SIGKILL cannot clean up): those of this pid
+/// namespace whose pid is gone. Only empty cgroups can be removed, so
+/// nothing that still holds a process is touched.
 fn remove_stale(base: &Path) {
     let Ok(entries) = std::fs::read_dir(base) else {
         return;
     };
+    let namespace = own_pid_namespace();
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name
+        let Some((pid, ns)) = name
             .to_str()
             .and_then(|n| n.strip_prefix("code-executor-"))
-            .and_then(|p| p.parse::<u32>().ok())
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, ns)| Some((pid.parse::<u32>().ok()?, ns.parse::<u64>().ok()?)))
         else {
             continue;
         };
-        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+        if ns != namespace
+            || pid == std::process::id()
+            || Path::new(&format!("/proc/{pid}")).exists()
+        {
             continue;
         }
         let dir = entry.path();
@@ -151,7 +169,7 @@ impl CgroupRoot {
     pub fn create() -> Option<CgroupRoot> {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
         let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-        let name = format!("code-executor-{}", std::process::id());
+        let name = server_dir_name(std::process::id(), own_pid_namespace());
         let places = own_places(&mountinfo, &own);
         for place in &places {
             remove_stale(&place.base);

@@ -134,17 +134,23 @@ async fn cgroups_left_by_a_killed_server_are_removed_by_the_next() {
     let dead = gone.id();
     gone.wait().unwrap();
     for base in &bases {
-        std::fs::create_dir_all(base.join(format!("code-executor-{dead}/w-1"))).unwrap();
+        std::fs::create_dir_all(base.join(format!("code-executor-{dead}-{}/w-1", pid_namespace())))
+            .unwrap();
     }
     assert_eq!(server_cgroups(dead).len(), bases.len());
+    // A server of another pid namespace: its pid means nothing here.
+    let foreign = bases[0].join(format!("code-executor-{dead}-{}", pid_namespace() + 1));
+    std::fs::create_dir(&foreign).unwrap();
     let server = common::TestServer::start().await;
     assert_eq!(server_cgroups(dead), Vec::<std::path::PathBuf>::new());
+    assert!(foreign.is_dir(), "another namespace's cgroup was removed");
+    std::fs::remove_dir(&foreign).unwrap();
     server.stop().await;
 }
 
 /// The cgroup directories the server in process `pid` made, in any hierarchy.
 fn server_cgroups(pid: u32) -> Vec<std::path::PathBuf> {
-    let name = format!("code-executor-{pid}");
+    let name = format!("code-executor-{pid}-{}", pid_namespace());
     let mut found = Vec::new();
     let mut stack = vec![(std::path::PathBuf::from("/sys/fs/cgroup"), 0)];
     while let Some((dir, depth)) = stack.pop() {
@@ -163,4 +169,10 @@ fn server_cgroups(pid: u32) -> Vec<std::path::PathBuf> {
         }
     }
     found
+}
+
+/// This process's pid namespace, as the server names its cgroups by it.
+fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").unwrap().ino()
 }
