@@ -658,11 +658,16 @@ def collect_artifacts(rundir, inputs, select, max_each, max_total):
 _prctl = None  # libc's prctl, looked up once by the worker when ctypes exists
 
 
+PR_SET_DUMPABLE = 4
+
+
 def set_parent_death_signal(worker_pid):
-    """Ask the kernel to SIGKILL this child if its worker dies (Linux)."""
+    """Ask the kernel to SIGKILL this child if its worker dies (Linux), and
+    make the child dumpable again (the worker is not; see main)."""
     if _prctl is not None:
         try:
             _prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+            _prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         except Exception:
             pass
     if os.getppid() != worker_pid:
@@ -1663,6 +1668,13 @@ def main():
         })
         os._exit(1)
     become_subreaper()
+    # Not dumpable: a run of the same user cannot read the worker's memory
+    # (/proc/<pid>/mem, which may hold earlier requests) or attach to it.
+    if _prctl is not None:
+        try:
+            _prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        except Exception:
+            pass
     worker = Worker(scratch, rfd, wfd)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     signal.set_wakeup_fd(worker.wake_w)

@@ -497,6 +497,15 @@ async fn run_as_nobody_drops_privileges() {
         format!("{uid} {uid} {gid}\nsetuid refused\n"),
         "{body}"
     );
+    // The worker (pid 1 here) runs as the same user but is not dumpable:
+    // its memory, which may hold earlier requests, is out of reach.
+    let body = arena
+        .attack(run(
+            "import os\ntry:\n    open('/proc/1/mem', 'rb')\nexcept PermissionError:\n    print('worker memory refused')\nprint(len(os.listdir('/proc/self/fd')) > 0)",
+            10.0,
+        ))
+        .await;
+    assert_eq!(body["stdout"], "worker memory refused\nTrue\n", "{body}");
     let (_, health) = arena.server.get("/health").await;
     assert_eq!(health["sandbox"]["run_as"], true, "{health}");
     arena.assert_recovered().await;
