@@ -204,6 +204,19 @@ fn stage2(args: &LaunchArgs) -> Result<i32, String> {
         None::<&str>,
     )
     .map_err(|e| format!("cannot mount /proc: {e}"))?;
+    // The cgroup hierarchies hold this worker's own limits: an empty,
+    // read-only tmpfs over them, so that not even a root run without
+    // Landlock can raise its caps or leave its cgroups.
+    if std::path::Path::new(CGROUP_ROOT).is_dir() {
+        mount(
+            Some("tmpfs"),
+            CGROUP_ROOT,
+            Some("tmpfs"),
+            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            Some("size=4k,mode=0555"),
+        )
+        .map_err(|e| format!("cannot cover {CGROUP_ROOT}: {e}"))?;
+    }
     if let (Some(dir), Some(bytes)) = (&args.scratch, args.disk_bytes) {
         mount_scratch(dir, bytes, args.uid, args.gid)?;
     }
@@ -227,6 +240,8 @@ fn stage2(args: &LaunchArgs) -> Result<i32, String> {
 
 /// Where each worker gets its own tmpfs.
 pub const PRIVATE_SHM: &str = "/dev/shm";
+/// Where the cgroup hierarchies are mounted; hidden from workers.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Size of that tmpfs.
 pub const SHM_BYTES: u64 = 64 << 20;
 

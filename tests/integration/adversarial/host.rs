@@ -106,6 +106,12 @@ async fn without_landlock_health_says_so() {
         .run("import socket; print(socket.if_nameindex())")
         .await;
     assert_eq!(body["stdout"], "[(1, 'lo')]\n");
+    // Without Landlock a root run still cannot reach its cgroups to raise
+    // its caps: the hierarchies are covered by an empty read-only tmpfs.
+    let body = server
+        .run("import errno, os\nprint(os.listdir('/sys/fs/cgroup'))\ntry:\n    os.mkdir('/sys/fs/cgroup/pids')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])")
+        .await;
+    assert_eq!(body["stdout"], "[]\nEROFS\n", "{body}");
     server.stop().await;
 }
 
