@@ -300,6 +300,18 @@ def write_frame(fd, obj):
     write_all(fd, struct.pack("!I", len(body)) + body)
 
 
+def write_error(fd, request_id, message, exc=None):
+    """An ``error`` frame: a fault of the worker, not of the run; with
+    ``exc`` (being handled) its type and traceback are added."""
+    trace = ""
+    if exc is not None:
+        import traceback
+
+        message = "%s%s: %s" % (message, type(exc).__name__, exc)
+        trace = traceback.format_exc()
+    write_frame(fd, {"t": "error", "id": request_id, "message": message, "traceback": trace})
+
+
 # ---------------------------------------------------------------------------
 # The child: one run
 # ---------------------------------------------------------------------------
@@ -610,16 +622,18 @@ def read_file(path, size):
 def collect_artifacts(rundir, inputs, select, max_each, max_total):
     """Regular files under ``rundir`` that are new or differ from the input
     file of the same path; symlinks are never followed."""
-    import fnmatch
-    import mimetypes
+    files = ((rel, path, st.st_size) for rel, path, st in walk_files(rundir))
+    return pick_artifacts(files, inputs, select, max_each, max_total)
 
-    found = []
-    total = 0
+
+def walk_files(root):
+    """(relative path, path, stat) of the regular files under ``root``, in
+    name order per directory; symlinks are never followed."""
     pending = [""]
-    while pending and len(found) < MAX_ARTIFACTS:
+    while pending:
         rel_dir = pending.pop()
         try:
-            entries = sorted(os.scandir(os.path.join(rundir, rel_dir)), key=lambda e: e.name)
+            entries = sorted(os.scandir(os.path.join(root, rel_dir)), key=lambda e: e.name)
         except OSError:
             continue
         for entry in entries:
@@ -627,31 +641,43 @@ def collect_artifacts(rundir, inputs, select, max_each, max_total):
             try:
                 if entry.is_dir(follow_symlinks=False):
                     pending.append(rel)
-                    continue
-                if not entry.is_file(follow_symlinks=False):
-                    continue
-                if select is not None and not any(fnmatch.fnmatchcase(rel, p) for p in select):
-                    continue
-                size = entry.stat(follow_symlinks=False).st_size
-                original = inputs.get(rel)
-                if original is not None and len(original) == size:
-                    if read_file(entry.path, size) == original:
-                        continue
-                item = {
-                    "path": rel,
-                    "size": size,
-                    "mime": mimetypes.guess_type(rel)[0] or "application/octet-stream",
-                }
-                if size > max_each or total + size > max_total:
-                    item["omitted"] = True
-                else:
-                    item["data"] = read_file(entry.path, size)
-                    total += size
-                found.append(item)
+                elif entry.is_file(follow_symlinks=False):
+                    yield rel, entry.path, entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            if len(found) >= MAX_ARTIFACTS:
-                break
+
+
+def pick_artifacts(files, inputs, select, max_each, max_total):
+    """The artifacts among ``files`` ((relative path, path, size) each):
+    those ``select`` matches, except input files left as they were sent; the
+    content of each while the caps allow, else ``omitted``."""
+    import fnmatch
+    import mimetypes
+
+    found = []
+    total = 0
+    for rel, path, size in files:
+        if len(found) >= MAX_ARTIFACTS:
+            break
+        if select is not None and not any(fnmatch.fnmatchcase(rel, p) for p in select):
+            continue
+        try:
+            original = inputs.get(rel)
+            if original is not None and len(original) == size and read_file(path, size) == original:
+                continue
+            item = {
+                "path": rel,
+                "size": size,
+                "mime": mimetypes.guess_type(rel)[0] or "application/octet-stream",
+            }
+            if size > max_each or total + size > max_total:
+                item["omitted"] = True
+            else:
+                item["data"] = read_file(path, size)
+                total += size
+        except OSError:
+            continue
+        found.append(item)
     return found
 
 
@@ -1054,6 +1080,12 @@ class Worker:
         rundir = os.path.join(self.scratch, "run-%d-%d" % (os.getpid(), self.counter))
         os.mkdir(rundir, 0o700)
         os.mkdir(private_tmp(rundir), 0o700)
+        self.next = self.fork_child(rundir, child_main)
+
+    def fork_child(self, rundir, body):
+        """Fork a child in its own process group with fresh request, output
+        and control pipes; it runs ``body(worker_pid, rundir, req_r, out_w,
+        err_w, ctl_w, parent_fds)``, which never returns."""
         req_r, req_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -1062,7 +1094,7 @@ class Worker:
         worker_pid = os.getpid()
         pid = os.fork()
         if pid == 0:
-            child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds)
+            body(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds)
         for fd in (req_r, out_w, err_w, ctl_w):
             os.close(fd)
         try:
@@ -1071,7 +1103,7 @@ class Worker:
             pass
         for fd in (out_r, err_r, ctl_r):
             os.set_blocking(fd, False)
-        self.next = Child(pid, rundir, req_w, out_r, err_r, ctl_r)
+        return Child(pid, rundir, req_w, out_r, err_r, ctl_r)
 
     def retire(self, child):
         child.kill_group()
@@ -1247,26 +1279,14 @@ class Worker:
                 except ChannelClosed:
                     return
                 except Exception as exc:
-                    import traceback
-
-                    write_frame(self.wfd, {
-                        "t": "error",
-                        "id": msg.get("id"),
-                        "message": "%s: %s" % (type(exc).__name__, exc),
-                        "traceback": traceback.format_exc(),
-                    })
+                    write_error(self.wfd, msg.get("id"), "", exc)
                     if self.next is None:
                         self.spawn()
             elif kind == "echo":
                 value = msg.get("value")
                 write_frame(self.wfd, {"t": "echo", "value": value, "repr": repr(value)[:4096]})
             else:
-                write_frame(self.wfd, {
-                    "t": "error",
-                    "id": msg.get("id"),
-                    "message": "unknown frame type %r" % (kind,),
-                    "traceback": "",
-                })
+                write_error(self.wfd, msg.get("id"), "unknown frame type %r" % (kind,))
 
     def close(self):
         if self.next is not None:
@@ -1372,62 +1392,17 @@ def set_cpu_budget(seconds):
 
 def snapshot(root):
     """(size, mtime_ns, inode) of every regular file under ``root``."""
-    found = {}
-    pending = [""]
-    while pending:
-        rel_dir = pending.pop()
-        try:
-            entries = list(os.scandir(os.path.join(root, rel_dir) if rel_dir else root))
-        except OSError:
-            continue
-        for entry in entries:
-            rel = rel_dir + "/" + entry.name if rel_dir else entry.name
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append(rel)
-                elif entry.is_file(follow_symlinks=False):
-                    st = entry.stat(follow_symlinks=False)
-                    found[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
-            except OSError:
-                continue
-    return found
+    return {rel: (st.st_size, st.st_mtime_ns, st.st_ino) for rel, _, st in walk_files(root)}
 
 
 def changed_artifacts(root, before, inputs, select, max_each, max_total):
     """Files under ``root`` a call created or changed (compared with the
     snapshot ``before``), except input files left as they were sent; and
     the snapshot taken now."""
-    import fnmatch
-    import mimetypes
-
     after = snapshot(root)
-    found = []
-    total = 0
-    for rel in sorted(r for r, st in after.items() if before.get(r) != st):
-        if len(found) >= MAX_ARTIFACTS:
-            break
-        if select is not None and not any(fnmatch.fnmatchcase(rel, p) for p in select):
-            continue
-        path = os.path.join(root, rel)
-        size = after[rel][0]
-        try:
-            original = inputs.get(rel)
-            if original is not None and len(original) == size and read_file(path, size) == original:
-                continue
-            item = {
-                "path": rel,
-                "size": size,
-                "mime": mimetypes.guess_type(rel)[0] or "application/octet-stream",
-            }
-            if size > max_each or total + size > max_total:
-                item["omitted"] = True
-            else:
-                item["data"] = read_file(path, size)
-                total += size
-        except OSError:
-            continue
-        found.append(item)
-    return found, after
+    changed = ((rel, os.path.join(root, rel), after[rel][0])
+               for rel in sorted(r for r, st in after.items() if before.get(r) != st))
+    return pick_artifacts(changed, inputs, select, max_each, max_total), after
 
 
 class Session:
@@ -1558,26 +1533,10 @@ def open_session(worker, msg):
         worker.next = None
     rundir = os.path.join(worker.scratch, "session")
     os.mkdir(rundir, 0o700)
-    req_r, req_w = os.pipe()
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    ctl_r, ctl_w = os.pipe()
-    parent_fds = (worker.rfd, worker.wfd, worker.wake_r, worker.wake_w, req_w, out_r, err_r, ctl_r)
-    worker_pid = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, msg.get("limits"))
-    for fd in (req_r, out_w, err_w, ctl_w):
-        os.close(fd)
-    try:
-        os.setpgid(pid, pid)
-    except OSError:
-        pass
-    for fd in (out_r, err_r, ctl_r):
-        os.set_blocking(fd, False)
-    worker.session = Session(Child(pid, rundir, req_w, out_r, err_r, ctl_r),
-                             float(msg.get("grace") or 1.0))
-    write_frame(worker.wfd, {"t": "result", "id": msg.get("id"), "exit_code": 0, "pid": pid})
+    limits = msg.get("limits")
+    child = worker.fork_child(rundir, lambda *fds: session_main(*fds, limits))
+    worker.session = Session(child, float(msg.get("grace") or 1.0))
+    write_frame(worker.wfd, {"t": "result", "id": msg.get("id"), "exit_code": 0, "pid": child.pid})
 
 
 def serve_session(worker, msg, frame):
@@ -1592,14 +1551,7 @@ def serve_session(worker, msg, frame):
     except ChannelClosed:
         raise
     except Exception as exc:
-        import traceback
-
-        write_frame(worker.wfd, {
-            "t": "error",
-            "id": msg.get("id"),
-            "message": "%s: %s" % (type(exc).__name__, exc),
-            "traceback": traceback.format_exc(),
-        })
+        write_error(worker.wfd, msg.get("id"), "", exc)
 
 
 def remove_tree(path):
@@ -1658,14 +1610,7 @@ def main():
         except Exception:
             _prctl = None
     except BaseException as exc:
-        import traceback
-
-        write_frame(wfd, {
-            "t": "error",
-            "id": None,
-            "message": "preload failed: %s: %s" % (type(exc).__name__, exc),
-            "traceback": traceback.format_exc(),
-        })
+        write_error(wfd, None, "preload failed: ", exc)
         os._exit(1)
     become_subreaper()
     # Not dumpable: a run of the same user cannot read the worker's memory
