@@ -6,53 +6,17 @@
 //! `BENCH_POOL_SIZE`, default 4; `BENCH_CASES`, default 200; `BENCH_PYTHON`,
 //! default the real `python3`).
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
+
+#[path = "support/server.rs"]
+#[allow(dead_code)] // start time and RSS: the end-to-end benchmark's
+mod server;
+
+use server::{Server, env_or, real_python};
 
 const CODE: &str = "print(int(input()) * 2)";
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn real_python() -> String {
-    if let Ok(p) = std::env::var("BENCH_PYTHON") {
-        return p;
-    }
-    let out = std::process::Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .expect("python3 on PATH");
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
-/// Start `code-executor serve` and return it with its base URL.
-async fn start_server(python: &str, pool_size: usize) -> (tokio::process::Child, String) {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_code-executor"))
-        .args(["serve", "--port", "0", "--python", python])
-        .args(["--pool-size", &pool_size.to_string()])
-        .env("CODE_EXECUTOR_LOG", "warn,code_executor=info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("server binary starts");
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let address = loop {
-        let line = lines.next_line().await.unwrap().expect("server ready line");
-        if let Some(rest) = line.split("address=").nth(1) {
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-    };
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, format!("http://{address}"))
-}
 
 async fn post(client: &reqwest::Client, url: &str, body: &str) -> Value {
     let resp = client
@@ -133,7 +97,12 @@ async fn main() {
     let pool_size: usize = env_or("BENCH_POOL_SIZE", 4);
     let cases: usize = env_or("BENCH_CASES", 200);
     let python = real_python();
-    let (mut server, url) = start_server(&python, pool_size).await;
+    let pool = pool_size.to_string();
+    let Server {
+        child: mut server,
+        url,
+        ..
+    } = Server::start(&["--python", python.to_str().unwrap(), "--pool-size", &pool]).await;
     let client = reqwest::Client::builder()
         .tcp_nodelay(true)
         .build()
@@ -194,8 +163,9 @@ async fn main() {
 
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
-        "\ninterpreter: {python}; pool size {pool_size}; {cores} cores visible; {cases} cases; \
-         {rounds} grading rounds (min / median / max, ms)\n"
+        "\ninterpreter: {}; pool size {pool_size}; {cores} cores visible; {cases} cases; \
+         {rounds} grading rounds (min / median / max, ms)\n",
+        python.display()
     );
     println!("| scenario                                   |      min |   median |      max |");
     println!("|--------------------------------------------|----------|----------|----------|");
