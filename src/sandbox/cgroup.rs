@@ -80,14 +80,7 @@ impl CgroupRoot {
         let deadline = std::time::Instant::now() + wait;
         for h in &self.hierarchies {
             loop {
-                if let Ok(entries) = std::fs::read_dir(&h.dir) {
-                    for entry in entries.flatten() {
-                        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                            let _ = std::fs::remove_dir(entry.path());
-                        }
-                    }
-                }
-                if std::fs::remove_dir(&h.dir).is_ok() || !h.dir.exists() {
+                if remove_server_dir(&h.dir) || !h.dir.exists() {
                     break;
                 }
                 if std::time::Instant::now() >= deadline {
@@ -138,17 +131,23 @@ fn remove_stale(base: &Path) {
             continue;
         }
         let dir = entry.path();
-        if let Ok(workers) = std::fs::read_dir(&dir) {
-            for worker in workers.flatten() {
-                if worker.file_type().is_ok_and(|t| t.is_dir()) {
-                    let _ = std::fs::remove_dir(worker.path());
-                }
-            }
-        }
-        if std::fs::remove_dir(&dir).is_ok() {
+        if remove_server_dir(&dir) {
             tracing::info!(cgroup = %dir.display(), "removed the cgroup of a server that is gone");
         }
     }
+}
+
+/// `rmdir` a server's directory after its worker directories; only cgroups
+/// without processes go. Whether the server's directory is gone.
+fn remove_server_dir(dir: &Path) -> bool {
+    if let Ok(workers) = std::fs::read_dir(dir) {
+        for worker in workers.flatten() {
+            if worker.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = std::fs::remove_dir(worker.path());
+            }
+        }
+    }
+    std::fs::remove_dir(dir).is_ok()
 }
 
 /// What one worker's cgroups allow.

@@ -22,6 +22,17 @@ fn fake_launcher(dir: &Path, probe: &str) -> PathBuf {
     path
 }
 
+/// A server whose launcher's probe answers `probe`; `dir` holds the launcher.
+async fn server_probed_as(dir: &Path, probe: &str) -> TestServer {
+    let mut sandbox = common::sandbox_config();
+    sandbox.launcher = Some(fake_launcher(dir, probe));
+    TestServer::with_config(code_executor::Config {
+        sandbox,
+        ..common::config()
+    })
+    .await
+}
+
 #[tokio::test]
 async fn without_namespaces_the_server_refuses_to_start_unless_network_is_host() {
     let dir = tempfile::tempdir().unwrap();
@@ -80,16 +91,10 @@ async fn without_namespaces_the_server_refuses_to_start_unless_network_is_host()
 #[tokio::test]
 async fn without_landlock_health_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    let launcher = fake_launcher(
+    let server = server_probed_as(
         dir.path(),
         r#"{"namespaces":{"Ok":null},"landlock":false,"seccomp":{"Ok":null}}"#,
-    );
-    let mut sandbox = common::sandbox_config();
-    sandbox.launcher = Some(launcher);
-    let server = TestServer::with_config(code_executor::Config {
-        sandbox,
-        ..common::config()
-    })
+    )
     .await;
     let (_, health) = server.get("/health").await;
     assert_eq!(health["sandbox"]["landlock"], false, "{health}");
@@ -118,16 +123,10 @@ async fn without_landlock_health_says_so() {
 #[tokio::test]
 async fn without_seccomp_health_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    let launcher = fake_launcher(
+    let server = server_probed_as(
         dir.path(),
         r#"{"namespaces":{"Ok":null},"landlock":true,"seccomp":{"Err":"Invalid argument"}}"#,
-    );
-    let mut sandbox = common::sandbox_config();
-    sandbox.launcher = Some(launcher);
-    let server = TestServer::with_config(code_executor::Config {
-        sandbox,
-        ..common::config()
-    })
+    )
     .await;
     let (_, health) = server.get("/health").await;
     assert_eq!(health["sandbox"]["seccomp"], false, "{health}");
