@@ -34,18 +34,21 @@ fresh pipes for its fds 0, 1 and 2.
 Runs
 ----
 For every ``exec`` the worker hands the request to a child forked ahead of
-time.  The child lives in its own process group with a fresh ``__main__``, a
-fresh working directory under SCRATCH and the request's resource limits; its
-stdout and stderr are captured at the file-descriptor level.  The worker
-drains both pipes (keeping at most ``max_output`` bytes of each), enforces the
-deadline by killing the child's process group, answers with ``result`` and
-then forks and warms the next child, off the request path.
+time.  The child lives in its own process group with a fresh ``__main__``, an
+empty working directory (SCRATCH/run, emptied and made anew between runs) and
+the request's resource limits; its stdout and stderr are captured at the
+file-descriptor level.  The worker drains both pipes (keeping at most
+``max_output`` bytes of each), enforces the deadline by killing the child's
+process group, answers with ``result`` and then, off the request path, forks
+and warms the next child and rehearses its own request path once, so that
+the copy-on-write faults of both fall between requests.
 """
 
 import gc
 import os
 import select
 import signal
+import _signal
 import struct
 import sys
 import time
@@ -57,8 +60,13 @@ RUN_FILENAME = "<code>"
 READ_CHUNK = 1 << 16
 MAX_ERROR_CHARS = 64 * 1024
 MAX_ARTIFACTS = 1000
-WARM_REQUEST = {"t": "exec", "id": 0, "code": "_ = [str(i) for i in range(8)]",
-                "stdin": None, "files": [], "timeout": 1.0, "max_output": 1, "limits": {}}
+# A request like the server's, for warming up the request path ahead of time.
+WARM_REQUEST = {"t": "exec", "id": 0, "code": "_ = [str(i) for i in range(8)]", "stdin": None,
+                "files": [], "argv": [], "timeout": 1.0, "max_output": 1,
+                "limits": {"cpu_seconds": 1, "memory_bytes": 1 << 31, "file_size_bytes": 1 << 30,
+                           "open_files": 1024, "processes": 64},
+                "stream": False, "artifacts": True, "max_artifact_bytes": 1 << 20,
+                "max_artifacts_bytes": 1 << 25, "max_result_chars": 10000}
 resource = None  # imported by main(); the module is absent on non-Unix builds
 
 # ---------------------------------------------------------------------------
@@ -327,8 +335,19 @@ _LIMITS = {
 
 def apply_limits(limits):
     """Set the run's rlimits, soft and hard: the run cannot raise them."""
+    for res, soft, hard in planned_limits(limits):
+        try:
+            resource.setrlimit(res, (soft, hard))
+        except (ValueError, OSError):
+            pass
+
+
+def planned_limits(limits):
+    """(resource, soft, hard) of each rlimit in ``limits``, never above the
+    hard limit already in place."""
+    plan = []
     if not limits or resource is None:
-        return
+        return plan
     for key, name in _LIMITS.items():
         value = limits.get(key)
         res = getattr(resource, name, None)
@@ -343,10 +362,8 @@ def apply_limits(limits):
         new_hard = value + 1 if name == "RLIMIT_CPU" else value
         if hard != resource.RLIM_INFINITY:
             new_hard = min(new_hard, hard)
-        try:
-            resource.setrlimit(res, (value, new_hard))
-        except (ValueError, OSError):
-            pass
+        plan.append((res, value, new_hard))
+    return plan
 
 
 def safe_join(root, rel):
@@ -595,7 +612,7 @@ def install_plot_capture(rundir):
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is not None:
         patch_pyplot(plt)
-    else:
+    elif not any(isinstance(f, _PyplotHook) for f in sys.meta_path):
         sys.meta_path.insert(0, _PyplotHook())
 
 
@@ -692,7 +709,7 @@ def set_parent_death_signal(worker_pid):
     make the child dumpable again (the worker is not; see main)."""
     if _prctl is not None:
         try:
-            _prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+            _prctl(1, _SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
             _prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         except Exception:
             pass
@@ -706,24 +723,43 @@ def private_tmp(rundir):
     return rundir + ".tmp"
 
 
-def set_private_tmp(rundir):
-    tmp = private_tmp(rundir)
-    for name in ("TMPDIR", "TEMP", "TMP"):
-        os.environ[name] = tmp
+TMP_VARS = ("TMPDIR", "TEMP", "TMP")
+
+
+def set_run_dir(rundir, tmp_env, previous=None):
+    """Make ``rundir`` what code sees as its place: ``PWD``, the first
+    import path (in place of ``previous``, set before), where plots go; the
+    temporary directory is ``tmp_env`` (name to value, None to unset)."""
+    os.environ["PWD"] = rundir
+    for name, value in tmp_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     tempfile = sys.modules.get("tempfile")
     if tempfile is not None:
         tempfile.tempdir = None
+    if previous is not None and previous in sys.path:
+        sys.path.remove(previous)
+    sys.path.insert(0, rundir)
+    install_plot_capture(rundir)
+
+
+# The C-level signal calls: the ``signal`` module's enum wrappers cost a
+# child more than the calls themselves.
+_SIGCHLD, _SIGINT, _SIGTERM, _SIGKILL = (int(s) for s in (signal.SIGCHLD, signal.SIGINT,
+                                                        signal.SIGTERM, signal.SIGKILL))
 
 
 def enter_run(worker_pid, rundir, out_w, err_w, parent_fds, on_sigint):
     """What every forked child does first: its own process group and signal
     handlers, death with its worker, none of the worker's fds, output to its
-    capture pipes, and its run directory as cwd and first import path."""
+    capture pipes, and its run directory as cwd."""
     os.setpgid(0, 0)
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, on_sigint)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _signal.set_wakeup_fd(-1)
+    _signal.signal(_SIGCHLD, _signal.SIG_DFL)
+    _signal.signal(_SIGINT, on_sigint)
+    _signal.signal(_SIGTERM, _signal.SIG_DFL)
     set_parent_death_signal(worker_pid)
     for fd in parent_fds:
         try:
@@ -735,24 +771,25 @@ def enter_run(worker_pid, rundir, out_w, err_w, parent_fds, on_sigint):
     os.close(out_w)
     os.close(err_w)
     os.chdir(rundir)
-    os.environ["PWD"] = rundir
-    sys.path.insert(0, rundir)
 
 
 def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds):
     """Body of a forked child; never returns."""
     status = 70
     try:
-        enter_run(worker_pid, rundir, out_w, err_w, parent_fds, signal.default_int_handler)
-        set_private_tmp(rundir)
+        # PWD, TMPDIR, sys.path and the plot directory came set from the
+        # worker (every run has the same directory).
+        enter_run(worker_pid, rundir, out_w, err_w, parent_fds, _signal.default_int_handler)
         # Everything that does not depend on the request is done now, while
         # no client waits: stdin on /dev/null (fd 0 already is), a fresh
         # __main__, and one pass over the request path so that its
         # copy-on-write page faults (refcounts written in pages shared with
         # the worker) happen here.
-        install_plot_capture(rundir)
         warm = unpackb(packb(WARM_REQUEST))
-        run_user_code(warm["code"], warm.get("argv"), types.ModuleType("__warm__"), at_exit=False)
+        planned_limits(warm["limits"])
+        outcome = run_user_code(warm["code"], warm["argv"], types.ModuleType("__warm__"),
+                                at_exit=False)
+        packb({"status": outcome.status, "result": outcome.result, "error": outcome.error})
         main = fresh_main()
         req = open(req_r, "rb", buffering=0)
         try:
@@ -921,6 +958,12 @@ def kill_descendants():
     """SIGKILL and reap every child of the worker. Called between runs, when
     the worker has no child of its own: whatever is left belongs to the run
     that just ended (the worker is a subreaper, so orphans come back to it)."""
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        # No child at all, so no descendant: the run's process is reaped, and
+        # whatever it left running was handed to this worker when it died.
+        return
     for _ in range(10000):
         pids = child_pids()
         if not pids:
@@ -1070,17 +1113,23 @@ class Worker:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         os.set_blocking(self.wake_r, False)
+        # Every run has this directory, emptied and made anew between runs,
+        # so what a run sees of it is set once here and inherited.
+        self.rundir = os.path.join(scratch, "run")
+        self.base_tmp = {name: os.environ.get(name) for name in TMP_VARS}
+        set_run_dir(self.rundir, {name: private_tmp(self.rundir) for name in TMP_VARS})
         self.next = None
-        self.counter = 0
         self.session = None  # a Session once a `session` frame switched this worker
 
     def spawn(self):
         """Fork the next child; it warms up and waits for its request."""
-        self.counter += 1
-        rundir = os.path.join(self.scratch, "run-%d-%d" % (os.getpid(), self.counter))
-        os.mkdir(rundir, 0o700)
-        os.mkdir(private_tmp(rundir), 0o700)
-        self.next = self.fork_child(rundir, child_main)
+        try:
+            os.mkdir(self.rundir, 0o700)
+        except FileExistsError:  # left by a run that was not retired
+            clear_dir(self.scratch)
+            os.mkdir(self.rundir, 0o700)
+        os.mkdir(private_tmp(self.rundir), 0o700)
+        self.next = self.fork_child(self.rundir, child_main)
 
     def fork_child(self, rundir, body):
         """Fork a child in its own process group with fresh request, output
@@ -1147,98 +1196,120 @@ class Worker:
         disk = DiskWatch(self.scratch, int(disk_bytes)) if disk_bytes else None
         start = time.monotonic()
         child = self.take_child(frame)
-        deadline = start + timeout
-        out, err = Capture(cap, "stdout"), Capture(cap, "stderr")
-        streams = {child.out_r: out, child.err_r: err}
-        poller = select.poll()
-        for fd in (child.out_r, child.err_r, child.ctl_r, self.wake_r):
-            poller.register(fd, select.POLLIN)
-        poller.register(self.rfd, 0)  # only POLLHUP/POLLERR: the server went away
-        report = None  # what the child reported over ctl
-        ctl = bytearray()
-        timed_out = disk_exceeded = False
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            if disk is not None:
-                if disk.exceeded():
-                    disk_exceeded = True
+        try:
+            deadline = start + timeout
+            out, err = Capture(cap, "stdout"), Capture(cap, "stderr")
+            streams = {child.out_r: out, child.err_r: err}
+            poller = select.poll()
+            for fd in (child.out_r, child.err_r, child.ctl_r, self.wake_r):
+                poller.register(fd, select.POLLIN)
+            poller.register(self.rfd, 0)  # only POLLHUP/POLLERR: the server went away
+            report = None  # what the child reported over ctl
+            ctl = bytearray()
+            timed_out = disk_exceeded = False
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    timed_out = True
                     break
-                remaining = min(remaining, DiskWatch.INTERVAL)
-            events = poller.poll(max(1, int(remaining * 1000) + 1))
-            done = False
-            for fd, ev in events:
-                if fd in streams:
-                    self.drain(fd, streams[fd], poller, stream_id)
-                elif fd == child.ctl_r:
-                    report, closed = read_report(fd, ctl)
-                    if report is not None:
-                        done = True
-                    elif closed:
-                        poller.unregister(fd)
-                        child.ctl_r_open = False
-                        if child.reap(False):
+                if disk is not None:
+                    if disk.exceeded():
+                        disk_exceeded = True
+                        break
+                    remaining = min(remaining, DiskWatch.INTERVAL)
+                events = poller.poll(max(1, int(remaining * 1000) + 1))
+                done = False
+                for fd, ev in events:
+                    if fd in streams:
+                        self.drain(fd, streams[fd], poller, stream_id)
+                    elif fd == child.ctl_r:
+                        report, closed = read_report(fd, ctl)
+                        if report is not None:
                             done = True
-                elif fd == self.wake_r:
-                    try:
-                        while os.read(fd, 512):
+                        elif closed:
+                            poller.unregister(fd)
+                            child.ctl_r_open = False
+                            if child.reap(False):
+                                done = True
+                    elif fd == self.wake_r:
+                        try:
+                            while os.read(fd, 512):
+                                pass
+                        except BlockingIOError:
                             pass
-                    except BlockingIOError:
-                        pass
-                    if child.reap(False) and not child.ctl_r_open:
-                        done = True
-                elif fd == self.rfd:
-                    child.kill_group()
-                    child.reap(True)
-                    raise ChannelClosed()
-            if done:
-                break
-        duration_ms = (time.monotonic() - start) * 1000.0
-        # Whatever the outcome, the run's process group ends here: stray
-        # subprocesses do not outlive their run.
-        child.kill_group()
-        if timed_out or disk_exceeded:
-            child.reap(True)
-        for fd, capture in streams.items():
-            if capture.open:
-                self.drain(fd, capture, None, stream_id)
-        signame = None
-        if timed_out or disk_exceeded:
-            exit_code, signame = -signal.SIGKILL, "SIGKILL"
-        elif report is not None:
-            report = sane_report(report)
-            exit_code = report["status"]
-        else:
-            child.reap(True)
-            status = child.status or 0
-            if os.WIFSIGNALED(status):
-                sig = os.WTERMSIG(status)
-                exit_code, signame = -sig, signal_name(sig)
+                        if child.reap(False) and not child.ctl_r_open:
+                            done = True
+                    elif fd == self.rfd:
+                        child.kill_group()
+                        child.reap(True)
+                        raise ChannelClosed()
+                if done:
+                    break
+            duration_ms = (time.monotonic() - start) * 1000.0
+            # Whatever the outcome, the run's process group ends here: stray
+            # subprocesses do not outlive their run.
+            child.kill_group()
+            if timed_out or disk_exceeded:
+                child.reap(True)
+            for fd, capture in streams.items():
+                if capture.open:
+                    self.drain(fd, capture, None, stream_id)
+            signame = None
+            if timed_out or disk_exceeded:
+                exit_code, signame = -signal.SIGKILL, "SIGKILL"
+            elif report is not None:
+                report = sane_report(report)
+                exit_code = report["status"]
             else:
-                exit_code = os.WEXITSTATUS(status)
-        artifacts = []
-        select_ = msg.get("artifacts", True)
-        if select_ is not False:
-            inputs = {normalize(p): d for p, d in (msg.get("files") or ())}
-            artifacts = collect_artifacts(
-                child.rundir,
-                inputs,
-                None if select_ is True or select_ is None else list(select_),
-                int(msg.get("max_artifact_bytes") or (10 << 20)),
-                int(msg.get("max_artifacts_bytes") or (32 << 20)),
-            )
-        reply = result_frame(msg, out, err, exit_code, signame, timed_out, duration_ms,
-                             report, artifacts)
-        if msg.get("rusage"):
-            reply.update(run_usage(child))
-        if disk_exceeded:
-            reply["disk_exceeded"] = True
-        write_frame(self.wfd, reply)
-        # Off the request path: reap, clean up, fork the next child.
-        self.retire(child)
-        self.spawn()
+                child.reap(True)
+                status = child.status or 0
+                if os.WIFSIGNALED(status):
+                    sig = os.WTERMSIG(status)
+                    exit_code, signame = -sig, signal_name(sig)
+                else:
+                    exit_code = os.WEXITSTATUS(status)
+            artifacts = []
+            select_ = msg.get("artifacts", True)
+            if select_ is not False:
+                inputs = {normalize(p): d for p, d in (msg.get("files") or ())}
+                artifacts = collect_artifacts(
+                    child.rundir,
+                    inputs,
+                    None if select_ is True or select_ is None else list(select_),
+                    int(msg.get("max_artifact_bytes") or (10 << 20)),
+                    int(msg.get("max_artifacts_bytes") or (32 << 20)),
+                )
+            reply = result_frame(msg, out, err, exit_code, signame, timed_out, duration_ms,
+                                 report, artifacts)
+            if msg.get("rusage"):
+                reply.update(run_usage(child))
+            if disk_exceeded:
+                reply["disk_exceeded"] = True
+            write_frame(self.wfd, reply)
+        finally:
+            # Off the request path: reap, clean up, fork the next child.
+            self.retire(child)
+            self.spawn()
+            self.rehearse(frame)
+
+    def rehearse(self, frame):
+        """Walk the request path once with no client waiting, right after a
+        fork: the pages it writes, shared with the new child until then, are
+        copied now instead of during the next run."""
+        try:
+            if len(frame) > 65536:
+                frame = packb(WARM_REQUEST)
+            msg = unpackb(frame)
+            out, err = Capture(1, "stdout"), Capture(1, "stderr")
+            out.feed(b"..")
+            poller = select.poll()
+            poller.register(self.wake_r, select.POLLIN)
+            poller.poll(0)
+            report = sane_report(complete_report(bytearray(b"\0\0\0\x01\x80")))
+            artifacts = collect_artifacts(self.rundir, {}, None, 1, 1)
+            packb(result_frame(msg, out, err, 0, None, False, 0.0, report, artifacts))
+        except Exception:
+            pass
 
     def drain(self, fd, capture, poller, stream_id=None):
         while True:
@@ -1311,13 +1382,14 @@ class Worker:
 # within the grace period is killed and the session is lost
 # (`session_lost` in the result says why).
 
-def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, limits):
+def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, limits, base_tmp,
+                 run_dir):
     """Body of a session child: serve calls until the request pipe closes."""
     status = 70
     try:
         # SIGINT is ignored except while user code runs (see session_call).
-        enter_run(worker_pid, rundir, out_w, err_w, parent_fds, signal.SIG_IGN)
-        install_plot_capture(rundir)
+        enter_run(worker_pid, rundir, out_w, err_w, parent_fds, _signal.SIG_IGN)
+        set_run_dir(rundir, base_tmp, previous=run_dir)
         fixed = dict(limits or {})
         fixed.pop("cpu_seconds", None)  # a budget per call, see session_call
         apply_limits(fixed)
@@ -1534,7 +1606,8 @@ def open_session(worker, msg):
     rundir = os.path.join(worker.scratch, "session")
     os.mkdir(rundir, 0o700)
     limits = msg.get("limits")
-    child = worker.fork_child(rundir, lambda *fds: session_main(*fds, limits))
+    child = worker.fork_child(rundir, lambda *fds: session_main(*fds, limits, worker.base_tmp,
+                                                                   worker.rundir))
     worker.session = Session(child, float(msg.get("grace") or 1.0))
     write_frame(worker.wfd, {"t": "result", "id": msg.get("id"), "exit_code": 0, "pid": child.pid})
 

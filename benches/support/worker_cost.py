@@ -1,6 +1,6 @@
 """Where a clean run's CPU goes: python/worker.py driven directly, no server.
 
-    python3 benches/support/worker_cost.py [--python PATH] [--runs N]
+    python3 benches/support/worker_cost.py [--python PATH] [--runs N] [--worker FILE]
 
 Prints, for the interpreter given (default: this one):
 
@@ -11,7 +11,8 @@ Prints, for the interpreter given (default: this one):
   and the round trip seen by this driver, back to back and with idle gaps;
 * session calls of the same code: the same figures without a fork.
 
-Linux only; the worker's pure-Python codec frames the requests.
+``--worker`` drives another copy of the bootstrap (an edited one, to compare
+with). Linux only; the worker's pure-Python codec frames the requests.
 """
 
 import argparse
@@ -76,9 +77,9 @@ print(anon, fork_s / n * 1e6, wall / n * 1e6, (me.ru_utime + me.ru_stime) / n * 
 
 
 class Worker:
-    def __init__(self, python, scratch):
+    def __init__(self, python, scratch, script=WORKER):
         self.proc = subprocess.Popen(
-            [python, "-I", "-u", WORKER, scratch, ""],
+            [python, "-I", "-u", script, scratch, ""],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         ready = self.read()
         if ready.get("t") != "ready":
@@ -128,6 +129,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--runs", type=int, default=1000)
+    ap.add_argument("--worker", default=WORKER, help="the bootstrap to drive")
     args = ap.parse_args()
     python = os.path.realpath(args.python)
     floor = subprocess.run([python, "-I", "-c", FLOOR, str(args.runs)],
@@ -143,7 +145,7 @@ def main():
     print("one copy-on-write page fault: %.2f us" % fault_us)
 
     with tempfile.TemporaryDirectory() as scratch:
-        worker = Worker(python, scratch)
+        worker = Worker(python, scratch, args.worker)
         timed(worker, 100)
         s0 = worker.stat()
         rts = timed(worker, args.runs)
@@ -163,7 +165,7 @@ def main():
         print("  round trip p50 %.3f ms back to back, %.3f ms with 5 ms idle gaps"
               % (statistics.median(rts), statistics.median(gapped)))
 
-        worker = Worker(python, scratch)
+        worker = Worker(python, scratch, args.worker)
         worker.send({"t": "session", "id": 0, "limits": {}, "grace": 1.0})
         child = worker.read()["pid"]
         timed(worker, 100)

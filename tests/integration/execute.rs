@@ -166,7 +166,7 @@ print(os.getcwd() == os.environ["PWD"])
         "héllo\nb'\\x00\\x01\\xff'\n['blob.bin', 'data']\nTrue\n"
     );
 
-    // The next run starts in another, empty directory; the old one is gone.
+    // The next run starts in an empty directory: the old run's files are gone.
     let body = server
         .run("import os\nprint(os.listdir('.'))\nprint(os.getcwd())")
         .await;

@@ -88,3 +88,52 @@ async fn worker_environment_is_built_from_scratch() {
     assert_eq!(body["stdout"], "[]\nTrue\nAgg\n");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn temporary_files_are_private_to_each_run_and_work_in_sessions() {
+    // One worker: the second clean run and the session both follow the first.
+    let server = TestServer::with_config(code_executor::Config {
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    let first = server
+        .run(
+            r#"
+import os, sys, tempfile
+tmp = tempfile.gettempdir()
+print(tmp == os.environ["TMPDIR"], os.listdir(tmp))
+print(sys.path[0] == os.getcwd() == os.environ["PWD"])
+fd, path = tempfile.mkstemp()
+os.write(fd, b"x")
+print(os.path.dirname(path) == tmp, not tmp.startswith(os.getcwd() + "/"))
+"#,
+        )
+        .await;
+    assert_eq!(first["stdout"], "True []\nTrue\nTrue True\n", "{first}");
+    // The file is not an artifact (the temporary directory is beside the run
+    // directory) and is gone for the next run.
+    assert_eq!(first["artifacts"], serde_json::json!([]), "{first}");
+    let second = server
+        .run("import tempfile, os\nprint(os.listdir(tempfile.gettempdir()))")
+        .await;
+    assert_eq!(second["stdout"], "[]\n", "{second}");
+
+    // A session has its own directory first on sys.path and a temporary
+    // directory that exists.
+    let (status, info) = server.post("/sessions", serde_json::json!({})).await;
+    assert_eq!(status, 201, "{info}");
+    let id = info["id"].as_str().unwrap();
+    let (status, body) = server
+        .execute(serde_json::json!({"session": id, "code": r#"
+import os, sys, tempfile
+with tempfile.NamedTemporaryFile() as f:
+    f.write(b"x")
+print(sys.path[0] == os.getcwd() == os.environ["PWD"])
+print(sum(p.endswith("/run") for p in sys.path))
+"#}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], "True\n0\n", "{body}");
+    server.stop().await;
+}
