@@ -39,9 +39,10 @@ empty working directory (SCRATCH/run, emptied and made anew between runs) and
 the request's resource limits; its stdout and stderr are captured at the
 file-descriptor level.  The worker drains both pipes (keeping at most
 ``max_output`` bytes of each), enforces the deadline by killing the child's
-process group, answers with ``result`` and then, off the request path, forks
-and warms the next child and rehearses its own request path once, so that
-the copy-on-write faults of both fall between requests.
+process group, answers with ``result`` and then, off the request path, has
+the next child forked, which warms up while no client waits.  Children are
+forked by the worker's zygote (see "The zygote"), so that the worker's own
+pages are never shared copy-on-write with a child.
 """
 
 import gc
@@ -726,6 +727,45 @@ def set_parent_death_signal(worker_pid):
         os._exit(70)
 
 
+# Landlock (Linux 6.12+, ABI 6): a domain that scopes signals keeps its
+# processes from signalling any process outside it.
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_RESTRICT_SELF = 444, 446
+_LANDLOCK_SCOPE_SIGNAL = 2
+
+
+_restrict_self = None  # landlock_restrict_self(fd, flags), set by signal_scope
+
+
+def signal_scope():
+    """A Landlock ruleset fd that scopes signals, or None where the kernel
+    cannot (no Landlock, or an ABI below 6)."""
+    global _restrict_self
+    try:
+        import ctypes
+        import functools
+
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+        syscall.restype = ctypes.c_long
+        attr = (ctypes.c_uint64 * 3)(0, 0, _LANDLOCK_SCOPE_SIGNAL)
+        fd = syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
+                     ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
+        # Built here, once: what a child calls is then one foreign call.
+        _restrict_self = functools.partial(syscall, ctypes.c_long(_LANDLOCK_RESTRICT_SELF))
+    except Exception:
+        return None
+    return fd if fd >= 0 else None
+
+
+def scope_signals(ruleset):
+    """Enter a Landlock domain of ``ruleset`` (from ``signal_scope``): no
+    process of this run can signal its zygote or its worker.  Needs
+    no_new_privs, which the sandbox's launcher set."""
+    if _restrict_self(ruleset, 0) != 0:
+        import ctypes
+
+        raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+
+
 def private_tmp(rundir):
     """The run's own temporary directory, beside (not inside) its run
     directory so that its files are not artifacts; removed with the run."""
@@ -782,13 +822,19 @@ def enter_run(worker_pid, rundir, out_w, err_w, parent_fds, on_sigint):
     os.chdir(rundir)
 
 
-def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds):
+def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope=None):
     """Body of a forked child; never returns."""
     status = 70
     try:
         # PWD, TMPDIR, sys.path and the plot directory came set from the
         # worker (every run has the same directory).
         enter_run(worker_pid, rundir, out_w, err_w, parent_fds, _signal.default_int_handler)
+        if scope is not None:
+            scope_signals(scope)
+            os.close(scope)
+        # An import before the directory existed may have cached it as no
+        # place to import from.
+        sys.path_importer_cache.pop(rundir, None)
         # Everything that does not depend on the request is done now, while
         # no client waits: stdin on /dev/null (fd 0 already is), a fresh
         # __main__, and one pass over the request path so that its
@@ -882,10 +928,7 @@ def run_usage(child):
     usage = child.rusage
     if usage is None:
         return {}
-    return {
-        "cpu_ms": (usage.ru_utime + usage.ru_stime) * 1000.0,
-        "peak_rss_kb": int(usage.ru_maxrss),
-    }
+    return {"cpu_ms": usage[0] * 1000.0, "peak_rss_kb": int(usage[1])}
 
 
 def result_frame(msg, out, err, exit_code, signame, timed_out, duration_ms, report, artifacts):
@@ -1023,10 +1066,12 @@ class Child:
     """A forked child waiting for its request, with the pipes around it."""
 
     __slots__ = ("pid", "rundir", "req_w", "out_r", "err_r", "ctl_r", "ctl_r_open", "status",
-                 "rusage")
+                 "rusage", "zygote", "left")
 
-    def __init__(self, pid, rundir, req_w, out_r, err_r, ctl_r):
+    def __init__(self, pid, rundir, req_w, out_r, err_r, ctl_r, zygote=None):
         self.pid = pid
+        self.zygote = zygote  # the Zygote that forked it; None: the worker did
+        self.left = True  # whether processes may be left from its run once it ended
         self.rundir = rundir
         self.req_w = req_w
         self.out_r = out_r
@@ -1034,17 +1079,22 @@ class Child:
         self.ctl_r = ctl_r
         self.ctl_r_open = True
         self.status = None  # raw wait status once reaped
-        self.rusage = None  # its resource usage (os.wait4), once reaped
+        self.rusage = None  # (CPU seconds, peak RSS in KiB), once reaped
 
     def reap(self, block):
         if self.status is None:
+            if self.zygote is not None:
+                ended = self.zygote.exit_of(self.pid, block)
+                if ended is not None:
+                    self.status, self.rusage, self.left = ended
+                return self.status is not None
             try:
                 pid, status, usage = os.wait4(self.pid, 0 if block else os.WNOHANG)
             except ChildProcessError:
                 pid, status, usage = self.pid, 0, None
             if pid:
                 self.status = status
-                self.rusage = usage
+                self.rusage = usage and (usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
         return self.status is not None
 
     def kill_group(self):
@@ -1129,6 +1179,7 @@ class Worker:
         set_run_dir(self.rundir, {name: private_tmp(self.rundir) for name in TMP_VARS})
         self.next = None
         self.session = None  # a Session once a `session` frame switched this worker
+        self.zygote = None  # started by main once the worker is set up
 
     def spawn(self):
         """Fork the next child; it warms up and waits for its request."""
@@ -1138,17 +1189,37 @@ class Worker:
             clear_dir(self.scratch)
             os.mkdir(self.rundir, 0o700)
         os.mkdir(private_tmp(self.rundir), 0o700)
-        self.next = self.fork_child(self.rundir, child_main)
+        if self.zygote is None:
+            self.next = self.fork_child(self.rundir, child_main)
+            return
+        req_r, req_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        ctl_r, ctl_w = os.pipe()
+        try:
+            pid = self.zygote.fork((req_r, out_w, err_w, ctl_w))
+        finally:
+            for fd in (req_r, out_w, err_w, ctl_w):
+                os.close(fd)
+        self.next = self.child_of(pid, req_w, out_r, err_r, ctl_r, self.zygote)
+
+    def child_of(self, pid, req_w, out_r, err_r, ctl_r, zygote=None):
+        for fd in (out_r, err_r, ctl_r):
+            os.set_blocking(fd, False)
+        return Child(pid, self.rundir, req_w, out_r, err_r, ctl_r, zygote)
 
     def fork_child(self, rundir, body):
-        """Fork a child in its own process group with fresh request, output
-        and control pipes; it runs ``body(worker_pid, rundir, req_r, out_w,
-        err_w, ctl_w, parent_fds)``, which never returns."""
+        """Fork a child of the worker itself (a session's) in its own process
+        group with fresh request, output and control pipes; it runs
+        ``body(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds)``,
+        which never returns."""
         req_r, req_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         ctl_r, ctl_w = os.pipe()
         parent_fds = (self.rfd, self.wfd, self.wake_r, self.wake_w, req_w, out_r, err_r, ctl_r)
+        if self.zygote is not None:
+            parent_fds += (self.zygote.fd,)
         worker_pid = os.getpid()
         pid = os.fork()
         if pid == 0:
@@ -1159,14 +1230,19 @@ class Worker:
             os.setpgid(pid, pid)
         except OSError:
             pass
-        for fd in (out_r, err_r, ctl_r):
-            os.set_blocking(fd, False)
-        return Child(pid, rundir, req_w, out_r, err_r, ctl_r)
+        child = self.child_of(pid, req_w, out_r, err_r, ctl_r)
+        child.rundir = rundir
+        return child
 
     def retire(self, child):
         child.kill_group()
         child.reap(True)
-        kill_descendants()
+        # What the run left running was handed to its parent (a subreaper)
+        # when the run's process died.
+        if child.zygote is None:
+            kill_descendants()
+        elif child.left:
+            child.zygote.kill_leftovers()
         clear_private_shm()
         child.close()
         # Everything in the scratch root goes, not only the run's own
@@ -1211,7 +1287,10 @@ class Worker:
             out, err = Capture(cap, "stdout"), Capture(cap, "stderr")
             streams = {child.out_r: out, child.err_r: err}
             poller = select.poll()
-            for fd in (child.out_r, child.err_r, child.ctl_r, self.wake_r):
+            # Where the end of the child is heard of: the zygote's reports,
+            # or SIGCHLD through the wake-up pipe.
+            ended = child.zygote.fd if child.zygote is not None else self.wake_r
+            for fd in (child.out_r, child.err_r, child.ctl_r, ended):
                 poller.register(fd, select.POLLIN)
             poller.register(self.rfd, 0)  # only POLLHUP/POLLERR: the server went away
             report = None  # what the child reported over ctl
@@ -1241,12 +1320,13 @@ class Worker:
                             child.ctl_r_open = False
                             if child.reap(False):
                                 done = True
-                    elif fd == self.wake_r:
-                        try:
-                            while os.read(fd, 512):
+                    elif fd == ended:
+                        if fd == self.wake_r:
+                            try:
+                                while os.read(fd, 512):
+                                    pass
+                            except BlockingIOError:
                                 pass
-                        except BlockingIOError:
-                            pass
                         if child.reap(False) and not child.ctl_r_open:
                             done = True
                     elif fd == self.rfd:
@@ -1300,27 +1380,6 @@ class Worker:
             # Off the request path: reap, clean up, fork the next child.
             self.retire(child)
             self.spawn()
-            self.rehearse(frame)
-
-    def rehearse(self, frame):
-        """Walk the request path once with no client waiting, right after a
-        fork: the pages it writes, shared with the new child until then, are
-        copied now instead of during the next run."""
-        try:
-            if len(frame) > 65536:
-                frame = packb(WARM_REQUEST)
-            msg = unpackb(frame)
-            hand_off(msg)
-            out, err = Capture(1, "stdout"), Capture(1, "stderr")
-            out.feed(b"..")
-            poller = select.poll()
-            poller.register(self.wake_r, select.POLLIN)
-            poller.poll(0)
-            report = sane_report(complete_report(bytearray(b"\0\0\0\x01\x80")))
-            artifacts = collect_artifacts(self.rundir, {}, None, 1, 1)
-            packb(result_frame(msg, out, err, 0, None, False, 0.0, report, artifacts))
-        except Exception:
-            pass
 
     def drain(self, fd, capture, poller, stream_id=None):
         while True:
@@ -1360,6 +1419,9 @@ class Worker:
                     self.execute(msg, frame)
                 except ChannelClosed:
                     return
+                except ZygoteLost as exc:
+                    write_error(self.wfd, msg.get("id"), "", exc)
+                    return
                 except Exception as exc:
                     write_error(self.wfd, msg.get("id"), "", exc)
                     if self.next is None:
@@ -1371,11 +1433,218 @@ class Worker:
                 write_error(self.wfd, msg.get("id"), "unknown frame type %r" % (kind,))
 
     def close(self):
-        if self.next is not None:
-            self.retire(self.next)
-            self.next = None
         if self.session is not None:
             self.session.close()
+        try:
+            if self.next is not None:
+                self.retire(self.next)
+        except ZygoteLost:
+            pass
+        if self.zygote is not None:
+            # The zygote kills what is left of its children as it exits.
+            self.zygote.stop()
+
+
+# ---------------------------------------------------------------------------
+# The zygote: the process clean runs are forked from
+# ---------------------------------------------------------------------------
+#
+# A fork leaves every page the parent shares with the child copy-on-write,
+# so a worker that forked its runs itself would copy, during each request,
+# every page its own request path writes.  Instead the worker forks, once, a
+# zygote that does nothing but fork: the worker's pages stay its own and its
+# request path runs warm.  Worker and zygote share a SOCK_SEQPACKET pair:
+#
+#   worker -> zygote  F + the child's 4 pipe ends (SCM_RIGHTS): fork a run
+#                       child; answered by  P + pid
+#                     K: kill and reap every child left (between runs these
+#                       are only what a run left running: the zygote is a
+#                       subreaper); answered by  k
+#   zygote -> worker  X + pid, wait status, CPU seconds, peak RSS, whether
+#                       other children are left: a child ended (sent when it
+#                       is reaped, unasked); with none left, K is not needed
+#
+# The zygote dies with its worker (parent-death signal), and its children
+# with it; it exits when the worker closes its end.
+
+_EXIT = struct.Struct("!iidq?")
+
+
+class ZygoteLost(Exception):
+    """The zygote is gone: this worker cannot fork runs any more."""
+
+
+class Zygote:
+    """The worker's end of its zygote."""
+
+    def __init__(self, worker, scope):
+        import array  # noqa: F401  (imported here, before the fork, for both)
+        import socket
+
+        self.socket = socket
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        worker_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            os.close(ours.detach())
+            zygote_main(theirs, worker, worker_pid, scope)
+        theirs.close()
+        self.pid = pid
+        self.sock = ours
+        self.fd = ours.fileno()
+        # pid -> (wait status, (CPU seconds, peak RSS KiB), others left)
+        self.exits = {}
+
+    def fork(self, fds):
+        """A new run child holding ``fds`` (req_r, out_w, err_w, ctl_w)."""
+        import array
+
+        rights = array.array("i", fds)
+        self.send([b"F"], [(self.socket.SOL_SOCKET, self.socket.SCM_RIGHTS, rights)])
+        return struct.unpack("!i", self.reply(b"P"))[0]
+
+    def kill_leftovers(self):
+        self.send([b"K"], [])
+        self.reply(b"k")
+        self.exits.clear()  # what was left had no Child to claim its exit
+
+    def send(self, parts, ancillary):
+        try:
+            self.sock.sendmsg(parts, ancillary)
+        except OSError as exc:
+            raise ZygoteLost("the zygote is gone: %s" % exc)
+
+    def reply(self, kind):
+        while True:
+            msg = self.receive(True)
+            if msg[:1] == kind:
+                return msg[1:]
+            if msg[:1] != b"X":
+                raise ZygoteLost("unexpected message %r from the zygote" % msg[:1])
+
+    def receive(self, block):
+        """One message (exit reports are noted on the way), or None."""
+        try:
+            msg = self.sock.recv(64, 0 if block else self.socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise ZygoteLost("the zygote is gone: %s" % exc)
+        if not msg:
+            raise ZygoteLost("the zygote exited")
+        if msg[:1] == b"X":
+            pid, status, cpu, rss, others = _EXIT.unpack(msg[1:])
+            self.exits[pid] = (status, (cpu, rss), others)
+        return msg
+
+    def exit_of(self, pid, block):
+        """(wait status, usage, whether the zygote had other children) of
+        child ``pid`` once it ended; with ``block``, waits for that."""
+        while pid not in self.exits:
+            msg = self.receive(block)
+            if msg is None:
+                return None
+            if msg[:1] != b"X":
+                raise ZygoteLost("unexpected message %r from the zygote" % msg[:1])
+        return self.exits.pop(pid)
+
+    def stop(self):
+        self.sock.close()
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def zygote_main(sock, worker, worker_pid, scope):
+    """Body of the zygote; never returns."""
+    import array
+    import socket
+
+    code = 0
+    try:
+        if _prctl is not None:
+            _prctl(1, _SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the worker
+        if os.getppid() != worker_pid:
+            raise ChannelClosed()
+        become_subreaper()
+        for fd in (worker.rfd, worker.wfd, worker.wake_r, worker.wake_w):
+            os.close(fd)
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        _signal.set_wakeup_fd(wake_w)
+        me = os.getpid()
+        own_fds = (sock.fileno(), wake_r, wake_w)
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        poller.register(wake_r, select.POLLIN)
+        rights_size = socket.CMSG_SPACE(4 * array.array("i").itemsize)
+        while True:
+            for fd, _ in poller.poll():
+                if fd == wake_r:
+                    try:
+                        while os.read(wake_r, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                    report_exits(sock)
+                    continue
+                msg, ancillary, _, _ = sock.recvmsg(16, rights_size)
+                if not msg:
+                    raise ChannelClosed()
+                if msg == b"F":
+                    fds = array.array("i")
+                    for level, kind, data in ancillary:
+                        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+                    if len(fds) != 4:
+                        raise RuntimeError("a fork request without its 4 pipe ends")
+                    pid = os.fork()
+                    if pid == 0:
+                        sock.detach()
+                        child_main(me, worker.rundir, fds[0], fds[1], fds[2], fds[3], own_fds,
+                                   scope)
+                    for fd in fds:
+                        os.close(fd)
+                    try:
+                        os.setpgid(pid, pid)
+                    except OSError:
+                        pass
+                    sock.send(b"P" + struct.pack("!i", pid))
+                elif msg == b"K":
+                    report_exits(sock)
+                    kill_descendants()
+                    sock.send(b"k")
+    except ChannelClosed:
+        pass
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    try:
+        kill_descendants()
+    finally:
+        os._exit(code)
+
+
+def report_exits(sock):
+    """Reap every child that ended and tell the worker, and whether any
+    child is left."""
+    ended = []
+    others = False
+    while True:
+        try:
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if not pid:
+            others = True
+            break
+        ended.append((pid, status, usage.ru_utime + usage.ru_stime, usage.ru_maxrss))
+    for pid, status, cpu, rss in ended:
+        sock.send(b"X" + _EXIT.pack(pid, status, cpu, rss, others))
 
 
 # ---------------------------------------------------------------------------
@@ -1714,6 +1983,14 @@ def main():
         gc.freeze()
     code = 0
     try:
+        # Runs are forked by a zygote, except where that would expose it: the
+        # worker is pid 1 of its pid namespace, out of reach of a run's
+        # signals, and the zygote would not be unless Landlock can scope them.
+        scope = signal_scope() if os.getpid() == 1 else None
+        if (os.getpid() != 1 or scope is not None) and not os.environ.get("CODE_EXECUTOR_NO_ZYGOTE"):
+            worker.zygote = Zygote(worker, scope)
+        if scope is not None:
+            os.close(scope)  # the zygote has its own
         # The first child exists before `ready`: the server then counts the
         # worker's own tasks (a preload may start threads) as all but one.
         worker.spawn()

@@ -8,6 +8,7 @@ mod concurrency;
 mod crashes;
 mod envs;
 mod execute;
+mod forking;
 mod grading;
 mod http_api;
 mod isolation;

@@ -123,20 +123,22 @@ pub fn scratch_seen_by_worker(scratch: &Path) -> std::path::PathBuf {
 }
 
 /// Wait until every worker has its next child forked and nothing else runs
-/// in the sandboxes: per worker the launcher, the worker and its next child.
+/// in the sandboxes: per worker the launcher, the worker, its zygote and its
+/// next child.
 async fn wait_for_spares(server: &TestServer, size: u64) {
+    const PER_WORKER: u64 = 4;
     let base = server.executor.base_dir().to_path_buf();
     let started = Instant::now();
     loop {
         let pids = sandbox_processes(&base);
-        if pids.len() as u64 == 3 * size {
+        if pids.len() as u64 == PER_WORKER * size {
             return;
         }
         if started.elapsed() > Duration::from_secs(20) {
             let described: Vec<String> = pids.iter().map(|p| describe(*p)).collect();
             panic!(
-                "expected {} sandbox processes (3 per worker), found {}: {described:#?}",
-                3 * size,
+                "expected {} sandbox processes ({PER_WORKER} per worker), found {}: {described:#?}",
+                PER_WORKER * size,
                 pids.len()
             );
         }

@@ -1,0 +1,109 @@
+//! Both ways a worker forks its clean runs behave alike: through its zygote
+//! (the default) and by itself (where Landlock cannot keep a run's signals
+//! from the zygote; `CODE_EXECUTOR_NO_ZYGOTE` forces it here).
+
+use std::time::Duration;
+
+use code_executor::executor::WORKER_SCRIPT;
+use code_executor::protocol::{ExecFrame, RunLimits, WireSelection, encode_frame};
+use code_executor::worker::{RunOutput, Worker, WorkerSpec};
+
+use crate::common;
+
+async fn worker(zygote: bool) -> (Worker, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("worker.py");
+    std::fs::write(&script, WORKER_SCRIPT).unwrap();
+    let mut env = vec![("PATH".into(), "/usr/bin:/bin".into())];
+    if !zygote {
+        env.push(("CODE_EXECUTOR_NO_ZYGOTE".into(), "1".into()));
+    }
+    let spec = WorkerSpec {
+        python: common::python(),
+        script,
+        scratch_parent: dir.path().to_path_buf(),
+        env,
+        preload: vec![],
+        start_timeout: Duration::from_secs(30),
+        grace_period: Duration::from_millis(200),
+        sandbox: None,
+        owner: None,
+        run_processes: 256,
+        memory_max: None,
+    };
+    (
+        Worker::create(&spec, None).await.expect("worker starts"),
+        dir,
+    )
+}
+
+async fn run(worker: &mut Worker, code: &str, timeout: f64) -> RunOutput {
+    let limits = RunLimits::default();
+    let frame = encode_frame(&ExecFrame {
+        t: "exec",
+        id: 1,
+        code,
+        stdin: None,
+        files: vec![],
+        argv: &[],
+        timeout,
+        max_output: 1 << 20,
+        limits: &limits,
+        stream: false,
+        artifacts: WireSelection::All(true),
+        max_artifact_bytes: 1 << 20,
+        max_artifacts_bytes: 1 << 20,
+        max_result_chars: 1000,
+        rusage: true,
+    })
+    .unwrap();
+    worker
+        .execute(&frame, Duration::from_secs_f64(timeout + 5.0), None)
+        .await
+        .expect("the worker answers")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+        .unwrap_or(false)
+}
+
+#[tokio::test]
+async fn runs_forked_with_and_without_a_zygote_behave_alike() {
+    for zygote in [true, false] {
+        let (mut worker, _dir) = worker(zygote).await;
+        // The run's parent: the zygote, or the worker itself.
+        let out = run(&mut worker, "import os\nprint(os.getppid())", 5.0).await;
+        let parent: u32 = text(&out.stdout).trim().parse().unwrap();
+        assert_eq!(parent == worker.pid(), !zygote, "zygote {zygote}: parent {parent}");
+        assert!(out.cpu_ms.is_some() && out.peak_rss_kb.unwrap_or(0) > 0, "{out:?}");
+
+        // What a run leaves running (in a session of its own) is killed
+        // before the next run starts.
+        let out = run(
+            &mut worker,
+            "import subprocess\nprint(subprocess.Popen(['sleep', '60'], start_new_session=True).pid)",
+            5.0,
+        )
+        .await;
+        let orphan: u32 = text(&out.stdout).trim().parse().unwrap();
+        let out = run(&mut worker, "print('next')", 5.0).await;
+        assert_eq!(text(&out.stdout), "next\n");
+        assert!(!alive(orphan), "zygote {zygote}: {orphan} outlived its run");
+
+        // Exit statuses, signals and timeouts come through either way.
+        let out = run(&mut worker, "import sys\nsys.exit(3)", 5.0).await;
+        assert_eq!(out.exit_code, 3, "zygote {zygote}");
+        let out = run(&mut worker, "import os\nos.kill(os.getpid(), 9)", 5.0).await;
+        assert_eq!((out.exit_code, out.signal.as_deref()), (-9, Some("SIGKILL")));
+        let out = run(&mut worker, "while True: pass", 0.5).await;
+        assert!(out.timed_out, "zygote {zygote}: {out:?}");
+        let out = run(&mut worker, "print('after')", 5.0).await;
+        assert_eq!(text(&out.stdout), "after\n", "zygote {zygote}");
+    }
+}
