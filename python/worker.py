@@ -753,7 +753,17 @@ def signal_scope():
         _restrict_self = functools.partial(syscall, ctypes.c_long(_LANDLOCK_RESTRICT_SELF))
     except Exception:
         return None
-    return fd if fd >= 0 else None
+    if fd < 0:
+        return None
+    # Entering the domain can still fail (a filter that allows only part of
+    # Landlock, the nesting limit): try it once in a throwaway child.
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if _restrict_self(fd, 0) == 0 else 1)
+    if os.waitpid(pid, 0)[1] != 0:
+        os.close(fd)
+        return None
+    return fd
 
 
 def scope_signals(ruleset):
@@ -1102,6 +1112,13 @@ class Child:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        # The run may have moved itself into another process group; its pid
+        # is not reused before it is reaped.
+        if not self.reap(False):
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def close(self):
         for fd in (self.req_w, self.out_r, self.err_r, self.ctl_r):
@@ -1177,9 +1194,13 @@ class Worker:
         self.rundir = os.path.join(scratch, "run")
         self.base_tmp = {name: os.environ.get(name) for name in TMP_VARS}
         set_run_dir(self.rundir, {name: private_tmp(self.rundir) for name in TMP_VARS})
+        # Not a place the worker (or its zygote) imports from: a run's files
+        # are there.  Each run's child drops this entry.
+        sys.path_importer_cache[self.rundir] = None
         self.next = None
         self.session = None  # a Session once a `session` frame switched this worker
         self.zygote = None  # started by main once the worker is set up
+        self.scope = None  # a Landlock ruleset fd that scopes signals, if any
 
     def spawn(self):
         """Fork the next child; it warms up and waits for its request."""
@@ -1282,6 +1303,7 @@ class Worker:
         disk = DiskWatch(self.scratch, int(disk_bytes)) if disk_bytes else None
         start = time.monotonic()
         child = self.take_child(msg)
+        gone = False  # the server went away: no next child
         try:
             deadline = start + timeout
             out, err = Capture(cap, "stdout"), Capture(cap, "stderr")
@@ -1330,8 +1352,7 @@ class Worker:
                         if child.reap(False) and not child.ctl_r_open:
                             done = True
                     elif fd == self.rfd:
-                        child.kill_group()
-                        child.reap(True)
+                        gone = True
                         raise ChannelClosed()
                 if done:
                     break
@@ -1376,10 +1397,14 @@ class Worker:
             if disk_exceeded:
                 reply["disk_exceeded"] = True
             write_frame(self.wfd, reply)
+        except ChannelClosed:
+            gone = True
+            raise
         finally:
             # Off the request path: reap, clean up, fork the next child.
             self.retire(child)
-            self.spawn()
+            if not gone:
+                self.spawn()
 
     def drain(self, fd, capture, poller, stream_id=None):
         while True:
@@ -1443,6 +1468,7 @@ class Worker:
         if self.zygote is not None:
             # The zygote kills what is left of its children as it exits.
             self.zygote.stop()
+        kill_descendants()  # and the worker what was left to it
 
 
 # ---------------------------------------------------------------------------
@@ -1501,7 +1527,10 @@ class Zygote:
 
         rights = array.array("i", fds)
         self.send([b"F"], [(self.socket.SOL_SOCKET, self.socket.SCM_RIGHTS, rights)])
-        return struct.unpack("!i", self.reply(b"P"))[0]
+        pid = struct.unpack("!i", self.reply(b"P"))[0]
+        if pid < 0:
+            raise OSError(-pid, "the zygote could not fork: %s" % os.strerror(-pid))
+        return pid
 
     def kill_leftovers(self):
         self.send([b"K"], [])
@@ -1549,10 +1578,18 @@ class Zygote:
         return self.exits.pop(pid)
 
     def stop(self):
+        """Close the zygote's socket: it kills what children it has and
+        exits; one that does not within a second is killed."""
         self.sock.close()
+        deadline = time.monotonic() + 1.0
         try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
+            while not os.waitpid(self.pid, os.WNOHANG)[0]:
+                if time.monotonic() > deadline:
+                    os.kill(self.pid, signal.SIGKILL)
+                    os.waitpid(self.pid, 0)
+                    break
+                time.sleep(0.005)
+        except (ChildProcessError, ProcessLookupError):
             pass
 
 
@@ -1580,6 +1617,7 @@ def zygote_main(sock, worker, worker_pid, scope):
         poller.register(sock.fileno(), select.POLLIN)
         poller.register(wake_r, select.POLLIN)
         rights_size = socket.CMSG_SPACE(4 * array.array("i").itemsize)
+        forked = set()  # run children not reported yet
         while True:
             for fd, _ in poller.poll():
                 if fd == wake_r:
@@ -1588,7 +1626,7 @@ def zygote_main(sock, worker, worker_pid, scope):
                             pass
                     except BlockingIOError:
                         pass
-                    report_exits(sock)
+                    report_exits(sock, forked)
                     continue
                 msg, ancillary, _, _ = sock.recvmsg(16, rights_size)
                 if not msg:
@@ -1600,20 +1638,25 @@ def zygote_main(sock, worker, worker_pid, scope):
                             fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
                     if len(fds) != 4:
                         raise RuntimeError("a fork request without its 4 pipe ends")
-                    pid = os.fork()
+                    try:
+                        pid = os.fork()
+                    except OSError as exc:  # EAGAIN at the pids cap, ENOMEM
+                        pid = -exc.errno
                     if pid == 0:
                         sock.detach()
                         child_main(me, worker.rundir, fds[0], fds[1], fds[2], fds[3], own_fds,
                                    scope)
                     for fd in fds:
                         os.close(fd)
-                    try:
-                        os.setpgid(pid, pid)
-                    except OSError:
-                        pass
+                    if pid > 0:
+                        forked.add(pid)
+                        try:
+                            os.setpgid(pid, pid)
+                        except OSError:
+                            pass
                     sock.send(b"P" + struct.pack("!i", pid))
                 elif msg == b"K":
-                    report_exits(sock)
+                    report_exits(sock, forked)
                     kill_descendants()
                     sock.send(b"k")
     except ChannelClosed:
@@ -1629,9 +1672,10 @@ def zygote_main(sock, worker, worker_pid, scope):
         os._exit(code)
 
 
-def report_exits(sock):
-    """Reap every child that ended and tell the worker, and whether any
-    child is left."""
+def report_exits(sock, forked):
+    """Reap every child that ended and tell the worker of those it had
+    forked (``forked``), and whether any child is left; what a run left
+    behind is reaped unreported."""
     ended = []
     others = False
     while True:
@@ -1644,7 +1688,9 @@ def report_exits(sock):
             break
         ended.append((pid, status, usage.ru_utime + usage.ru_stime, usage.ru_maxrss))
     for pid, status, cpu, rss in ended:
-        sock.send(b"X" + _EXIT.pack(pid, status, cpu, rss, others))
+        if pid in forked:
+            forked.discard(pid)
+            sock.send(b"X" + _EXIT.pack(pid, status, cpu, rss, others))
 
 
 # ---------------------------------------------------------------------------
@@ -1663,12 +1709,15 @@ def report_exits(sock):
 # (`session_lost` in the result says why).
 
 def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, limits, base_tmp,
-                 run_dir):
+                 run_dir, scope):
     """Body of a session child: serve calls until the request pipe closes."""
     status = 70
     try:
         # SIGINT is ignored except while user code runs (see session_call).
         enter_run(worker_pid, rundir, out_w, err_w, parent_fds, _signal.SIG_IGN)
+        if scope is not None:  # the zygote, idle now, stays out of reach
+            scope_signals(scope)
+            os.close(scope)
         set_run_dir(rundir, base_tmp, previous=run_dir)
         fixed = dict(limits or {})
         fixed.pop("cpu_seconds", None)  # a budget per call, see session_call
@@ -1887,7 +1936,7 @@ def open_session(worker, msg):
     os.mkdir(rundir, 0o700)
     limits = msg.get("limits")
     child = worker.fork_child(rundir, lambda *fds: session_main(*fds, limits, worker.base_tmp,
-                                                                   worker.rundir))
+                                                                   worker.rundir, worker.scope))
     worker.session = Session(child, float(msg.get("grace") or 1.0))
     write_frame(worker.wfd, {"t": "result", "id": msg.get("id"), "exit_code": 0, "pid": child.pid})
 
@@ -1988,9 +2037,14 @@ def main():
         # signals, and the zygote would not be unless Landlock can scope them.
         scope = signal_scope() if os.getpid() == 1 else None
         if (os.getpid() != 1 or scope is not None) and not os.environ.get("CODE_EXECUTOR_NO_ZYGOTE"):
-            worker.zygote = Zygote(worker, scope)
-        if scope is not None:
-            os.close(scope)  # the zygote has its own
+            try:
+                worker.zygote = Zygote(worker, scope)
+            except OSError as exc:
+                sys.stderr.write("code-executor: no zygote, runs fork from the worker: %s\n" % exc)
+        if worker.zygote is not None:
+            worker.scope = scope  # for session children; the zygote has its own
+        elif scope is not None:
+            os.close(scope)
         # The first child exists before `ready`: the server then counts the
         # worker's own tasks (a preload may start threads) as all but one.
         worker.spawn()

@@ -69,7 +69,14 @@ fn text(bytes: &[u8]) -> String {
 
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|stat| !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+        .map(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
         .unwrap_or(false)
 }
 
@@ -80,8 +87,15 @@ async fn runs_forked_with_and_without_a_zygote_behave_alike() {
         // The run's parent: the zygote, or the worker itself.
         let out = run(&mut worker, "import os\nprint(os.getppid())", 5.0).await;
         let parent: u32 = text(&out.stdout).trim().parse().unwrap();
-        assert_eq!(parent == worker.pid(), !zygote, "zygote {zygote}: parent {parent}");
-        assert!(out.cpu_ms.is_some() && out.peak_rss_kb.unwrap_or(0) > 0, "{out:?}");
+        assert_eq!(
+            parent == worker.pid(),
+            !zygote,
+            "zygote {zygote}: parent {parent}"
+        );
+        assert!(
+            out.cpu_ms.is_some() && out.peak_rss_kb.unwrap_or(0) > 0,
+            "{out:?}"
+        );
 
         // What a run leaves running (in a session of its own) is killed
         // before the next run starts.
@@ -100,7 +114,10 @@ async fn runs_forked_with_and_without_a_zygote_behave_alike() {
         let out = run(&mut worker, "import sys\nsys.exit(3)", 5.0).await;
         assert_eq!(out.exit_code, 3, "zygote {zygote}");
         let out = run(&mut worker, "import os\nos.kill(os.getpid(), 9)", 5.0).await;
-        assert_eq!((out.exit_code, out.signal.as_deref()), (-9, Some("SIGKILL")));
+        assert_eq!(
+            (out.exit_code, out.signal.as_deref()),
+            (-9, Some("SIGKILL"))
+        );
         let out = run(&mut worker, "while True: pass", 0.5).await;
         assert!(out.timed_out, "zygote {zygote}: {out:?}");
         let out = run(&mut worker, "print('after')", 5.0).await;

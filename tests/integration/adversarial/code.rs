@@ -51,6 +51,40 @@ async fn ignoring_sigterm_does_not_survive_the_timeout() {
 }
 
 #[tokio::test]
+async fn leaving_its_process_group_does_not_survive_the_timeout() {
+    // The run moves itself into the group of a child it started in a group
+    // of its own, so that killing the run's process group misses both.
+    let arena = Arena::start().await;
+    let started = std::time::Instant::now();
+    let body = arena
+        .attack(run(
+            r#"
+import os, time
+child = os.fork()
+if child == 0:
+    os.setpgid(0, 0)
+    while True:
+        time.sleep(1)
+time.sleep(0.2)
+os.setpgid(0, child)
+print("moved", flush=True)
+while True:
+    pass
+"#,
+            1.0,
+        ))
+        .await;
+    assert_eq!(body["stdout"], "moved\n", "{body}");
+    assert_eq!(body["limit"], "timeout", "{body}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{body}"
+    );
+    // The child in its own group is gone too before the next run.
+    arena.assert_recovered().await;
+}
+
+#[tokio::test]
 async fn fork_bomb_hits_the_process_limit() {
     let arena = Arena::start().await;
     let body = arena
