@@ -899,6 +899,14 @@ def signal_name(signum):
         return "SIG%d" % signum
 
 
+def exit_status(status):
+    """(exit code, signal name) of a raw wait status, as results give them."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return -sig, signal_name(sig)
+    return os.WEXITSTATUS(status), None
+
+
 def read_report(fd, buf):
     """Read the child's final report (a length-prefixed msgpack map) into
     ``buf``; return (report or None, whether the pipe closed)."""
@@ -988,6 +996,15 @@ def sane_report(report):
 
 
 PR_SET_CHILD_SUBREAPER = 36
+
+
+def empty_pipe(fd):
+    """Read a non-blocking wake-up pipe empty."""
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def become_subreaper():
@@ -1344,11 +1361,7 @@ class Worker:
                                 done = True
                     elif fd == ended:
                         if fd == self.wake_r:
-                            try:
-                                while os.read(fd, 512):
-                                    pass
-                            except BlockingIOError:
-                                pass
+                            empty_pipe(fd)
                         if child.reap(False) and not child.ctl_r_open:
                             done = True
                     elif fd == self.rfd:
@@ -1373,12 +1386,7 @@ class Worker:
                 exit_code = report["status"]
             else:
                 child.reap(True)
-                status = child.status or 0
-                if os.WIFSIGNALED(status):
-                    sig = os.WTERMSIG(status)
-                    exit_code, signame = -sig, signal_name(sig)
-                else:
-                    exit_code = os.WEXITSTATUS(status)
+                exit_code, signame = exit_status(child.status or 0)
             artifacts = []
             select_ = msg.get("artifacts", True)
             if select_ is not False:
@@ -1621,11 +1629,7 @@ def zygote_main(sock, worker, worker_pid, scope):
         while True:
             for fd, _ in poller.poll():
                 if fd == wake_r:
-                    try:
-                        while os.read(wake_r, 512):
-                            pass
-                    except BlockingIOError:
-                        pass
+                    empty_pipe(wake_r)
                     report_exits(sock, forked)
                     continue
                 msg, ancillary, _, _ = sock.recvmsg(16, rights_size)
@@ -1869,11 +1873,7 @@ class Session:
                         poller.unregister(fd)
                         lost = "exited"
                 elif fd == worker.wake_r:
-                    try:
-                        while os.read(fd, 512):
-                            pass
-                    except BlockingIOError:
-                        pass
+                    empty_pipe(fd)
                     if child.reap(False):
                         lost = "exited"
                 elif fd == worker.rfd:
@@ -1890,12 +1890,7 @@ class Session:
             report = sane_report(report)
             exit_code = report["status"]
         else:
-            status = child.status or 0
-            if os.WIFSIGNALED(status):
-                sig = os.WTERMSIG(status)
-                exit_code, signame = -sig, signal_name(sig)
-            else:
-                exit_code = os.WEXITSTATUS(status)
+            exit_code, signame = exit_status(child.status or 0)
             if lost == "exited":
                 how = ("killed by %s" % signame) if signame else ("exited with status %d" % exit_code)
                 lost = "the session process %s during this call; its state is gone" % how

@@ -1,11 +1,9 @@
 //! The worker's own msgpack codec and rmp-serde agree, in both directions.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-use code_executor::executor::WORKER_SCRIPT;
 use code_executor::protocol::encode_frame;
-use code_executor::worker::{Worker, WorkerSpec};
+use code_executor::worker::Worker;
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
@@ -45,29 +43,7 @@ struct EchoReply<T> {
 }
 
 async fn pure_codec_worker() -> (Worker, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("worker.py");
-    std::fs::write(&script, WORKER_SCRIPT).unwrap();
-    let spec = WorkerSpec {
-        python: common::python(),
-        script,
-        scratch_parent: dir.path().to_path_buf(),
-        env: vec![
-            ("PATH".into(), "/usr/bin:/bin".into()),
-            ("CODE_EXECUTOR_PURE_CODEC".into(), "1".into()),
-        ],
-        preload: vec![],
-        start_timeout: Duration::from_secs(30),
-        grace_period: Duration::from_millis(200),
-        sandbox: None,
-        owner: None,
-        run_processes: 256,
-        memory_max: None,
-    };
-    (
-        Worker::create(&spec, None).await.expect("worker starts"),
-        dir,
-    )
+    common::bare_worker(&[("CODE_EXECUTOR_PURE_CODEC", "1")]).await
 }
 
 async fn echo<T: Serialize + for<'de> Deserialize<'de>>(

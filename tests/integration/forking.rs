@@ -4,37 +4,18 @@
 
 use std::time::Duration;
 
-use code_executor::executor::WORKER_SCRIPT;
 use code_executor::protocol::{ExecFrame, RunLimits, WireSelection, encode_frame};
-use code_executor::worker::{RunOutput, Worker, WorkerSpec};
+use code_executor::worker::{RunOutput, Worker};
 
 use crate::common;
 
 async fn worker(zygote: bool) -> (Worker, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("worker.py");
-    std::fs::write(&script, WORKER_SCRIPT).unwrap();
-    let mut env = vec![("PATH".into(), "/usr/bin:/bin".into())];
-    if !zygote {
-        env.push(("CODE_EXECUTOR_NO_ZYGOTE".into(), "1".into()));
-    }
-    let spec = WorkerSpec {
-        python: common::python(),
-        script,
-        scratch_parent: dir.path().to_path_buf(),
-        env,
-        preload: vec![],
-        start_timeout: Duration::from_secs(30),
-        grace_period: Duration::from_millis(200),
-        sandbox: None,
-        owner: None,
-        run_processes: 256,
-        memory_max: None,
+    let env: &[(&str, &str)] = if zygote {
+        &[]
+    } else {
+        &[("CODE_EXECUTOR_NO_ZYGOTE", "1")]
     };
-    (
-        Worker::create(&spec, None).await.expect("worker starts"),
-        dir,
-    )
+    common::bare_worker(env).await
 }
 
 async fn run(worker: &mut Worker, code: &str, timeout: f64) -> RunOutput {

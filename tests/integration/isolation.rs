@@ -2,14 +2,18 @@
 
 use crate::common::{self, TestServer};
 
-#[tokio::test]
-async fn globals_modules_environment_and_cwd_do_not_leak() {
-    // One worker, so both runs surely land on the same one.
-    let server = TestServer::with_config(code_executor::Config {
+/// A server with one worker, so that consecutive runs surely share it.
+async fn one_worker() -> TestServer {
+    TestServer::with_config(code_executor::Config {
         pool_size: 1,
         ..common::config()
     })
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn globals_modules_environment_and_cwd_do_not_leak() {
+    let server = one_worker().await;
     let first = server
         .run(
             r#"
@@ -46,11 +50,7 @@ print("wave" in sys.modules)
 async fn files_written_beside_the_run_directory_do_not_leak() {
     // `~` and `..` of a run are its worker's scratch root: what a run leaves
     // there is gone before the next run on the same worker.
-    let server = TestServer::with_config(code_executor::Config {
-        pool_size: 1,
-        ..common::config()
-    })
-    .await;
+    let server = one_worker().await;
     let first = server
         .run(
             r#"
@@ -92,11 +92,7 @@ async fn worker_environment_is_built_from_scratch() {
 #[tokio::test]
 async fn temporary_files_are_private_to_each_run_and_work_in_sessions() {
     // One worker: the second clean run and the session both follow the first.
-    let server = TestServer::with_config(code_executor::Config {
-        pool_size: 1,
-        ..common::config()
-    })
-    .await;
+    let server = one_worker().await;
     let first = server
         .run(
             r#"

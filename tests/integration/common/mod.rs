@@ -17,6 +17,39 @@ use code_executor::{Executor, server};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+/// One worker of the embedded bootstrap, outside any server and sandbox,
+/// with `PATH` and `env` as its environment; its scratch lives in the
+/// returned directory.
+pub async fn bare_worker(
+    env: &[(&str, &str)],
+) -> (code_executor::worker::Worker, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("worker.py");
+    std::fs::write(&script, code_executor::executor::WORKER_SCRIPT).unwrap();
+    let mut vars = vec![("PATH".into(), "/usr/bin:/bin".into())];
+    vars.extend(
+        env.iter()
+            .map(|(k, v)| (k.to_string().into(), v.to_string().into())),
+    );
+    let spec = code_executor::worker::WorkerSpec {
+        python: python(),
+        script,
+        scratch_parent: dir.path().to_path_buf(),
+        env: vars,
+        preload: vec![],
+        start_timeout: Duration::from_secs(30),
+        grace_period: Duration::from_millis(200),
+        sandbox: None,
+        owner: None,
+        run_processes: 256,
+        memory_max: None,
+    };
+    let worker = code_executor::worker::Worker::create(&spec, None)
+        .await
+        .expect("worker starts");
+    (worker, dir)
+}
+
 /// The real interpreter behind `python3` on PATH (not a launcher shim).
 pub fn python() -> PathBuf {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
