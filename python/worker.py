@@ -1513,7 +1513,7 @@ class Zygote:
 
     def __init__(self, worker, scope):
         import array  # noqa: F401  (imported here, before the fork, for both)
-        import socket
+        import _socket as socket  # the C module: no enum classes to build
 
         self.socket = socket
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -1604,7 +1604,7 @@ class Zygote:
 def zygote_main(sock, worker, worker_pid, scope):
     """Body of the zygote; never returns."""
     import array
-    import socket
+    import _socket as socket
 
     code = 0
     try:
@@ -1996,8 +1996,9 @@ def main():
         for name in preload:
             __import__(name)
         # Modules every run needs, imported once here instead of in each child.
-        import ast, builtins, linecache, traceback, atexit, shutil, fnmatch, mimetypes  # noqa: F401,E401
-        mimetypes.init()
+        # (shutil and mimetypes, which only the worker needs and rarely, are
+        # imported by it when it first does.)
+        import ast, builtins, linecache, traceback, atexit, fnmatch  # noqa: F401,E401
         global resource, _prctl
         import resource
         try:
