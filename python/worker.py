@@ -1762,11 +1762,11 @@ def session_call(msg, main, rundir, devnull):
         argv = msg.get("argv")
         cap = int(msg.get("max_result_chars") or 10000)
         del msg
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _signal.signal(_SIGINT, _signal.default_int_handler)
         try:
             outcome = run_user_code(code, argv, main, at_exit=False, result_cap=cap)
         finally:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            _signal.signal(_SIGINT, _signal.SIG_IGN)
         save_figures()
     except BaseException as exc:  # an interrupt that landed outside the code, bad files
         outcome.status = 1
