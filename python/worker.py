@@ -1129,8 +1129,12 @@ class Child:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        # The run may have moved itself into another process group; its pid
-        # is not reused before it is reaped.
+
+    def kill(self):
+        """Its process group and the child itself, which may have moved
+        into another group: what comes before waiting for it to end (its pid
+        is not reused before it is reaped)."""
+        self.kill_group()
         if not self.reap(False):
             try:
                 os.kill(self.pid, signal.SIGKILL)
@@ -1239,12 +1243,13 @@ class Worker:
         finally:
             for fd in (req_r, out_w, err_w, ctl_w):
                 os.close(fd)
-        self.next = self.child_of(pid, req_w, out_r, err_r, ctl_r, self.zygote)
+        self.next = self.child_of(pid, self.rundir, req_w, out_r, err_r, ctl_r, self.zygote)
 
-    def child_of(self, pid, req_w, out_r, err_r, ctl_r, zygote=None):
+    @staticmethod
+    def child_of(pid, rundir, req_w, out_r, err_r, ctl_r, zygote=None):
         for fd in (out_r, err_r, ctl_r):
             os.set_blocking(fd, False)
-        return Child(pid, self.rundir, req_w, out_r, err_r, ctl_r, zygote)
+        return Child(pid, rundir, req_w, out_r, err_r, ctl_r, zygote)
 
     def fork_child(self, rundir, body):
         """Fork a child of the worker itself (a session's) in its own process
@@ -1268,12 +1273,10 @@ class Worker:
             os.setpgid(pid, pid)
         except OSError:
             pass
-        child = self.child_of(pid, req_w, out_r, err_r, ctl_r)
-        child.rundir = rundir
-        return child
+        return self.child_of(pid, rundir, req_w, out_r, err_r, ctl_r)
 
     def retire(self, child):
-        child.kill_group()
+        child.kill()
         child.reap(True)
         # What the run left running was handed to its parent (a subreaper)
         # when the run's process died.
@@ -1372,9 +1375,11 @@ class Worker:
             duration_ms = (time.monotonic() - start) * 1000.0
             # Whatever the outcome, the run's process group ends here: stray
             # subprocesses do not outlive their run.
-            child.kill_group()
             if timed_out or disk_exceeded:
+                child.kill()
                 child.reap(True)
+            else:
+                child.kill_group()
             for fd, capture in streams.items():
                 if capture.open:
                     self.drain(fd, capture, None, stream_id)
@@ -1543,7 +1548,6 @@ class Zygote:
     def kill_leftovers(self):
         self.send([b"K"], [])
         self.reply(b"k")
-        self.exits.clear()  # what was left had no Child to claim its exit
 
     def send(self, parts, ancillary):
         try:
@@ -1881,7 +1885,7 @@ class Session:
                     raise ChannelClosed()
         duration_ms = (time.monotonic() - start) * 1000.0
         if lost is not None:
-            child.kill_group()
+            child.kill()
             child.reap(True)
         for fd, capture in streams.items():
             if capture.open:
@@ -1916,7 +1920,7 @@ class Session:
         child = self.child
         if child is not None:
             self.child = None
-            child.kill_group()
+            child.kill()
             child.reap(True)
             child.close()
             remove_tree(child.rundir)

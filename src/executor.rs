@@ -1308,22 +1308,11 @@ mod tests {
 
     fn failed(exit_code: i32, signal: Option<&str>, cgroup: LimitEvents) -> RunOutput {
         RunOutput {
-            stdout: Vec::new(),
-            stderr: Vec::new(),
             exit_code,
             signal: signal.map(str::to_string),
-            timed_out: false,
-            stdout_truncated: false,
-            stderr_truncated: false,
             duration_ms: 1.0,
-            result: None,
-            error: None,
-            artifacts: Vec::new(),
-            cpu_ms: None,
-            peak_rss_kb: None,
-            session_lost: None,
-            disk_exceeded: false,
             cgroup,
+            ..RunOutput::default()
         }
     }
 

@@ -695,22 +695,11 @@ mod tests {
 
     fn output(exit_code: i32) -> RunOutput {
         RunOutput {
-            stdout: Vec::new(),
-            stderr: Vec::new(),
             exit_code,
-            signal: None,
-            timed_out: false,
-            stdout_truncated: false,
-            stderr_truncated: false,
             duration_ms: 1.0,
-            result: None,
-            error: None,
-            artifacts: Vec::new(),
             cpu_ms: Some(1.0),
             peak_rss_kb: Some(10_000),
-            session_lost: None,
-            disk_exceeded: false,
-            cgroup: Default::default(),
+            ..RunOutput::default()
         }
     }
 

@@ -71,7 +71,7 @@ pub struct WorkerInfo {
 }
 
 /// The outcome of one run, as the worker reported it.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct RunOutput {
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
