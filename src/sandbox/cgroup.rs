@@ -240,11 +240,12 @@ impl CgroupRoot {
                 match controller {
                     Controller::Pids => {
                         std::fs::write(dir.join("pids.max"), limits.pids_max.to_string())?;
-                        cgroup.pids_events = Some(dir.join("pids.events"));
+                        cgroup.pids_events = Some(CounterFile::open(&dir.join("pids.events"))?);
                         cgroup.pids_max = Some(dir.join("pids.max"));
                     }
                     Controller::Memory => {
-                        cgroup.oom_events = Some(set_memory(&dir, h.version, limits.memory_max)?);
+                        let events = set_memory(&dir, h.version, limits.memory_max)?;
+                        cgroup.oom_events = Some(CounterFile::open(&events)?);
                     }
                 }
             }
@@ -396,9 +397,9 @@ pub struct WorkerCgroup {
     /// One directory per hierarchy; the launcher joins each.
     dirs: Vec<PathBuf>,
     /// `pids.events` (v1 and v2), with a pids cgroup.
-    pids_events: Option<PathBuf>,
+    pids_events: Option<CounterFile>,
     /// `memory.events` (v2) or `memory.oom_control` (v1), with a memory cgroup.
-    oom_events: Option<PathBuf>,
+    oom_events: Option<CounterFile>,
     /// The counters at the last look, to tell what is new.
     seen: LimitCounters,
     /// `pids.max`, with a pids cgroup.
@@ -451,11 +452,8 @@ impl WorkerCgroup {
 
     /// The counters now (a missing file or line counts as zero).
     pub fn counters(&self) -> LimitCounters {
-        let read = |file: &Option<PathBuf>, key: &str| {
-            file.as_ref()
-                .and_then(|f| std::fs::read_to_string(f).ok())
-                .and_then(|text| counter(&text, key))
-                .unwrap_or(0)
+        let read = |file: &Option<CounterFile>, key: &str| {
+            file.as_ref().and_then(|f| f.read(key)).unwrap_or(0)
         };
         LimitCounters {
             pids_max: read(&self.pids_events, "max"),
@@ -478,9 +476,32 @@ impl WorkerCgroup {
 
 impl Drop for WorkerCgroup {
     fn drop(&mut self) {
+        // Closed before the directories go.
+        self.pids_events = None;
+        self.oom_events = None;
         for dir in self.dirs.drain(..) {
             remove_when_empty(dir);
         }
+    }
+}
+
+/// A flat-keyed cgroup file kept open: it is read after every run, and a
+/// `pread` at offset 0 renders it anew without walking its path again.
+#[derive(Debug)]
+struct CounterFile(std::fs::File);
+
+impl CounterFile {
+    fn open(path: &Path) -> std::io::Result<CounterFile> {
+        std::fs::File::open(path).map(CounterFile)
+    }
+
+    /// The value of `key` now; `None` if the file cannot be read or lacks it.
+    fn read(&self, key: &str) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        // These files hold a handful of short lines.
+        let mut buf = [0u8; 1024];
+        let n = self.0.read_at(&mut buf, 0).ok()?;
+        counter(std::str::from_utf8(&buf[..n]).ok()?, key)
     }
 }
 
@@ -559,6 +580,18 @@ mod tests {
         assert_eq!(places[0].base, Path::new("/sys/fs/cgroup/ctr"));
         // A cgroup outside the mounted subtree cannot be reached through it.
         assert!(own_places(mounts, "0::/elsewhere\n").is_empty());
+    }
+
+    #[test]
+    fn a_counter_file_is_read_anew_each_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pids.events");
+        std::fs::write(&path, "max 0\n").unwrap();
+        let file = CounterFile::open(&path).unwrap();
+        assert_eq!(file.read("max"), Some(0));
+        std::fs::write(&path, "max 17\n").unwrap();
+        assert_eq!(file.read("max"), Some(17));
+        assert_eq!(file.read("oom_kill"), None);
     }
 
     #[test]
