@@ -80,45 +80,20 @@ resource = None  # imported by main(); the module is absent on non-Unix builds
 
 _pack_be = struct.pack
 _unpack_from = struct.unpack_from
+_BYTE = [bytes((i,)) for i in range(256)]
+# Encoded short str map keys, most of them the protocol's own names: each is
+# encoded once.  Bounded, since maps may carry other keys too.
+_KEYS = {}
+_MAX_KEYS = 512
 
 
 def _encode(obj, out):
-    if obj is None:
-        out.append(b"\xc0")
-    elif obj is True:
-        out.append(b"\xc3")
-    elif obj is False:
-        out.append(b"\xc2")
-    elif isinstance(obj, int):
-        if 0 <= obj < 0x80:
-            out.append(_pack_be("B", obj))
-        elif -32 <= obj < 0:
-            out.append(_pack_be("b", obj))
-        elif 0 <= obj <= 0xFF:
-            out.append(_pack_be("!BB", 0xCC, obj))
-        elif 0 <= obj <= 0xFFFF:
-            out.append(_pack_be("!BH", 0xCD, obj))
-        elif 0 <= obj <= 0xFFFFFFFF:
-            out.append(_pack_be("!BI", 0xCE, obj))
-        elif 0 <= obj <= 0xFFFFFFFFFFFFFFFF:
-            out.append(_pack_be("!BQ", 0xCF, obj))
-        elif -0x80 <= obj < 0:
-            out.append(_pack_be("!Bb", 0xD0, obj))
-        elif -0x8000 <= obj < 0:
-            out.append(_pack_be("!Bh", 0xD1, obj))
-        elif -0x80000000 <= obj < 0:
-            out.append(_pack_be("!Bi", 0xD2, obj))
-        elif -0x8000000000000000 <= obj < 0:
-            out.append(_pack_be("!Bq", 0xD3, obj))
-        else:
-            raise OverflowError("integer out of msgpack range")
-    elif isinstance(obj, float):
-        out.append(_pack_be("!Bd", 0xCB, obj))
-    elif isinstance(obj, str):
+    t = type(obj)
+    if t is str:
         data = obj.encode("utf-8", "surrogateescape")
         n = len(data)
         if n < 32:
-            out.append(_pack_be("B", 0xA0 | n))
+            out.append(_BYTE[0xA0 | n])
         elif n <= 0xFF:
             out.append(_pack_be("!BB", 0xD9, n))
         elif n <= 0xFFFF:
@@ -126,36 +101,106 @@ def _encode(obj, out):
         else:
             out.append(_pack_be("!BI", 0xDB, n))
         out.append(data)
-    elif isinstance(obj, (bytes, bytearray, memoryview)):
-        n = len(obj)
-        if n <= 0xFF:
-            out.append(_pack_be("!BB", 0xC4, n))
-        elif n <= 0xFFFF:
-            out.append(_pack_be("!BH", 0xC5, n))
+    elif t is int:
+        if 0 <= obj < 0x80:
+            out.append(_BYTE[obj])
         else:
-            out.append(_pack_be("!BI", 0xC6, n))
-        out.append(obj)
-    elif isinstance(obj, (list, tuple)):
+            _encode_int(obj, out)
+    elif obj is None:
+        out.append(b"\xc0")
+    elif t is bool:
+        out.append(b"\xc3" if obj else b"\xc2")
+    elif t is dict:
         n = len(obj)
         if n < 16:
-            out.append(_pack_be("B", 0x90 | n))
-        elif n <= 0xFFFF:
-            out.append(_pack_be("!BH", 0xDC, n))
-        else:
-            out.append(_pack_be("!BI", 0xDD, n))
-        for item in obj:
-            _encode(item, out)
-    elif isinstance(obj, dict):
-        n = len(obj)
-        if n < 16:
-            out.append(_pack_be("B", 0x80 | n))
+            out.append(_BYTE[0x80 | n])
         elif n <= 0xFFFF:
             out.append(_pack_be("!BH", 0xDE, n))
         else:
             out.append(_pack_be("!BI", 0xDF, n))
+        keys = _KEYS
         for key, value in obj.items():
-            _encode(key, out)
+            encoded = keys.get(key) if type(key) is str else None
+            if encoded is None:
+                start = len(out)
+                _encode(key, out)
+                if type(key) is str and len(key) < 32 and len(keys) < _MAX_KEYS:
+                    keys[key] = b"".join(out[start:])
+            else:
+                out.append(encoded)
             _encode(value, out)
+    elif t is float:
+        out.append(_pack_be("!Bd", 0xCB, obj))
+    elif t is bytes or t is bytearray or t is memoryview:
+        _encode_bin(obj, out)
+    elif t is list or t is tuple:
+        _encode_array(obj, out)
+    else:
+        _encode_other(obj, out)
+
+
+def _encode_int(obj, out):
+    if -32 <= obj < 0:
+        out.append(_BYTE[obj & 0xFF])
+    elif 0 <= obj <= 0xFF:
+        out.append(_pack_be("!BB", 0xCC, obj))
+    elif 0 <= obj <= 0xFFFF:
+        out.append(_pack_be("!BH", 0xCD, obj))
+    elif 0 <= obj <= 0xFFFFFFFF:
+        out.append(_pack_be("!BI", 0xCE, obj))
+    elif 0 <= obj <= 0xFFFFFFFFFFFFFFFF:
+        out.append(_pack_be("!BQ", 0xCF, obj))
+    elif -0x80 <= obj < 0:
+        out.append(_pack_be("!Bb", 0xD0, obj))
+    elif -0x8000 <= obj < 0:
+        out.append(_pack_be("!Bh", 0xD1, obj))
+    elif -0x80000000 <= obj < 0:
+        out.append(_pack_be("!Bi", 0xD2, obj))
+    elif -0x8000000000000000 <= obj < 0:
+        out.append(_pack_be("!Bq", 0xD3, obj))
+    else:
+        raise OverflowError("integer out of msgpack range")
+
+
+def _encode_bin(obj, out):
+    n = len(obj) if type(obj) is not memoryview else obj.nbytes
+    if n <= 0xFF:
+        out.append(_pack_be("!BB", 0xC4, n))
+    elif n <= 0xFFFF:
+        out.append(_pack_be("!BH", 0xC5, n))
+    else:
+        out.append(_pack_be("!BI", 0xC6, n))
+    out.append(obj)
+
+
+def _encode_array(obj, out):
+    n = len(obj)
+    if n < 16:
+        out.append(_BYTE[0x90 | n])
+    elif n <= 0xFFFF:
+        out.append(_pack_be("!BH", 0xDC, n))
+    else:
+        out.append(_pack_be("!BI", 0xDD, n))
+    for item in obj:
+        _encode(item, out)
+
+
+def _encode_other(obj, out):
+    """Subclasses of the protocol's types (an IntEnum, a str subclass)."""
+    if isinstance(obj, bool):
+        out.append(b"\xc3" if obj else b"\xc2")
+    elif isinstance(obj, int):
+        _encode(int(obj), out)
+    elif isinstance(obj, float):
+        _encode(float(obj), out)
+    elif isinstance(obj, str):
+        _encode(str(obj), out)
+    elif isinstance(obj, (bytes, bytearray, memoryview)):
+        _encode_bin(obj, out)
+    elif isinstance(obj, (list, tuple)):
+        _encode_array(obj, out)
+    elif isinstance(obj, dict):
+        _encode(dict(obj), out)
     else:
         raise TypeError("cannot encode %s" % type(obj).__name__)
 
@@ -171,6 +216,7 @@ _FIXED = {
     0xD0: ("!b", 1), 0xD1: ("!h", 2), 0xD2: ("!i", 4), 0xD3: ("!q", 8),
     0xCA: ("!f", 4), 0xCB: ("!d", 8),
 }
+_WIDTH = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}
 
 
 def _decode(buf, pos):
@@ -178,15 +224,18 @@ def _decode(buf, pos):
     pos += 1
     if b <= 0x7F:
         return b, pos
-    if b >= 0xE0:
-        return b - 0x100, pos
-    if 0x80 <= b <= 0x8F:
+    if b >= 0xA0:
+        if b <= 0xBF:
+            end = pos + (b & 0x1F)
+            if end > len(buf):
+                raise ValueError("truncated msgpack data")
+            return buf[pos:end].decode("utf-8", "surrogateescape"), end
+        if b >= 0xE0:
+            return b - 0x100, pos
+    elif b <= 0x8F:
         return _decode_map(buf, pos, b & 0x0F)
-    if 0x90 <= b <= 0x9F:
+    elif b <= 0x9F:
         return _decode_array(buf, pos, b & 0x0F)
-    if 0xA0 <= b <= 0xBF:
-        n = b & 0x1F
-        return _str(buf, pos, n), pos + n
     if b == 0xC0:
         return None, pos
     if b == 0xC2:
@@ -196,15 +245,16 @@ def _decode(buf, pos):
     fixed = _FIXED.get(b)
     if fixed is not None:
         return _unpack_from(fixed[0], buf, pos)[0], pos + fixed[1]
-    if b in (0xC4, 0xC5, 0xC6, 0xD9, 0xDA, 0xDB):
-        width = {0xC4: 1, 0xC5: 2, 0xC6: 4, 0xD9: 1, 0xDA: 2, 0xDB: 4}[b]
+    width = _WIDTH.get(b)
+    if width is not None:
         n = int.from_bytes(buf[pos:pos + width], "big")
         pos += width
-        if pos + n > len(buf):
+        end = pos + n
+        if end > len(buf):
             raise ValueError("truncated msgpack data")
         if b >= 0xD9:
-            return _str(buf, pos, n), pos + n
-        return bytes(buf[pos:pos + n]), pos + n
+            return buf[pos:end].decode("utf-8", "surrogateescape"), end
+        return bytes(memoryview(buf)[pos:end]), end
     if b in (0xDC, 0xDD):
         width = 2 if b == 0xDC else 4
         n = int.from_bytes(buf[pos:pos + width], "big")
@@ -214,12 +264,6 @@ def _decode(buf, pos):
         n = int.from_bytes(buf[pos:pos + width], "big")
         return _decode_map(buf, pos + width, n)
     raise ValueError("unsupported msgpack type byte 0x%02x" % b)
-
-
-def _str(buf, pos, n):
-    if pos + n > len(buf):
-        raise ValueError("truncated msgpack data")
-    return bytes(buf[pos:pos + n]).decode("utf-8", "surrogateescape")
 
 
 def _decode_array(buf, pos, n):
@@ -233,14 +277,27 @@ def _decode_array(buf, pos, n):
 def _decode_map(buf, pos, n):
     result = {}
     for _ in range(n):
-        key, pos = _decode(buf, pos)
-        value, pos = _decode(buf, pos)
-        result[key] = value
+        b = buf[pos]
+        if 0xA0 <= b <= 0xBF:  # the usual key: a short str
+            start = pos + 1
+            pos = start + (b & 0x1F)
+            if pos > len(buf):
+                raise ValueError("truncated msgpack data")
+            key = buf[start:pos].decode("utf-8", "surrogateescape")
+        else:
+            key, pos = _decode(buf, pos)
+        b = buf[pos]
+        if b <= 0x7F:
+            result[key] = b
+            pos += 1
+        else:
+            result[key], pos = _decode(buf, pos)
     return result, pos
 
 
 def pure_unpackb(data):
-    buf = memoryview(data)
+    # bytes and bytearray index and slice fast; anything else becomes bytes.
+    buf = data if type(data) is bytes or type(data) is bytearray else bytes(data)
     try:
         value, pos = _decode(buf, 0)
     except (IndexError, struct.error):
