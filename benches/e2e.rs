@@ -6,7 +6,8 @@
 //! `cargo bench --bench e2e`. Environment: `BENCH_SECONDS` per scenario
 //! (default 5), `BENCH_POOL_SIZE` (default 4), `BENCH_SPAWNS` (default 200),
 //! `BENCH_PYTHON` (default: the real interpreter behind `python3`),
-//! `BENCH_MCP_ONLY` (set: only the MCP comparison, in about `4 * BENCH_SECONDS`).
+//! `BENCH_CONDA_LAYOUT=1` (serve a Conda-layout copy of that interpreter
+//! instead, and spawn it for the baselines), `BENCH_MCP_ONLY` (set: only the MCP comparison, in about `4 * BENCH_SECONDS`).
 //! The numpy and Jupyter scenarios use venvs made by `tests/python_envs/setup.sh`.
 
 #[path = "../tests/integration/common/mcp.rs"]

@@ -4,7 +4,8 @@
 //!
 //! `cargo bench --bench grade` (env: `BENCH_ROUNDS`, default 10;
 //! `BENCH_POOL_SIZE`, default 4; `BENCH_CASES`, default 200; `BENCH_PYTHON`,
-//! default the real `python3`).
+//! default the real `python3`; `BENCH_CONDA_LAYOUT=1`, a Conda-layout copy of
+//! it).
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! What the end-to-end benchmarks share: their settings from the
 //! environment, the interpreter they measure, and the real server binary.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -15,16 +15,65 @@ pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-/// `BENCH_PYTHON`, else the real interpreter behind `python3` on PATH.
+/// The interpreter the benchmarks measure: `BENCH_PYTHON`, else the real
+/// interpreter behind `python3` on PATH. With `BENCH_CONDA_LAYOUT=1`, the
+/// `bin/python` of a Conda-layout copy of it instead (see [`conda_layout`]).
 pub fn real_python() -> PathBuf {
-    if let Ok(p) = std::env::var("BENCH_PYTHON") {
-        return p.into();
+    let python = match std::env::var("BENCH_PYTHON") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => {
+            let out = std::process::Command::new("python3")
+                .args(["-c", "import sys; print(sys.executable)"])
+                .output()
+                .expect("python3 on PATH");
+            String::from_utf8(out.stdout).unwrap().trim().into()
+        }
+    };
+    if std::env::var_os("BENCH_CONDA_LAYOUT").is_some_and(|v| v == "1") {
+        return conda_layout(&python).join("bin").join("python");
     }
-    let out = std::process::Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
+    python
+}
+
+/// A prefix laid out as `conda create` makes one, built from `python`: a
+/// copy of the binary in `bin/`, the standard library's entries linked into
+/// `lib/pythonX.Y/` beside an empty `site-packages`, `conda-meta/history`,
+/// no `pyvenv.cfg`. Its interpreter starts without whatever the original
+/// installation's `site-packages` holds (`.pth` files included), as a fresh
+/// Conda environment does.
+pub fn conda_layout(python: &Path) -> PathBuf {
+    let out = std::process::Command::new(python)
+        .args([
+            "-I",
+            "-c",
+            "import os, sys, sysconfig; print(os.path.realpath(sys.executable)); \
+             print(sysconfig.get_paths()['stdlib']); print('%d.%d' % sys.version_info[:2])",
+        ])
         .output()
-        .expect("python3 on PATH");
-    String::from_utf8(out.stdout).unwrap().trim().into()
+        .expect("the interpreter runs");
+    assert!(out.status.success(), "{} failed: {out:?}", python.display());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let [binary, stdlib, version] = text.lines().collect::<Vec<_>>()[..] else {
+        panic!("unexpected answer from {}: {text}", python.display());
+    };
+    let prefix = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-conda-env");
+    let _ = std::fs::remove_dir_all(&prefix);
+    let lib = prefix.join("lib").join(format!("python{version}"));
+    std::fs::create_dir_all(lib.join("site-packages")).unwrap();
+    std::fs::create_dir_all(prefix.join("bin")).unwrap();
+    std::fs::create_dir_all(prefix.join("conda-meta")).unwrap();
+    std::fs::write(prefix.join("conda-meta").join("history"), "==> bench <==\n").unwrap();
+    let name = format!("python{version}");
+    std::fs::copy(binary, prefix.join("bin").join(&name)).unwrap();
+    for link in ["python", "python3"] {
+        std::os::unix::fs::symlink(&name, prefix.join("bin").join(link)).unwrap();
+    }
+    for entry in std::fs::read_dir(stdlib).unwrap().flatten() {
+        if entry.file_name() != "site-packages" {
+            std::os::unix::fs::symlink(entry.path(), lib.join(entry.file_name())).unwrap();
+        }
+    }
+    prefix
 }
 
 /// A running `code-executor serve`.
