@@ -5,7 +5,9 @@
 Prints, for the interpreter given (default: this one):
 
 * the floor: a bare ``fork`` + ``_exit`` + ``waitpid`` cycle of a process holding
-  the worker's imports, and what one copy-on-write page fault costs here;
+  the worker's imports, what one copy-on-write page fault costs here, and
+  the least a graded case costs with a fork per case (a child that only
+  reads stdin, runs precompiled code and writes to a pipe);
 * clean runs of ``print(2+2)`` sent back to back: CPU and minor page faults
   per run of the worker and of its forked children (from /proc/<pid>/stat),
   and the round trip seen by this driver, back to back and with idle gaps;
@@ -71,8 +73,40 @@ if pid == 0:
     os._exit(0)
 os.waitpid(pid, 0)
 per_fault = float(os.read(r, 64))
+# The least a graded case can cost with a fork per case: a child that reads
+# its stdin (a memfd), runs code compiled once in the parent and writes to a
+# pipe the parent reads to the end, then is reaped with its rusage. Nothing
+# else: no sandbox, no limits, no run directory, no report.
+code = compile("print(int(input()) * 2)", "<code>", "exec")
+me0 = resource.getrusage(0)
+case_cpu = case_faults = 0.0
+for _ in range(n):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            fd = os.memfd_create("stdin")
+            os.write(fd, b"21\n")
+            os.lseek(fd, 0, 0)
+            os.dup2(fd, 0)
+            os.dup2(w, 1)
+            exec(code, {"__name__": "__main__"})
+            sys.stdout.flush()
+        finally:
+            os._exit(0)
+    os.close(w)
+    while os.read(r, 4096):
+        pass
+    os.close(r)
+    _, _, usage = os.wait4(pid, 0)
+    case_cpu += usage.ru_utime + usage.ru_stime
+    case_faults += usage.ru_minflt
+me1 = resource.getrusage(0)
+parent = (me1.ru_utime + me1.ru_stime - me0.ru_utime - me0.ru_stime) / n * 1e6
 print(anon, fork_s / n * 1e6, wall / n * 1e6, (me.ru_utime + me.ru_stime) / n * 1e6,
-      (kids.ru_utime + kids.ru_stime) / n * 1e6, per_fault)
+      (kids.ru_utime + kids.ru_stime) / n * 1e6, per_fault, parent, case_cpu / n * 1e6,
+      case_faults / n)
 """
 
 
@@ -146,12 +180,16 @@ def main():
     if floor.returncode:
         raise SystemExit("the floor measurement failed:\n" + floor.stderr)
     out = floor.stdout.split()
-    anon_kb, fork_us, cycle_us, parent_us, child_us, fault_us = map(float, out)
+    anon_kb, fork_us, cycle_us, parent_us, child_us, fault_us, case_parent, case_child, \
+        case_faults = map(float, out)
     print("interpreter: %s (worker's imports: %d KiB anonymous memory)" % (python, anon_kb))
     print("floor: fork() %.0f us; fork+exit+wait cycle %.0f us wall, %.0f us CPU "
           "(parent %.0f + child %.0f)" % (fork_us, cycle_us, parent_us + child_us,
                                            parent_us, child_us))
     print("one copy-on-write page fault: %.2f us" % fault_us)
+    print("least a fork per graded case costs (print(int(input()) * 2), compiled once; stdin, "
+          "stdout pipe, wait4): %.0f us CPU (parent %.0f + child %.0f), %.0f page faults in the "
+          "child" % (case_parent + case_child, case_parent, case_child, case_faults))
 
     with tempfile.TemporaryDirectory() as scratch:
         worker = Worker(python, scratch, args.worker)
