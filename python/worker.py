@@ -186,21 +186,23 @@ def _encode_array(obj, out):
 
 
 def _encode_other(obj, out):
-    """Subclasses of the protocol's types (an IntEnum, a str subclass)."""
+    """Subclasses of the protocol's types (an IntEnum, a str subclass), as
+    their base type's value: a subclass's own methods are not called (a
+    run's value may be one, and its ``__str__`` is the user's code)."""
     if isinstance(obj, bool):
         out.append(b"\xc3" if obj else b"\xc2")
     elif isinstance(obj, int):
-        _encode(int(obj), out)
+        _encode(int.__int__(obj), out)
     elif isinstance(obj, float):
-        _encode(float(obj), out)
+        _encode(float.__float__(obj), out)
     elif isinstance(obj, str):
-        _encode(str(obj), out)
+        _encode(str.__str__(obj), out)
     elif isinstance(obj, (bytes, bytearray, memoryview)):
         _encode_bin(obj, out)
     elif isinstance(obj, (list, tuple)):
         _encode_array(obj, out)
     elif isinstance(obj, dict):
-        _encode(dict(obj), out)
+        _encode(dict(dict.items(obj)), out)
     else:
         raise TypeError("cannot encode %s" % type(obj).__name__)
 
@@ -1364,7 +1366,7 @@ class Worker:
             if child is None or child.reap(False):
                 if child is not None:
                     self.retire(child)
-                self.spawn()
+                self.spawn(warm=False)  # a client waits: no rehearsal
                 child = self.next
                 self.next = None
             try:

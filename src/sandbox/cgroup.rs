@@ -240,12 +240,14 @@ impl CgroupRoot {
                 match controller {
                     Controller::Pids => {
                         std::fs::write(dir.join("pids.max"), limits.pids_max.to_string())?;
-                        cgroup.pids_events = Some(CounterFile::open(&dir.join("pids.events"))?);
+                        // Not every pids controller counts refusals (gVisor's
+                        // has no pids.events): without it, none are seen.
+                        cgroup.pids_events = CounterFile::open(&dir.join("pids.events"));
                         cgroup.pids_max = Some(dir.join("pids.max"));
                     }
                     Controller::Memory => {
                         let events = set_memory(&dir, h.version, limits.memory_max)?;
-                        cgroup.oom_events = Some(CounterFile::open(&events)?);
+                        cgroup.oom_events = CounterFile::open(&events);
                     }
                 }
             }
@@ -491,8 +493,10 @@ impl Drop for WorkerCgroup {
 struct CounterFile(std::fs::File);
 
 impl CounterFile {
-    fn open(path: &Path) -> std::io::Result<CounterFile> {
-        std::fs::File::open(path).map(CounterFile)
+    /// `None` where the file is missing or unreadable: its events then
+    /// count as none.
+    fn open(path: &Path) -> Option<CounterFile> {
+        std::fs::File::open(path).ok().map(CounterFile)
     }
 
     /// The value of `key` now; `None` if the file cannot be read or lacks it.
@@ -587,7 +591,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pids.events");
         std::fs::write(&path, "max 0\n").unwrap();
-        let file = CounterFile::open(&path).unwrap();
+        let file = CounterFile::open(&path).expect("the file opens");
+        assert!(CounterFile::open(&dir.path().join("missing")).is_none());
         assert_eq!(file.read("max"), Some(0));
         std::fs::write(&path, "max 17\n").unwrap();
         assert_eq!(file.read("max"), Some(17));

@@ -53,6 +53,39 @@ async fn result_is_the_repr_of_the_last_expression() {
     server.stop().await;
 }
 
+/// A `__repr__` may return a str subclass (an enum member, a class of the
+/// user's): the result is its text, and none of its own methods run, in a
+/// clean run and in a session alike.
+#[tokio::test]
+async fn a_repr_that_is_a_str_subclass_is_its_text() {
+    let server = TestServer::start().await;
+    let code = "import enum\n\
+                class S(str):\n    def __str__(self): return self\n\
+                \x20   def encode(self, *a): raise RuntimeError('called')\n\
+                class Color(str, enum.Enum):\n    RED = 'red'\n\
+                class C:\n    def __init__(self, text): self.text = text\n\
+                \x20   def __repr__(self): return self.text\n";
+    let body = server.run(&format!("{code}C(S('shown'))")).await;
+    assert_eq!(body["result"], "shown", "{body}");
+    assert_eq!(body["exit_code"], 0, "{body}");
+    let body = server.run(&format!("{code}C(Color.RED)")).await;
+    assert_eq!(body["result"], "red", "{body}");
+
+    let (status, session) = server.post("/sessions", json!({})).await;
+    assert_eq!(status, 201, "{session}");
+    let id = session["id"].as_str().unwrap();
+    let (status, body) = server
+        .execute(json!({ "code": format!("{code}C(S('kept'))"), "session": id }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"], "kept", "{body}");
+    let (_, body) = server
+        .execute(json!({ "code": "C(S('again'))", "session": id }))
+        .await;
+    assert_eq!(body["result"], "again", "the session lives on: {body}");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn error_describes_the_uncaught_exception_at_the_users_line() {
     let server = TestServer::start().await;
