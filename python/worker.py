@@ -94,12 +94,8 @@ def _encode(obj, out):
         n = len(data)
         if n < 32:
             out.append(_BYTE[0xA0 | n])
-        elif n <= 0xFF:
-            out.append(_pack_be("!BB", 0xD9, n))
-        elif n <= 0xFFFF:
-            out.append(_pack_be("!BH", 0xDA, n))
         else:
-            out.append(_pack_be("!BI", 0xDB, n))
+            _size(out, n, 0xD9, 0xDA, 0xDB)
         out.append(data)
     elif t is int:
         if 0 <= obj < 0x80:
@@ -114,10 +110,8 @@ def _encode(obj, out):
         n = len(obj)
         if n < 16:
             out.append(_BYTE[0x80 | n])
-        elif n <= 0xFFFF:
-            out.append(_pack_be("!BH", 0xDE, n))
         else:
-            out.append(_pack_be("!BI", 0xDF, n))
+            _size(out, n, None, 0xDE, 0xDF)
         keys = _KEYS
         for key, value in obj.items():
             encoded = keys.get(key) if type(key) is str else None
@@ -162,14 +156,19 @@ def _encode_int(obj, out):
         raise OverflowError("integer out of msgpack range")
 
 
-def _encode_bin(obj, out):
-    n = len(obj) if type(obj) is not memoryview else obj.nbytes
-    if n <= 0xFF:
-        out.append(_pack_be("!BB", 0xC4, n))
+def _size(out, n, code8, code16, code32):
+    """The type byte and length of a str, bin, array or map too long for
+    the one-byte forms (``code8`` None: the type has no 8-bit length)."""
+    if code8 is not None and n <= 0xFF:
+        out.append(_pack_be("!BB", code8, n))
     elif n <= 0xFFFF:
-        out.append(_pack_be("!BH", 0xC5, n))
+        out.append(_pack_be("!BH", code16, n))
     else:
-        out.append(_pack_be("!BI", 0xC6, n))
+        out.append(_pack_be("!BI", code32, n))
+
+
+def _encode_bin(obj, out):
+    _size(out, len(obj) if type(obj) is not memoryview else obj.nbytes, 0xC4, 0xC5, 0xC6)
     out.append(obj)
 
 
@@ -177,10 +176,8 @@ def _encode_array(obj, out):
     n = len(obj)
     if n < 16:
         out.append(_BYTE[0x90 | n])
-    elif n <= 0xFFFF:
-        out.append(_pack_be("!BH", 0xDC, n))
     else:
-        out.append(_pack_be("!BI", 0xDD, n))
+        _size(out, n, None, 0xDC, 0xDD)
     for item in obj:
         _encode(item, out)
 
