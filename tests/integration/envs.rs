@@ -158,7 +158,7 @@ async fn envs_are_addressed_by_name_or_prefix_and_unknown_names_list_the_known_o
     let (status, body) = server.execute(json!({"code": "1", "env": "nope"})).await;
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["error"]["code"], "unknown_env");
-    let message = body["error"]["message"].as_str().unwrap();
+    let message = crate::common::error_message(&body);
     assert!(
         message.contains("\"nope\"") && message.contains("base, ml"),
         "{message}"
@@ -367,10 +367,7 @@ async fn activation_scripts_set_variables_and_a_failing_one_only_disables_its_en
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["error"]["code"], "env_unavailable");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("cannot find libfoo.so.3"),
+        crate::common::error_message(&body).contains("cannot find libfoo.so.3"),
         "{body}"
     );
     // The other envs are fine.
@@ -632,7 +629,7 @@ async fn install_refuses_options_and_invalid_specs_and_runs_nothing() {
     )
     .await;
     assert_eq!(status, 400);
-    let message = body["error"]["message"].as_str().unwrap();
+    let message = crate::common::error_message(&body);
     assert!(
         message.contains("\"--version;\"") && message.contains("options"),
         "{message}"
@@ -706,10 +703,7 @@ async fn install_needs_the_admin_token_and_listing_needs_the_user_token() {
     assert_eq!(status, 403);
     assert_eq!(answer["error"]["code"], "forbidden");
     assert!(
-        answer["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("no admin token"),
+        crate::common::error_message(&answer).contains("no admin token"),
         "{answer}"
     );
     server.stop().await;

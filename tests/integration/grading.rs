@@ -242,7 +242,7 @@ async fn comparison_modes_decide_what_matches() {
         )
         .await;
     assert_eq!(status, 400, "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("fuzzy"));
+    assert!(crate::common::error_message(&body).contains("fuzzy"));
     server.stop().await;
 }
 

@@ -126,10 +126,7 @@ async fn sessions_are_isolated_from_each_other_and_from_clean_runs() {
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["error"]["code"], "unknown_session");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("closed"),
+        crate::common::error_message(&body).contains("closed"),
         "{body}"
     );
     server.stop().await;
@@ -179,10 +176,7 @@ async fn idle_sessions_expire_and_calls_renew_them() {
     let (status, body) = call(&server, &idle, "1").await;
     assert_eq!(status, 404, "{body}");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("expired"),
+        crate::common::error_message(&body).contains("expired"),
         "{body}"
     );
     assert_eq!(ok(&server, &kept, "2").await["result"], "2");
@@ -216,10 +210,7 @@ async fn caps_refuse_sessions_with_429() {
     let (status, body) = server.post("/sessions", json!({})).await;
     assert_eq!(status, 429, "{body}");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("environment"),
+        crate::common::error_message(&body).contains("environment"),
         "{body}"
     );
     // Clean runs still work beside a full session cap.
@@ -272,10 +263,7 @@ async fn an_uninterruptible_run_loses_the_session() {
     let (status, body) = call(&server, &id, "x").await;
     assert_eq!(status, 404, "{body}");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("did not stop"),
+        crate::common::error_message(&body).contains("did not stop"),
         "{body}"
     );
     server.stop().await;

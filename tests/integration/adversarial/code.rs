@@ -450,12 +450,7 @@ async fn a_2_gb_file_hits_the_file_size_limit() {
         .await;
     assert_eq!(body["limit"], "file_size", "{body}");
     assert_eq!(body["error"]["type"], "OSError");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("File too large")
-    );
+    assert!(crate::common::error_message(&body).contains("File too large"));
     arena.assert_recovered().await;
 }
 

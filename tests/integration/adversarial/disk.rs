@@ -96,7 +96,7 @@ finally:
     let body = arena.attack(run(&code, 30.0)).await;
     assert_eq!(body["limit"], "disk", "{body}");
     assert_eq!(body["error"]["type"], "OSError", "{body}");
-    let message = body["error"]["message"].as_str().unwrap();
+    let message = crate::common::error_message(&body);
     assert!(
         message.contains("[Errno 28] No space left on device"),
         "{message}"
@@ -251,10 +251,7 @@ async fn without_the_sandbox_there_is_no_quota_and_no_filter() {
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["code"], "bad_request", "{body}");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("scratch tmpfs"),
+        crate::common::error_message(&body).contains("scratch tmpfs"),
         "{body}"
     );
     server.stop().await;
@@ -278,7 +275,7 @@ async fn input_files_larger_than_the_quota_are_refused() {
         .await;
     assert_eq!(status, 413, "{body}");
     assert_eq!(body["error"]["code"], "too_large", "{body}");
-    let message = body["error"]["message"].as_str().unwrap();
+    let message = crate::common::error_message(&body);
     assert!(message.contains("disk_bytes"), "{message}");
     // Files that fit are written and read as ever.
     let body = arena
@@ -342,10 +339,7 @@ with open('big.bin', 'wb') as f:
         .await;
     assert_eq!(status, 413, "{body}");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("limits.disk_bytes"),
+        crate::common::error_message(&body).contains("limits.disk_bytes"),
         "{body}"
     );
     // A session's files are capped by the env's quota only.
@@ -355,10 +349,7 @@ with open('big.bin', 'wb') as f:
         .await;
     assert_eq!(status, 400, "{body}");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("limits.disk_bytes"),
+        crate::common::error_message(&body).contains("limits.disk_bytes"),
         "{body}"
     );
     arena.assert_recovered().await;

@@ -21,7 +21,7 @@ async fn post_raw(arena: &Arena, body: Vec<u8>, token: Option<&str>) -> (u16, Va
 fn assert_error(status: u16, body: &Value, want_status: u16, code: &str, needle: &str) {
     assert_eq!(status, want_status, "{body}");
     assert_eq!(body["error"]["code"], code, "{body}");
-    let message = body["error"]["message"].as_str().unwrap();
+    let message = crate::common::error_message(body);
     assert!(message.contains(needle), "{message:?} lacks {needle:?}");
 }
 

@@ -17,6 +17,13 @@ use code_executor::{Executor, server};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+/// The message of an error answer (`{"error": {"message": ...}}`).
+pub fn error_message(body: &Value) -> &str {
+    body["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not an error answer: {body}"))
+}
+
 /// One worker of the embedded bootstrap, outside any server and sandbox,
 /// with `PATH` and `env` as its environment; its scratch lives in the
 /// returned directory.
