@@ -146,6 +146,37 @@ async fn http_load_bodies(
     (latencies, started.elapsed())
 }
 
+/// `GET /health` back to back on one keep-alive connection: what an HTTP
+/// round trip to this server costs with no run behind it.
+async fn health_load(url: &str, seconds: f64) -> (Vec<Duration>, Duration) {
+    let client = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .build()
+        .unwrap();
+    let url = format!("{url}/health");
+    let get = || async {
+        let resp = client.get(&url).send().await.unwrap();
+        assert!(
+            resp.status().is_success(),
+            "/health answered {}",
+            resp.status()
+        );
+        resp.bytes().await.unwrap();
+    };
+    for _ in 0..50 {
+        get().await;
+    }
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(seconds);
+    let mut latencies = Vec::new();
+    while Instant::now() < deadline {
+        let t = Instant::now();
+        get().await;
+        latencies.push(t.elapsed());
+    }
+    (latencies, started.elapsed())
+}
+
 /// `POST /sessions`; the new session's id.
 async fn create_session(url: &str) -> String {
     let resp = reqwest::Client::new()
@@ -559,6 +590,8 @@ async fn main() {
                 elapsed,
             ));
         }
+        let (latencies, elapsed) = health_load(&server.url, seconds).await;
+        rows.push(Stats::new("floor: HTTP GET /health", 1, latencies, elapsed));
     }
 
     // The same over MCP: streamable HTTP on the same server (a plain client

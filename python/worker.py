@@ -1,7 +1,9 @@
 """code-executor worker bootstrap.
 
-Started by the server as ``<prefix>/bin/python -I -u worker.py SCRATCH [PRELOAD,...]``.
-Standard library only; runs on CPython 3.8 and later.
+Started by the server as ``<prefix>/bin/python -I -u -c LAUNCH worker.py SCRATCH
+[PRELOAD,...]``, where LAUNCH (``src/worker/mod.rs``) compiles this file and runs it
+as ``__main__``: run as a script, its syntax tree would stay in memory for the
+worker's life.  Standard library only; runs on CPython 3.8 and later.
 
 Wire format (the same text heads ``src/protocol.rs``)
 -----------------------------------------------------
@@ -2077,9 +2079,10 @@ def main():
         try:
             import ctypes
 
-            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+            libc = ctypes.CDLL(None, use_errno=True)
+            _prctl = libc.prctl
         except Exception:
-            _prctl = None
+            libc = _prctl = None
     except BaseException as exc:
         write_error(wfd, None, "preload failed: ", exc)
         os._exit(1)
@@ -2099,6 +2102,13 @@ def main():
     gc.collect()
     if hasattr(gc, "freeze"):
         gc.freeze()
+    # Heap memory freed since start (the compiler's, the preloads' imports)
+    # goes back to the OS: each fork would otherwise copy the page tables that
+    # map it, and each exit tear them down again (glibc; elsewhere a no-op).
+    try:
+        libc.malloc_trim(0)
+    except Exception:
+        pass
     code = 0
     try:
         # Runs are forked by a zygote, except where that would expose it: the

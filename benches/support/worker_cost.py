@@ -11,7 +11,9 @@ Prints, for the interpreter given (default: this one):
 * clean runs of ``print(2+2)`` sent back to back: CPU and minor page faults
   per run of the worker and of its forked children (from /proc/<pid>/stat),
   and the round trip seen by this driver, back to back and with idle gaps;
-* session calls of the same code: the same figures without a fork.
+* session calls of the same code: the same figures without a fork, and the
+  floor of a session call: the code run by the very process that answers
+  over the pipes (no relay, no fork, no output pipes).
 
 ``--worker`` drives another copy of the bootstrap (an edited one, to compare
 with). Linux only; the worker's pure-Python codec frames the requests.
@@ -110,10 +112,48 @@ print(anon, fork_s / n * 1e6, wall / n * 1e6, (me.ru_utime + me.ru_stime) / n * 
 """
 
 
+# The least a session call can cost: one process that runs each call's code
+# itself (the bootstrap's own run_user_code, in one __main__) and answers
+# over the same pipes and codec. Nothing else: no relay through a worker, no
+# fork, no output pipes (stdout goes to a memfd read back after the call), no
+# interrupt, limits or artifacts. Not something to ship: user code would
+# share a process with the channel.
+SESSION_FLOOR = r"""
+import os, sys
+sys.path.insert(0, %r)
+import worker as w
+rfd, wfd = os.dup(0), os.dup(1)
+out = os.memfd_create("stdout")
+os.dup2(out, 1)
+w.write_frame(wfd, {"t": "ready"})
+main = w.fresh_main()
+requests = open(rfd, "rb", buffering=0)
+while True:
+    try:
+        msg = w.unpackb(w.read_frame(requests))
+    except w.ChannelClosed:
+        break
+    outcome = w.run_user_code(msg["code"], None, main, at_exit=False)
+    sys.stdout.flush()
+    size = os.lseek(out, 0, os.SEEK_CUR)
+    data = os.pread(out, size, 0)
+    os.ftruncate(out, 0)
+    os.lseek(out, 0, os.SEEK_SET)
+    w.write_frame(wfd, {"t": "result", "id": msg["id"], "stdout": data, "stderr": b"",
+                        "exit_code": outcome.status, "result": outcome.result})
+"""
+
+
+# How the server starts a worker (LAUNCH in src/worker/mod.rs): the bootstrap
+# compiled by a one-line `-c` program, so that its syntax tree is freed.
+LAUNCH = ("import io, sys; p = sys.argv.pop(1); sys.argv[0] = __file__ = p; "
+          "f = io.open_code(p); c = compile(f.read(), p, 'exec'); f.close(); del f; exec(c)")
+
+
 class Worker:
     def __init__(self, python, scratch, script=WORKER):
         self.proc = subprocess.Popen(
-            [python, "-I", "-u", script, scratch, ""],
+            [python, "-I", "-u", "-c", LAUNCH, script, scratch, ""],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         ready = self.read()
         if ready.get("t") != "ready":
@@ -236,6 +276,19 @@ def main():
         print("  worker %.0f us CPU, session child %.0f us CPU per call; round trip p50 %.0f us"
               % ((s1[2] - s0[2]) / n * 1e6, (k1[2] - k0[2]) / n * 1e6,
                  statistics.median(rts) * 1e3))
+
+        floor_script = os.path.join(scratch, "session_floor.py")
+        with open(floor_script, "w") as f:
+            f.write(SESSION_FLOOR % os.path.dirname(os.path.abspath(WORKER)))
+        floor = Worker(python, scratch, floor_script)
+        timed(floor, 100)
+        s0 = floor.stat()
+        rts = timed(floor, n)
+        s1 = floor.stat()
+        floor.close()
+        print("  floor (the code run by the process that answers, no relay, no fork): "
+              "%.0f us CPU per call; round trip p50 %.0f us"
+              % ((s1[2] - s0[2]) / n * 1e6, statistics.median(rts) * 1e3))
 
 
 if __name__ == "__main__":
