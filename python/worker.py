@@ -590,10 +590,14 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000):
         return outcome
     save_figures()
     # What the interpreter does at exit: join non-daemon threads, run atexit.
+    # With no thread but this one there is nothing to join, and _shutdown
+    # would write to pages this child still shares with its zygote (tens of
+    # microseconds of copy-on-write faults on every run).
     threading = sys.modules.get("threading")
     if threading is not None and hasattr(threading, "_shutdown"):
         try:
-            threading._shutdown()
+            if threading.active_count() > 1:
+                threading._shutdown()
         except BaseException:
             pass
     try:

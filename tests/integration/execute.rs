@@ -97,6 +97,40 @@ async fn exit_statuses_follow_python_script_semantics() {
 }
 
 #[tokio::test]
+async fn a_run_ends_as_the_interpreter_does_threads_joined_then_atexit() {
+    let server = TestServer::start().await;
+    // A non-daemon thread still running when the code ends is waited for,
+    // and atexit handlers run after it, as at the end of `python script.py`.
+    let body = server
+        .run(
+            "import atexit, threading, time\n\
+             atexit.register(print, 'atexit')\n\
+             def late():\n    time.sleep(0.3)\n    print('thread', flush=True)\n\
+             threading.Thread(target=late).start()\n\
+             print('main', flush=True)",
+        )
+        .await;
+    assert_eq!(body["stdout"], "main\nthread\natexit\n", "{body}");
+    assert_eq!(body["exit_code"], 0, "{body}");
+    // A daemon thread is not waited for.
+    let body = server
+        .run(
+            "import threading, time\n\
+             threading.Thread(target=lambda: (time.sleep(5), print('never')), daemon=True).start()\n\
+             print('done')",
+        )
+        .await;
+    assert_eq!(body["stdout"], "done\n", "{body}");
+    assert!(body["duration_ms"].as_f64().unwrap() < 4000.0, "{body}");
+    // With only the main thread, atexit handlers still run.
+    let body = server
+        .run("import atexit\natexit.register(print, 'bye')\nprint('hi')")
+        .await;
+    assert_eq!(body["stdout"], "hi\nbye\n", "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn output_is_captured_at_the_file_descriptor_level() {
     let server = TestServer::start().await;
     let code = r#"
