@@ -771,7 +771,8 @@ def pick_artifacts(files, inputs, select, max_each, max_total):
     return found
 
 
-_prctl = None  # libc's prctl, looked up once by the worker when ctypes exists
+_libc = None  # the C library (ctypes), loaded once by the worker when ctypes exists
+_prctl = None  # its prctl
 
 
 PR_SET_DUMPABLE = 4
@@ -807,7 +808,7 @@ def signal_scope():
         import ctypes
         import functools
 
-        syscall = ctypes.CDLL(None, use_errno=True).syscall
+        syscall = _libc.syscall
         syscall.restype = ctypes.c_long
         attr = (ctypes.c_uint64 * 3)(0, 0, _LANDLOCK_SCOPE_SIGNAL)
         fd = syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
@@ -1384,7 +1385,7 @@ class Worker:
                     raise
         raise RuntimeError("unreachable")
 
-    def execute(self, msg, frame):
+    def execute(self, msg):
         timeout = float(msg.get("timeout") or 30.0)
         cap = int(msg.get("max_output") or (1 << 20))
         stream_id = msg.get("id") if msg.get("stream") else None
@@ -1518,16 +1519,17 @@ class Worker:
             except ChannelClosed:
                 return
             msg = unpackb(frame)
+            del frame  # a large request is held once, decoded
             kind = msg.get("t")
             if kind in ("session", "exec") and (kind == "session" or self.session is not None):
                 try:
-                    serve_session(self, msg, frame)
+                    serve_session(self, msg)
                 except ChannelClosed:
                     return
                 continue
             if kind == "exec":
                 try:
-                    self.execute(msg, frame)
+                    self.execute(msg)
                 except ChannelClosed:
                     return
                 except ZygoteLost as exc:
@@ -1902,7 +1904,7 @@ class Session:
         # call's "before", saving a walk; None when unknown.
         self.files = None
 
-    def execute(self, worker, msg, frame):
+    def execute(self, worker, msg):
         child = self.child
         if child is None:
             raise RuntimeError("the session is gone: %s" % self.lost)
@@ -2015,7 +2017,7 @@ def open_session(worker, msg):
     write_frame(worker.wfd, {"t": "result", "id": msg.get("id"), "exit_code": 0, "pid": child.pid})
 
 
-def serve_session(worker, msg, frame):
+def serve_session(worker, msg):
     """Handle a ``session`` frame, or an ``exec`` frame in session mode."""
     try:
         if msg.get("t") == "session":
@@ -2023,7 +2025,7 @@ def serve_session(worker, msg, frame):
                 raise RuntimeError("this worker already serves a session")
             open_session(worker, msg)
         else:
-            worker.session.execute(worker, msg, frame)
+            worker.session.execute(worker, msg)
     except ChannelClosed:
         raise
     except Exception as exc:
@@ -2078,15 +2080,15 @@ def main():
         # (shutil and mimetypes, which only the worker needs and rarely, are
         # imported by it when it first does.)
         import ast, builtins, linecache, traceback, atexit, fnmatch  # noqa: F401,E401
-        global resource, _prctl
+        global resource, _libc, _prctl
         import resource
         try:
             import ctypes
 
-            libc = ctypes.CDLL(None, use_errno=True)
-            _prctl = libc.prctl
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _prctl = _libc.prctl
         except Exception:
-            libc = _prctl = None
+            _libc = _prctl = None
     except BaseException as exc:
         write_error(wfd, None, "preload failed: ", exc)
         os._exit(1)
@@ -2110,7 +2112,7 @@ def main():
     # goes back to the OS: each fork would otherwise copy the page tables that
     # map it, and each exit tear them down again (glibc; elsewhere a no-op).
     try:
-        libc.malloc_trim(0)
+        _libc.malloc_trim(0)
     except Exception:
         pass
     code = 0
