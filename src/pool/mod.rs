@@ -5,7 +5,10 @@
 //! after `max_runs`, killed from outside) a replacement is started in the
 //! background and parked as a *spare*. `Manager::create` hands out a spare
 //! when there is one, so a request only pays for a Python start when the pool
-//! is sized below its load.
+//! is sized below its load. deadpool creates objects only when none is idle,
+//! so a ready spare also takes the turn of the idle worker deadpool picks,
+//! which rests as a spare in its place (`Manager::recycle`): every live
+//! worker takes turns, and one just used has time to prepare its next run.
 //!
 //! A *lazy* pool (an environment discovered but not configured) starts no
 //! worker ahead of need and keeps no spares: its first request waits for a
@@ -17,6 +20,7 @@ mod budget;
 
 pub use budget::{PooledWorker, WorkerBudget};
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -116,7 +120,8 @@ struct Shared {
 
 #[derive(Default)]
 struct Spares {
-    ready: Vec<PooledWorker>,
+    /// Oldest first: the one that rested longest is handed out next.
+    ready: VecDeque<PooledWorker>,
     starting: usize,
 }
 
@@ -133,7 +138,7 @@ impl managed::Manager for WorkerManager {
     async fn create(&self) -> Result<PooledWorker, WorkerError> {
         let shared = &self.shared;
         loop {
-            let Some(spare) = shared.spares.lock().ready.pop() else {
+            let Some(spare) = shared.spares.lock().ready.pop_front() else {
                 break;
             };
             if spare.generation == shared.generation.load(Ordering::Acquire) {
@@ -169,6 +174,7 @@ impl managed::Manager for WorkerManager {
             self.shared.count_restart(cause);
             return Err(RecycleError::message("worker is not reusable"));
         }
+        self.shared.take_turn_of(worker);
         Ok(())
     }
 }
@@ -182,6 +188,26 @@ impl Shared {
         self.restarts[i].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Hand out the spare that rested longest in place of `worker`, which
+    /// becomes a spare. Without this a pool whose workers were replaced would
+    /// run every request of a single client on one worker (deadpool reuses
+    /// its idle objects and creates one only when none is idle), with its
+    /// spares never used; that worker would then fork each run's process
+    /// while the client waits instead of ahead of the request.
+    fn take_turn_of(&self, worker: &mut PooledWorker) {
+        let generation = self.generation.load(Ordering::Acquire);
+        let mut spares = self.spares.lock();
+        while let Some(mut spare) = spares.ready.pop_front() {
+            if spare.generation != generation || !spare.is_alive() {
+                tokio::spawn(spare.terminate(self.spec.grace_period));
+                continue;
+            }
+            std::mem::swap(worker, &mut spare);
+            spares.ready.push_back(spare);
+            return;
+        }
+    }
+
     fn touch(&self) {
         *self.last_used.lock() = Instant::now();
     }
@@ -193,7 +219,7 @@ impl Shared {
         {
             let mut spares = self.spares.lock();
             while workers.len() < n {
-                match spares.ready.pop() {
+                match spares.ready.pop_front() {
                     Some(w) => workers.push(w),
                     None => break,
                 }
@@ -410,7 +436,7 @@ impl EnvPool {
                         if !shared.closed.load(Ordering::Acquire)
                             && generation == shared.generation.load(Ordering::Acquire) =>
                     {
-                        spares.ready.push(worker);
+                        spares.ready.push_back(worker);
                     }
                     Ok(worker) => {
                         tokio::spawn(worker.terminate(shared.spec.grace_period));
@@ -496,7 +522,7 @@ impl EnvPool {
         self.shared.closed.store(true, Ordering::Release);
         let grace = self.shared.spec.grace_period;
         let mut workers: Vec<PooledWorker> = self.pool.retain(|_, _| false).removed;
-        workers.append(&mut std::mem::take(&mut self.shared.spares.lock().ready));
+        workers.extend(std::mem::take(&mut self.shared.spares.lock().ready));
         self.pool.close();
         futures_util::future::join_all(workers.into_iter().map(|w| w.terminate(grace))).await;
     }

@@ -77,6 +77,55 @@ async fn a_worker_killed_from_outside_is_replaced() {
     server.stop().await;
 }
 
+/// The run directory of the worker that serves each of `n` runs in a row
+/// (each worker has its own).
+async fn run_dirs(server: &TestServer, n: usize) -> Vec<String> {
+    let mut dirs = Vec::new();
+    for _ in 0..n {
+        let body = server.run("import os\nprint(os.getcwd())").await;
+        assert_eq!(body["exit_code"], 0, "{body}");
+        dirs.push(body["stdout"].as_str().unwrap().trim().to_string());
+    }
+    dirs
+}
+
+#[tokio::test]
+async fn workers_take_turns_also_after_all_were_replaced() {
+    // One client's requests in a row go to every worker in turn: each
+    // prepares its next run (forks the process for it) while the others
+    // serve. Replacements must join the turns, not wait as spares while a
+    // single worker serves everything.
+    let server = TestServer::start().await;
+    let distinct = |dirs: &[String]| dirs.iter().collect::<std::collections::HashSet<_>>().len();
+    let dirs = run_dirs(&server, 6).await;
+    assert_eq!(distinct(&dirs), 2, "a fresh pool: {dirs:?}");
+    let before = worker_pids(&server);
+    assert_eq!(before.len(), 2, "two workers: {before:?}");
+    for pid in &before {
+        kill(Pid::from_raw(*pid as i32), Signal::SIGKILL).unwrap();
+    }
+    let started = Instant::now();
+    loop {
+        let pids = worker_pids(&server);
+        let pool = server.pool().await;
+        if pids.len() == 2 && pids.iter().all(|p| !before.contains(p)) && pool["idle"] == 2 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "not replaced within 5 s: {pids:?} {pool}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let dirs = run_dirs(&server, 6).await;
+    assert_eq!(distinct(&dirs), 2, "after replacement: {dirs:?}");
+    assert!(
+        dirs.windows(2).all(|w| w[0] != w[1]),
+        "never the same worker twice in a row: {dirs:?}"
+    );
+    server.stop().await;
+}
+
 /// A server whose workers run `fake` instead of the real bootstrap. `fake`
 /// can `import worker` (the real one, for its codec).
 async fn server_with_bootstrap(
