@@ -896,6 +896,32 @@ def enter_run(worker_pid, rundir, out_w, err_w, parent_fds, on_sigint):
     os.chdir(rundir)
 
 
+def rehearse():
+    """One pass over the request path with WARM_REQUEST, its output unused."""
+    rehearsal = marshal.loads(marshal.dumps(WARM_REQUEST))
+    planned_limits(rehearsal["limits"])
+    outcome = run_user_code(rehearsal["code"], rehearsal["argv"],
+                            types.ModuleType("__warm__"), at_exit=False)
+    packb({"status": outcome.status, "result": outcome.result, "error": outcome.error})
+
+
+def specialize_request_path(passes=10):
+    """Rehearse the request path a few times in the worker itself, before
+    any run is forked. CPython 3.11+ specializes a function's bytecode once it
+    has run a few times, writing into its code object; children that inherit
+    the specialized code neither redo that work nor copy the pages it
+    writes, on every run."""
+    import linecache
+
+    argv = sys.argv
+    try:
+        for _ in range(passes):
+            rehearse()
+    finally:
+        sys.argv = argv
+        linecache.cache.pop(RUN_FILENAME, None)
+
+
 def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope=None,
                warm=True):
     """Body of a forked child; never returns. With ``warm`` it rehearses the
@@ -917,12 +943,7 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         # copy-on-write page faults (refcounts written in pages shared with
         # the worker) happen here.
         if warm:
-            rehearsal = marshal.loads(marshal.dumps(WARM_REQUEST))
-            planned_limits(rehearsal["limits"])
-            outcome = run_user_code(rehearsal["code"], rehearsal["argv"],
-                                    types.ModuleType("__warm__"), at_exit=False)
-            packb({"status": outcome.status, "result": outcome.result, "error": outcome.error})
-            del rehearsal
+            rehearse()
         main = fresh_main()
         req = open(req_r, "rb", buffering=0)
         try:
@@ -2103,6 +2124,7 @@ def main():
     worker = Worker(scratch, rfd, wfd)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     signal.set_wakeup_fd(worker.wake_w)
+    specialize_request_path()
     # Objects alive now never need collecting: freeze them so that a child's
     # collections do not touch (and copy) every page it shares with us.
     gc.collect()
