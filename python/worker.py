@@ -26,6 +26,11 @@ server -> worker
     session {t, id, limits, grace}                        switch to session mode (see
                                                           "Sessions"); answered by an
                                                           empty ``result`` with ``pid``
+    cancel  {t}                                           kill the run in flight (its
+                                                          client went away) and answer
+                                                          its ``result`` at once; one
+                                                          that comes after the run
+                                                          answered is ignored
     echo    {t, value}                                    codec check
 
 The protocol channel lives on private duplicates of the original stdin and
@@ -58,7 +63,7 @@ import sys
 import time
 import types
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_FRAME = 1 << 30
 RUN_FILENAME = "<code>"
 READ_CHUNK = 1 << 16
@@ -1425,10 +1430,11 @@ class Worker:
             ended = child.zygote.fd if child.zygote is not None else self.wake_r
             for fd in (child.out_r, child.err_r, child.ctl_r, ended):
                 poller.register(fd, select.POLLIN)
-            poller.register(self.rfd, 0)  # only POLLHUP/POLLERR: the server went away
+            # The server may cancel the run (its client went away), or go away.
+            poller.register(self.rfd, select.POLLIN)
             report = None  # what the child reported over ctl
             ctl = bytearray()
-            timed_out = disk_exceeded = False
+            timed_out = disk_exceeded = cancelled = False
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -1459,14 +1465,21 @@ class Worker:
                         if child.reap(False) and not child.ctl_r_open:
                             done = True
                     elif fd == self.rfd:
-                        gone = True
-                        raise ChannelClosed()
+                        try:
+                            kind = unpackb(read_frame(self.rfile)).get("t")
+                        except ChannelClosed:
+                            gone = True
+                            raise
+                        if kind != "cancel":  # nothing else comes during a run
+                            gone = True
+                            raise ChannelClosed()
+                        cancelled = done = True
                 if done:
                     break
             duration_ms = (time.monotonic() - start) * 1000.0
             # Whatever the outcome, the run's process group ends here: stray
             # subprocesses do not outlive their run.
-            if timed_out or disk_exceeded:
+            if timed_out or disk_exceeded or cancelled:
                 child.kill()
                 child.reap(True)
             else:
@@ -1475,7 +1488,7 @@ class Worker:
                 if capture.open:
                     self.drain(fd, capture, None, stream_id)
             signame = None
-            if timed_out or disk_exceeded:
+            if timed_out or disk_exceeded or cancelled:
                 exit_code, signame = -signal.SIGKILL, "SIGKILL"
             elif report is not None:
                 report = sane_report(report)
@@ -1560,6 +1573,8 @@ class Worker:
                     write_error(self.wfd, msg.get("id"), "", exc)
                     if self.next is None:
                         self.spawn()
+            elif kind == "cancel":
+                pass  # for a run that had already answered
             elif kind == "echo":
                 value = msg.get("value")
                 write_frame(self.wfd, {"t": "echo", "value": value, "repr": repr(value)[:4096]})

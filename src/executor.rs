@@ -582,7 +582,7 @@ impl Executor {
         let queued = Instant::now();
         let got = entry.pool.get().await;
         entry.metrics.queue_wait(queued.elapsed().as_secs_f64());
-        let mut worker = got.map_err(|e| {
+        let worker = got.map_err(|e| {
             let outcome = match e {
                 PoolError::Busy(_) => RunOutcome::Busy,
                 PoolError::Closed | PoolError::Unavailable(_) => RunOutcome::Failed,
@@ -592,17 +592,26 @@ impl Executor {
             pool_refusal(entry, e)
         })?;
         let worker_pid = worker.pid();
+        let mut in_flight = InFlight {
+            worker: Some(worker),
+            pool: &entry.pool,
+            restore_processes: processes.is_some(),
+        };
+        let worker = in_flight.worker.as_mut().expect("set above");
         if processes.is_some()
             && let Err(e) = worker.set_run_processes(processes)
         {
-            entry.pool.discard(worker, RestartCause::Crash);
+            entry.pool.discard(in_flight.take(), RestartCause::Crash);
             return Err(ExecError::Internal(format!(
                 "cannot cap the run's processes in the worker's cgroup: {e}"
             )));
         }
         let started = Instant::now();
         let deadline = Duration::from_secs_f64(timeout) + HARD_DEADLINE_SLACK;
-        let ran = worker.execute(&frame, deadline, output.as_ref()).await;
+        let ran = worker
+            .execute_cancellable(&frame, deadline, output.as_ref())
+            .await;
+        let mut worker = in_flight.take();
         let seconds = started.elapsed().as_secs_f64();
         match ran {
             Ok(out) => {
@@ -1119,6 +1128,30 @@ fn capped(mut bytes: Vec<u8>) -> String {
 /// Which limit stopped a run, if one did.
 pub fn limit_of(out: &crate::worker::RunOutput) -> Option<&'static str> {
     limit_hit(out, out.stdout_truncated || out.stderr_truncated)
+}
+
+/// A pool worker while its run is in flight. If the request is dropped
+/// before the run answers (the client went away), the run is cancelled and
+/// the worker goes back to its pool ([`EnvPool::cancel`]).
+struct InFlight<'a> {
+    worker: Option<deadpool::managed::Object<crate::pool::WorkerManager>>,
+    pool: &'a EnvPool,
+    restore_processes: bool,
+}
+
+impl InFlight<'_> {
+    /// The worker, no longer cancelled on drop.
+    fn take(&mut self) -> deadpool::managed::Object<crate::pool::WorkerManager> {
+        self.worker.take().expect("taken once")
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(worker) = self.worker.take() {
+            self.pool.cancel(worker, self.restore_processes);
+        }
+    }
 }
 
 fn shape_result(out: crate::worker::RunOutput) -> ExecResult {

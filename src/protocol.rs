@@ -20,6 +20,8 @@
 //! |                  |          | `rusage` (optional: reap the run first and report its rusage) |
 //! | server -> worker | `session`| `id`, `limits`, `grace` (s): switch the worker to session mode; |
 //! |                  |          | answered by a `result` frame carrying the session child's `pid` |
+//! | server -> worker | `cancel` | kill the run in flight (its client went away) and answer its |
+//! |                  |          | `result` at once; ignored when that run has already answered |
 //! | server -> worker | `echo`   | `value`: codec check, answered with the value re-encoded     |
 //!
 //! In session mode `exec` frames run in the session child's persistent
@@ -36,7 +38,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
 
 /// Version carried in the `ready` handshake; bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest frame either side accepts: outputs are capped far below this.
 pub const MAX_FRAME_BYTES: usize = 1 << 30;
@@ -111,6 +113,12 @@ pub struct SessionFrame<'a> {
     /// Seconds a call may take to stop after its interrupt before the
     /// session child is killed.
     pub grace: f64,
+}
+
+/// The `cancel` frame: kill the run in flight and answer its result now.
+#[derive(Debug, Serialize)]
+pub struct Cancel {
+    pub t: &'static str,
 }
 
 /// Artifact selection on the wire: a bool or a list of globs.

@@ -63,7 +63,9 @@ pub enum RestartCause {
     Timeout,
     /// It died, or broke the protocol.
     Crash,
-    /// Its request was dropped mid-run (client gone, cancelled).
+    /// Its request was dropped mid-run (client gone, cancelled) and the
+    /// worker could not be kept: it did not answer the cancel in time, or
+    /// the call was a session's.
     Cancelled,
     /// It was retired: `max_runs` reached, or replaced after an install.
     Recycle,
@@ -395,6 +397,43 @@ impl EnvPool {
         let grace = self.shared.spec.grace_period;
         tokio::spawn(worker.terminate(grace));
         self.refill();
+    }
+
+    /// The request of `worker`'s run was dropped (its client went away):
+    /// the worker kills the run and, once it has answered, serves again
+    /// (with its run's pids cap lifted if `restore_processes`). A worker that
+    /// cannot be asked, or does not answer within the termination grace, is
+    /// killed and replaced, as one that fails.
+    pub fn cancel(&self, mut worker: Object<WorkerManager>, restore_processes: bool) {
+        if worker.can_cancel()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let pool = self.clone();
+            let within = self.shared.spec.grace_period;
+            runtime.spawn(async move {
+                let kept = match worker.cancel(within).await {
+                    Ok(()) if restore_processes => worker.set_run_processes(None).is_ok(),
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(
+                            worker_pid = worker.pid(),
+                            "cancelled run not answered, discarding worker: {}",
+                            error_chain(&e)
+                        );
+                        false
+                    }
+                };
+                if kept {
+                    pool.put(worker);
+                } else {
+                    worker.kill();
+                    pool.discard(worker, RestartCause::Cancelled);
+                }
+            });
+            return;
+        }
+        worker.kill();
+        self.discard(worker, RestartCause::Cancelled);
     }
 
     /// Take a worker out of the pool for good and hand it to the caller (a

@@ -143,6 +143,9 @@ pub struct Worker {
     /// Set while a request is in flight; still set after a dropped or failed
     /// request, which makes the worker unusable (poisoned).
     in_flight: bool,
+    /// Set once the request in flight was written whole: a dropped request
+    /// can then be cancelled (see [`Worker::cancel`]).
+    sent: bool,
     runs: u64,
     terminated: bool,
 }
@@ -245,6 +248,7 @@ impl Worker {
             scratch: Some(scratch),
             cgroup,
             in_flight: false,
+            sent: false,
             runs: 0,
             terminated: false,
         };
@@ -354,19 +358,41 @@ impl Worker {
         deadline: Duration,
         output: Option<&OutputSink>,
     ) -> Result<RunOutput, WorkerError> {
+        self.run(frame, deadline, output, true).await
+    }
+
+    /// [`Worker::execute`], except that dropping the future leaves the
+    /// worker poisoned but running: its owner then [cancels](Worker::cancel)
+    /// the run or kills the worker.
+    pub async fn execute_cancellable(
+        &mut self,
+        frame: &[u8],
+        deadline: Duration,
+        output: Option<&OutputSink>,
+    ) -> Result<RunOutput, WorkerError> {
+        self.run(frame, deadline, output, false).await
+    }
+
+    async fn run(
+        &mut self,
+        frame: &[u8],
+        deadline: Duration,
+        output: Option<&OutputSink>,
+        kill_on_drop: bool,
+    ) -> Result<RunOutput, WorkerError> {
         if self.is_poisoned() {
             return Err(WorkerError::Crashed(" before the run started".into()));
         }
         self.in_flight = true;
+        self.sent = false;
         let guard = KillOnDrop {
             pid: self.info.pid,
-            armed: true,
+            armed: kill_on_drop,
         };
         let mut result = self.round_trip(frame, deadline, output).await;
         guard.disarm();
         if let Ok(out) = &mut result {
-            self.in_flight = false;
-            self.runs += 1;
+            self.finish_run();
             // The counters are read after every run, so that what a run
             // caused is never laid at the next one's door; only a run that
             // failed can have been stopped by a cgroup.
@@ -382,6 +408,70 @@ impl Worker {
             }
         }
         result
+    }
+
+    /// A run is over: the worker may take the next request.
+    fn finish_run(&mut self) {
+        self.in_flight = false;
+        self.runs += 1;
+    }
+
+    /// Whether the request in flight (of a dropped
+    /// [`Worker::execute_cancellable`]) can be cancelled: it was written
+    /// whole, and the worker is alive.
+    pub fn can_cancel(&self) -> bool {
+        self.in_flight && self.sent && !self.terminated
+    }
+
+    /// Cancel the run in flight: the worker kills it at once and answers its
+    /// result, which is read and dropped here (with any output frames before
+    /// it). Waits at most `within`; on success the worker serves again, on
+    /// failure it stays poisoned.
+    pub async fn cancel(&mut self, within: Duration) -> Result<(), WorkerError> {
+        if !self.can_cancel() {
+            return Err(WorkerError::Crashed(" (no run to cancel)".into()));
+        }
+        let frame = protocol::encode_frame(&protocol::Cancel { t: "cancel" })
+            .map_err(WorkerError::Protocol)?;
+        let answered = async {
+            let stdin = self
+                .stdin
+                .as_mut()
+                .ok_or_else(|| WorkerError::Crashed(" (stdin closed)".into()))?;
+            stdin.write_all(&frame).await.map_err(WorkerError::Io)?;
+            stdin.flush().await.map_err(WorkerError::Io)?;
+            loop {
+                let body = match self.frames.next().await {
+                    Some(Ok(body)) => body,
+                    Some(Err(e)) => return Err(WorkerError::Io(e)),
+                    None => return Err(WorkerError::Crashed(String::new())),
+                };
+                let frame = protocol::decode_frame(&body).map_err(WorkerError::Protocol)?;
+                match frame.t.as_str() {
+                    "output" => {}
+                    "result" => return Ok(()),
+                    "error" => {
+                        return Err(WorkerError::Internal(frame.message.unwrap_or_default()));
+                    }
+                    other => {
+                        return Err(WorkerError::Crashed(format!(
+                            " (answered a cancel with {other:?})"
+                        )));
+                    }
+                }
+            }
+        };
+        match tokio::time::timeout(within, answered).await {
+            Err(_) => Err(WorkerError::Unresponsive(within)),
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(())) => {
+                if let Some(cgroup) = &mut self.cgroup {
+                    cgroup.take_events();
+                }
+                self.finish_run();
+                Ok(())
+            }
+        }
     }
 
     async fn round_trip(
@@ -402,7 +492,7 @@ impl Worker {
         match tokio::time::timeout(deadline, write).await {
             Err(_) => return Err(WorkerError::Unresponsive(deadline)),
             Ok(Err(e)) => return Err(self.died(e)),
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => self.sent = true,
         }
         loop {
             let remaining = deadline.saturating_sub(started.elapsed());

@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use code_executor::executor::WORKER_SCRIPT;
+use code_executor::protocol::PROTOCOL_VERSION;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::json;
@@ -126,6 +127,66 @@ async fn workers_take_turns_also_after_all_were_replaced() {
     server.stop().await;
 }
 
+#[tokio::test]
+async fn a_client_that_goes_away_mid_run_costs_the_run_not_its_worker() {
+    use crate::mcp::{marked_sleeper, unique_marker, wait_for_process, wait_until_gone};
+
+    let server = TestServer::start().await;
+    server.run("print(1)").await;
+    let before = worker_pids(&server);
+    let marker = unique_marker("client-gone");
+    let request = server
+        .client
+        .post(format!("{}/execute", server.url))
+        .json(&json!({
+            "code": marked_sleeper(&marker),
+            "timeout": 60,
+            "limits": {"processes": 8},
+        }))
+        .send();
+    tokio::select! {
+        answer = request => panic!("the sleeper answered: {answer:?}"),
+        _ = wait_for_process(&marker, Duration::from_secs(10)) => {}
+    }
+    // The request future is gone, and its connection with it: the run (and
+    // what it started) is killed...
+    let gone_after = wait_until_gone(marker.as_ref(), Duration::from_secs(5)).await;
+    assert!(
+        gone_after < Duration::from_secs(2),
+        "killed only after {gone_after:?}"
+    );
+    // ...but its worker serves on: no Python start is paid for it.
+    let pool = server.wait_for_pool_size(2, Duration::from_secs(2)).await;
+    assert_eq!(pool["idle"], 2, "{pool}");
+    assert_eq!(worker_pids(&server), before);
+    let metrics = server
+        .client
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let cancelled = metrics
+        .lines()
+        .find(|l| l.starts_with("code_executor_worker_restarts_total{") && l.contains("cancelled"))
+        .unwrap_or_else(|| panic!("no restart count for cancelled runs: {metrics}"));
+    assert!(cancelled.ends_with(" 0"), "{cancelled}");
+    // The cancelled run's cap on processes went with it.
+    let many = "import subprocess\nps = [subprocess.Popen(['sleep', '2']) for _ in range(16)]\nprint(len(ps))";
+    for _ in 0..2 {
+        let body = server.run(many).await;
+        assert_eq!(body["stdout"], "16\n", "{body}");
+    }
+    for i in 0..4 {
+        let body = server.run(&format!("print({i})")).await;
+        assert_eq!(body["stdout"], format!("{i}\n"), "{body}");
+    }
+    assert_eq!(worker_pids(&server), before);
+    server.stop().await;
+}
+
 /// A server whose workers run `fake` instead of the real bootstrap. `fake`
 /// can `import worker` (the real one, for its codec).
 async fn server_with_bootstrap(
@@ -174,7 +235,7 @@ async fn startup_failures_are_clear_errors_naming_the_interpreter() {
         .expect("start fails");
     let text = format!("{err:#}");
     assert!(
-        text.contains("protocol 99") && text.contains("speaks 1"),
+        text.contains("protocol 99") && text.contains(&format!("speaks {PROTOCOL_VERSION}")),
         "{text}"
     );
 
@@ -214,7 +275,7 @@ async fn protocol_violations_discard_the_worker_with_a_clear_error() {
     ] {
         let fake = format!(
             "{ready}\nf = open(0, 'rb', buffering=0)\nwhile True:\n    w.read_frame(f)\n    {on_exec}\n    import time; time.sleep(30)\n",
-            ready = READY.replace("PROTO", "1")
+            ready = READY.replace("PROTO", &PROTOCOL_VERSION.to_string())
         );
         let (server, _dir) = server_with_bootstrap(&fake, |c| c.timeout = 1.0)
             .await
@@ -237,7 +298,7 @@ async fn protocol_violations_discard_the_worker_with_a_clear_error() {
 async fn a_worker_that_stops_answering_is_killed_after_the_hard_deadline() {
     let fake = format!(
         "{ready}\nf = open(0, 'rb', buffering=0)\nwhile True:\n    w.read_frame(f)\n    import time; time.sleep(600)\n",
-        ready = READY.replace("PROTO", "1")
+        ready = READY.replace("PROTO", &PROTOCOL_VERSION.to_string())
     );
     let (server, _dir) = server_with_bootstrap(&fake, |c| c.timeout = 0.5)
         .await

@@ -299,7 +299,7 @@ async fn cancelling_a_call_kills_the_run() {
         "killed only after {gone_after:?}"
     );
 
-    // The worker is replaced and the next call works.
+    // The worker answered the cancel: the next call works and the pool is whole.
     let result = execute_code(&client, json!({"code": "print('alive')"}))
         .await
         .unwrap();
