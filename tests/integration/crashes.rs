@@ -29,6 +29,23 @@ fn parent_of(pid: u32) -> Option<u32> {
         .ok()
 }
 
+/// Wait until none of the `dead` workers is left and two workers are idle.
+async fn wait_until_replaced(server: &TestServer, dead: &[u32], within: Duration) {
+    let started = Instant::now();
+    loop {
+        let pids = worker_pids(server);
+        let pool = server.pool().await;
+        if pids.len() == 2 && pids.iter().all(|p| !dead.contains(p)) && pool["idle"] == 2 {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "not replaced within {within:?}: {pids:?} {pool}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_run_cannot_kill_its_worker() {
     // The worker is pid 1 of its own pid namespace: the kernel drops signals
@@ -58,19 +75,7 @@ async fn a_worker_killed_from_outside_is_replaced() {
     kill(Pid::from_raw(before[0] as i32), Signal::SIGKILL).unwrap();
 
     // Within a second the dead worker is gone and a new one stands in.
-    let started = Instant::now();
-    loop {
-        let pids = worker_pids(&server);
-        let pool = server.pool().await;
-        if !pids.contains(&before[0]) && pids.len() == 2 && pool["idle"] == 2 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(1),
-            "not replaced within 1 s: {pids:?} {pool}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_replaced(&server, &before[..1], Duration::from_secs(1)).await;
     for i in 0..4 {
         let body = server.run(&format!("print({i})")).await;
         assert_eq!(body["stdout"], format!("{i}\n"));
@@ -105,19 +110,7 @@ async fn workers_take_turns_also_after_all_were_replaced() {
     for pid in &before {
         kill(Pid::from_raw(*pid as i32), Signal::SIGKILL).unwrap();
     }
-    let started = Instant::now();
-    loop {
-        let pids = worker_pids(&server);
-        let pool = server.pool().await;
-        if pids.len() == 2 && pids.iter().all(|p| !before.contains(p)) && pool["idle"] == 2 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "not replaced within 5 s: {pids:?} {pool}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_replaced(&server, &before, Duration::from_secs(5)).await;
     let dirs = run_dirs(&server, 6).await;
     assert_eq!(distinct(&dirs), 2, "after replacement: {dirs:?}");
     assert!(
@@ -159,20 +152,15 @@ async fn a_client_that_goes_away_mid_run_costs_the_run_not_its_worker() {
     let pool = server.wait_for_pool_size(2, Duration::from_secs(2)).await;
     assert_eq!(pool["idle"], 2, "{pool}");
     assert_eq!(worker_pids(&server), before);
-    let metrics = server
-        .client
-        .get(format!("{}/metrics", server.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let cancelled = metrics
-        .lines()
-        .find(|l| l.starts_with("code_executor_worker_restarts_total{") && l.contains("cancelled"))
-        .unwrap_or_else(|| panic!("no restart count for cancelled runs: {metrics}"));
-    assert!(cancelled.ends_with(" 0"), "{cancelled}");
+    let (_, metrics) = crate::ops::scrape(&server, None).await;
+    let env = server.executor.default_env();
+    let cancelled =
+        format!(r#"code_executor_worker_restarts_total{{env="{env}",cause="cancelled"}}"#);
+    assert_eq!(
+        crate::ops::parse_metrics(&metrics)[&cancelled],
+        0.0,
+        "{metrics}"
+    );
     // The cancelled run's cap on processes went with it.
     let many = "import subprocess\nps = [subprocess.Popen(['sleep', '2']) for _ in range(16)]\nprint(len(ps))";
     for _ in 0..2 {

@@ -20,7 +20,7 @@ fn repo(path: &str) -> PathBuf {
 }
 
 /// Samples of a Prometheus text exposition: `name{labels}` -> value.
-fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
+pub(crate) fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .map(|l| {
@@ -30,7 +30,7 @@ fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
-async fn scrape(server: &TestServer, token: Option<&str>) -> (u16, String) {
+pub(crate) async fn scrape(server: &TestServer, token: Option<&str>) -> (u16, String) {
     let mut req = server.client.get(format!("{}/metrics", server.url));
     if let Some(token) = token {
         req = req.bearer_auth(token);
