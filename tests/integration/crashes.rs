@@ -83,40 +83,50 @@ async fn a_worker_killed_from_outside_is_replaced() {
     server.stop().await;
 }
 
-/// The run directory of the worker that serves each of `n` runs in a row
-/// (each worker has its own).
-async fn run_dirs(server: &TestServer, n: usize) -> Vec<String> {
+/// Six runs in a row from one client go to both workers in turn: each
+/// prepares its next run (forks the process for it) while the other serves.
+/// The run directory tells the workers apart (each has its own).
+async fn assert_workers_take_turns(server: &TestServer, when: &str) {
     let mut dirs = Vec::new();
-    for _ in 0..n {
+    for _ in 0..6 {
         let body = server.run("import os\nprint(os.getcwd())").await;
         assert_eq!(body["exit_code"], 0, "{body}");
         dirs.push(body["stdout"].as_str().unwrap().trim().to_string());
     }
-    dirs
+    let distinct = dirs.iter().collect::<std::collections::HashSet<_>>().len();
+    assert_eq!(distinct, 2, "{when}: {dirs:?}");
+    assert!(
+        dirs.windows(2).all(|w| w[0] != w[1]),
+        "{when}: the same worker twice in a row: {dirs:?}"
+    );
 }
 
 #[tokio::test]
 async fn workers_take_turns_also_after_all_were_replaced() {
-    // One client's requests in a row go to every worker in turn: each
-    // prepares its next run (forks the process for it) while the others
-    // serve. Replacements must join the turns, not wait as spares while a
-    // single worker serves everything.
+    // Replacements must join the turns, not wait as spares while a single
+    // worker serves everything.
     let server = TestServer::start().await;
-    let distinct = |dirs: &[String]| dirs.iter().collect::<std::collections::HashSet<_>>().len();
-    let dirs = run_dirs(&server, 6).await;
-    assert_eq!(distinct(&dirs), 2, "a fresh pool: {dirs:?}");
+    assert_workers_take_turns(&server, "a fresh pool").await;
     let before = worker_pids(&server);
     assert_eq!(before.len(), 2, "two workers: {before:?}");
     for pid in &before {
         kill(Pid::from_raw(*pid as i32), Signal::SIGKILL).unwrap();
     }
     wait_until_replaced(&server, &before, Duration::from_secs(5)).await;
-    let dirs = run_dirs(&server, 6).await;
-    assert_eq!(distinct(&dirs), 2, "after replacement: {dirs:?}");
-    assert!(
-        dirs.windows(2).all(|w| w[0] != w[1]),
-        "never the same worker twice in a row: {dirs:?}"
-    );
+    assert_workers_take_turns(&server, "after replacement").await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn workers_take_turns_after_sessions_took_theirs() {
+    // A session takes a warm worker out of the pool, which starts another.
+    let server = TestServer::start().await;
+    for _ in 0..2 {
+        let (status, info) = server.post("/sessions", json!({})).await;
+        assert_eq!(status, 201, "{info}");
+    }
+    server.wait_for_pool_size(2, Duration::from_secs(5)).await;
+    assert_workers_take_turns(&server, "after two sessions").await;
     server.stop().await;
 }
 
