@@ -424,54 +424,22 @@ impl Worker {
     }
 
     /// Cancel the run in flight: the worker kills it at once and answers its
-    /// result, which is read and dropped here (with any output frames before
-    /// it). Waits at most `within`; on success the worker serves again, on
-    /// failure it stays poisoned.
+    /// result, which is read and dropped here. Waits at most `within`; on
+    /// success the worker serves again, on failure it stays poisoned.
     pub async fn cancel(&mut self, within: Duration) -> Result<(), WorkerError> {
         if !self.can_cancel() {
             return Err(WorkerError::Crashed(" (no run to cancel)".into()));
         }
         let frame = protocol::encode_frame(&protocol::Cancel { t: "cancel" })
             .map_err(WorkerError::Protocol)?;
-        let answered = async {
-            let stdin = self
-                .stdin
-                .as_mut()
-                .ok_or_else(|| WorkerError::Crashed(" (stdin closed)".into()))?;
-            stdin.write_all(&frame).await.map_err(WorkerError::Io)?;
-            stdin.flush().await.map_err(WorkerError::Io)?;
-            loop {
-                let body = match self.frames.next().await {
-                    Some(Ok(body)) => body,
-                    Some(Err(e)) => return Err(WorkerError::Io(e)),
-                    None => return Err(WorkerError::Crashed(String::new())),
-                };
-                let frame = protocol::decode_frame(&body).map_err(WorkerError::Protocol)?;
-                match frame.t.as_str() {
-                    "output" => {}
-                    "result" => return Ok(()),
-                    "error" => {
-                        return Err(WorkerError::Internal(frame.message.unwrap_or_default()));
-                    }
-                    other => {
-                        return Err(WorkerError::Crashed(format!(
-                            " (answered a cancel with {other:?})"
-                        )));
-                    }
-                }
-            }
-        };
-        match tokio::time::timeout(within, answered).await {
-            Err(_) => Err(WorkerError::Unresponsive(within)),
-            Ok(Err(e)) => Err(e),
-            Ok(Ok(())) => {
-                if let Some(cgroup) = &mut self.cgroup {
-                    cgroup.take_events();
-                }
-                self.finish_run();
-                Ok(())
-            }
+        // The run's answer (and any output before it) comes as to any
+        // request; the output goes nowhere.
+        self.round_trip(&frame, within, None).await?;
+        if let Some(cgroup) = &mut self.cgroup {
+            cgroup.take_events();
         }
+        self.finish_run();
+        Ok(())
     }
 
     async fn round_trip(
