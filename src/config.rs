@@ -1,6 +1,20 @@
 //! Configuration: command-line flags, `CODE_EXECUTOR_*` environment variables
-//! and a TOML file set the same options. Flags (and their variables) win over
-//! the file; the file wins over the defaults.
+//! and a TOML file set the same options. One precedence, highest first:
+//!
+//! 1. command-line flags;
+//! 2. `CODE_EXECUTOR_*` variables;
+//! 3. `CONDA_ENV_NAME` (the default environment only);
+//! 4. the config file: `--config`/`CODE_EXECUTOR_CONFIG`, else
+//!    `/etc/code-executor/config.toml` when it exists;
+//! 5. the defaults file `CODE_EXECUTOR_DEFAULTS` names (a container image's
+//!    own settings), then the built-in defaults.
+//!
+//! The three options that choose the default environment (`conda_env`,
+//! `conda_prefix`, `python`) are one choice: the highest source that names an
+//! environment decides, so an image's variable never conflicts with a user's
+//! flag. Two flags, or two keys of one file, are still an error; among the
+//! variables the most specific wins (`CODE_EXECUTOR_CONDA_ENV`, then
+//! `CODE_EXECUTOR_CONDA_PREFIX`, then `CODE_EXECUTOR_PYTHON`).
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -9,7 +23,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
-use crate::env::{EnvChoice, HostEnv};
+use crate::env::{EnvChoice, EnvVars, HostEnv};
 use crate::error::ConfigError;
 use crate::executor::ResultLimits;
 use crate::protocol::RunLimits;
@@ -79,18 +93,21 @@ pub struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, env = "CODE_EXECUTOR_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Name of the Conda environment to run code in by default.
-    #[arg(
-        long,
-        env = "CODE_EXECUTOR_CONDA_ENV",
-        conflicts_with_all = ["conda_prefix", "python"]
-    )]
+    // The three env-choosing flags read no variable here: their variables
+    // (and CONDA_ENV_NAME) rank below every flag and are read in
+    // `Config::merge_with` from `HostEnv`, so that an image's variable and a
+    // user's flag never make a clap conflict.
+    /// Name of the Conda environment to run code in by default
+    /// (variables: CODE_EXECUTOR_CONDA_ENV, then CONDA_ENV_NAME).
+    #[arg(long, conflicts_with_all = ["conda_prefix", "python"])]
     pub conda_env: Option<String>,
-    /// Prefix of the Conda environment to run code in by default.
-    #[arg(long, env = "CODE_EXECUTOR_CONDA_PREFIX", conflicts_with = "python")]
+    /// Prefix of the Conda environment to run code in by default
+    /// (variable: CODE_EXECUTOR_CONDA_PREFIX).
+    #[arg(long, conflicts_with = "python")]
     pub conda_prefix: Option<PathBuf>,
-    /// Python interpreter to run code with (any prefix or venv).
-    #[arg(long, env = "CODE_EXECUTOR_PYTHON")]
+    /// Python interpreter to run code with, any prefix or venv
+    /// (variable: CODE_EXECUTOR_PYTHON).
+    #[arg(long)]
     pub python: Option<PathBuf>,
     /// Default wall-clock timeout of a run, in seconds.
     #[arg(long, env = "CODE_EXECUTOR_TIMEOUT")]
@@ -271,6 +288,9 @@ pub struct Config {
     pub pool_size: usize,
     pub preload: Vec<String>,
     pub token: Option<String>,
+    /// `token` was generated at start (none was configured and the address
+    /// is not loopback): the server prints it once in its log.
+    pub token_generated: bool,
     pub admin_token: Option<String>,
     /// How long a request waits for a free worker before `503 busy`.
     pub queue_timeout: Duration,
@@ -349,6 +369,7 @@ impl Default for Config {
             pool_size: 4,
             preload: Vec::new(),
             token: None,
+            token_generated: false,
             admin_token: None,
             queue_timeout: Duration::from_secs(10),
             max_runs: 10_000,
@@ -396,16 +417,49 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Merge flags, the file they name (if any) and the defaults.
+    /// Merge flags, the process's variables, the config file and the
+    /// defaults (see the module docs for the order).
     pub fn load(args: &ServeArgs) -> Result<Config, ConfigError> {
-        let file = match &args.config {
-            Some(path) => read_file(path)?,
-            None => FileConfig::default(),
-        };
-        Config::merge(args, file)
+        Config::load_with(args, HostEnv::from_process())
     }
 
+    /// [`Config::load`] with `host` standing for the process's environment:
+    /// the config file is `--config`, else `host.system_config` when it
+    /// exists, laid over `host.defaults_file`.
+    pub fn load_with(args: &ServeArgs, host: HostEnv) -> Result<Config, ConfigError> {
+        let path = args
+            .config
+            .clone()
+            .or_else(|| host.system_config.clone().filter(|p| p.exists()));
+        let mut table = match &host.defaults_file {
+            Some(defaults) => read_table(defaults)?,
+            None => toml::Table::new(),
+        };
+        if let Some(path) = &path {
+            // Key by key: the file's keys replace the defaults' (`envs` whole).
+            table.extend(read_table(path)?);
+        }
+        let file: FileConfig =
+            toml::Value::Table(table)
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::Parse {
+                    path: path.or(host.defaults_file.clone()).unwrap_or_default(),
+                    message: e.message().trim_end().to_string(),
+                })?;
+        Config::merge_with(args, file, host)
+    }
+
+    /// Merge flags, `file` and the defaults, with the process's variables.
     pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<Config, ConfigError> {
+        Config::merge_with(args, file, HostEnv::from_process())
+    }
+
+    /// Merge flags, the variables of `host`, `file` and the defaults.
+    pub fn merge_with(
+        args: &ServeArgs,
+        mut file: FileConfig,
+        host: HostEnv,
+    ) -> Result<Config, ConfigError> {
         let d = Config::default();
         let secs =
             |v: Option<f64>, name: &str, default: Duration| -> Result<Duration, ConfigError> {
@@ -417,29 +471,7 @@ impl Config {
                     ))),
                 }
             };
-        // A flag replaces whatever the file chose.
-        let flagged =
-            args.conda_env.is_some() || args.conda_prefix.is_some() || args.python.is_some();
-        let (conda_env, conda_prefix, python) = if flagged {
-            (
-                args.conda_env.clone(),
-                args.conda_prefix.clone(),
-                args.python.clone(),
-            )
-        } else {
-            (file.conda_env, file.conda_prefix, file.python)
-        };
-        let env = match (conda_env, conda_prefix, python) {
-            (Some(name), None, None) => EnvChoice::CondaEnv(name),
-            (None, Some(prefix), None) => EnvChoice::CondaPrefix(prefix),
-            (None, None, Some(python)) => EnvChoice::Python(python),
-            (None, None, None) => EnvChoice::Default,
-            _ => {
-                return Err(ConfigError::Invalid(
-                    "conda_env, conda_prefix and python each name an environment; give one".into(),
-                ));
-            }
-        };
+        let env = choose_env(args, &host.env_vars, &mut file)?;
         let timeout = args.timeout.or(file.timeout).unwrap_or(d.timeout);
         let max_timeout = file.max_timeout.unwrap_or(d.max_timeout);
         let pool_size = args.pool_size.or(file.pool_size).unwrap_or(d.pool_size);
@@ -494,7 +526,7 @@ impl Config {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let config = Config {
+        let mut config = Config {
             host: args.host.or(file.host).unwrap_or(d.host),
             port: args.port.or(file.port).unwrap_or(d.port),
             env,
@@ -503,6 +535,7 @@ impl Config {
             pool_size,
             preload,
             token: args.token.clone().or(file.token).filter(|t| !t.is_empty()),
+            token_generated: false,
             admin_token: args
                 .admin_token
                 .clone()
@@ -578,7 +611,7 @@ impl Config {
                 "activation_timeout_secs",
                 d.activation_timeout,
             )?,
-            host_env: d.host_env,
+            host_env: host,
             metrics_token: args
                 .metrics_token
                 .clone()
@@ -619,11 +652,12 @@ impl Config {
                 .unwrap_or(d.mcp_implicit_session),
         };
         config.validate()?;
+        // As Jupyter does: beyond loopback, a server nobody gave a token
+        // makes its own (printed once in the log) rather than refusing to
+        // start; only --insecure-no-auth serves without one.
         if !config.host.is_loopback() && config.token.is_none() && !config.insecure_no_auth {
-            return Err(ConfigError::Invalid(format!(
-                "refusing to listen on {} without a token: set --token (or CODE_EXECUTOR_TOKEN), or pass --insecure-no-auth to serve anyone who can reach it",
-                config.host
-            )));
+            config.token = Some(random_token().map_err(ConfigError::Token)?);
+            config.token_generated = true;
         }
         Ok(config)
     }
@@ -697,15 +731,78 @@ impl Config {
     }
 }
 
-fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+/// The default environment, from the highest source that names one: flags,
+/// `CODE_EXECUTOR_*` variables (the most specific first), `CONDA_ENV_NAME`,
+/// the file; else [`EnvChoice::Default`].
+fn choose_env(
+    args: &ServeArgs,
+    vars: &EnvVars,
+    file: &mut FileConfig,
+) -> Result<EnvChoice, ConfigError> {
+    fn one(
+        name: Option<String>,
+        prefix: Option<PathBuf>,
+        python: Option<PathBuf>,
+        what: &str,
+    ) -> Result<Option<EnvChoice>, ConfigError> {
+        match (name, prefix, python) {
+            (Some(name), None, None) => Ok(Some(EnvChoice::CondaEnv(name))),
+            (None, Some(prefix), None) => Ok(Some(EnvChoice::CondaPrefix(prefix))),
+            (None, None, Some(python)) => Ok(Some(EnvChoice::Python(python))),
+            (None, None, None) => Ok(None),
+            _ => Err(ConfigError::Invalid(format!(
+                "{what} each name an environment; give one"
+            ))),
+        }
+    }
+    // clap refuses two flags already; a ServeArgs built in code is checked too.
+    let flagged = one(
+        args.conda_env.clone(),
+        args.conda_prefix.clone(),
+        args.python.clone(),
+        "--conda-env, --conda-prefix and --python",
+    )?;
+    let variable = vars
+        .conda_env
+        .clone()
+        .map(EnvChoice::CondaEnv)
+        .or_else(|| vars.conda_prefix.clone().map(EnvChoice::CondaPrefix))
+        .or_else(|| vars.python.clone().map(EnvChoice::Python))
+        .or_else(|| vars.conda_env_name.clone().map(EnvChoice::CondaEnv));
+    if let Some(choice) = flagged.or(variable) {
+        return Ok(choice);
+    }
+    Ok(one(
+        file.conda_env.take(),
+        file.conda_prefix.take(),
+        file.python.take(),
+        "conda_env, conda_prefix and python",
+    )?
+    .unwrap_or(EnvChoice::Default))
+}
+
+/// 32 random bytes from `/dev/urandom`, in hex.
+fn random_token() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A TOML file as a table, checked against [`FileConfig`] (so that an error
+/// names its file, line and column).
+fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    parse_file(&text).map_err(|message| ConfigError::Parse {
+    let parse_error = |message| ConfigError::Parse {
         path: path.to_path_buf(),
         message,
-    })
+    };
+    parse_file(&text).map_err(parse_error)?;
+    text.parse::<toml::Table>()
+        .map_err(|e| parse_error(e.message().trim_end().to_string()))
 }
 
 /// Parse a TOML config; an error names its line and column
@@ -729,6 +826,11 @@ pub fn parse_file(text: &str) -> Result<FileConfig, String> {
 mod tests {
     use super::*;
 
+    /// Merge with a host that sets no variable and has no config files.
+    fn merge(args: &ServeArgs, file: FileConfig) -> Result<Config, ConfigError> {
+        Config::merge_with(args, file, HostEnv::default())
+    }
+
     #[test]
     fn flags_win_over_the_file() {
         let file: FileConfig = toml::from_str("port = 9000\npool_size = 3\ntimeout = 5").unwrap();
@@ -736,7 +838,7 @@ mod tests {
             port: Some(9100),
             ..Default::default()
         };
-        let c = Config::merge(&args, file).unwrap();
+        let c = merge(&args, file).unwrap();
         assert_eq!(c.port, 9100);
         assert_eq!(c.pool_size, 3);
         assert_eq!(c.timeout, 5.0);
@@ -760,7 +862,7 @@ mod tests {
             "#,
         )
         .unwrap();
-        let c = Config::merge(&ServeArgs::default(), file).unwrap();
+        let c = merge(&ServeArgs::default(), file).unwrap();
         assert_eq!(c.envs.len(), 2);
         assert_eq!(c.envs[0].location, EnvChoice::CondaEnv("ml".into()));
         assert_eq!(c.envs[0].pool_size, 1);
@@ -774,25 +876,25 @@ mod tests {
             EnvChoice::CondaPrefix("/opt/envs/tools".into())
         );
         let bad: FileConfig = toml::from_str("[[envs]]\npool_size = 2").unwrap();
-        assert!(Config::merge(&ServeArgs::default(), bad).is_err());
+        assert!(merge(&ServeArgs::default(), bad).is_err());
         assert!(toml::from_str::<FileConfig>("[[envs]]\nname = 'x'\nsize = 2").is_err());
     }
 
     #[test]
     fn the_disk_quota_is_global_or_per_env() {
-        let c = Config::merge(&ServeArgs::default(), FileConfig::default()).unwrap();
+        let c = merge(&ServeArgs::default(), FileConfig::default()).unwrap();
         assert_eq!(c.sandbox.disk_bytes, 256 << 20);
         let file: FileConfig = toml::from_str(
             "disk_bytes = 67108864\n[[envs]]\nname = 'a'\n[[envs]]\nname = 'b'\ndisk_bytes = 2097152",
         )
         .unwrap();
-        let c = Config::merge(&ServeArgs::default(), file).unwrap();
+        let c = merge(&ServeArgs::default(), file).unwrap();
         assert_eq!(c.sandbox.disk_bytes, 64 << 20);
         assert_eq!(c.envs[0].disk_bytes, 64 << 20);
         assert_eq!(c.envs[1].disk_bytes, 2 << 20);
         for text in ["disk_bytes = 1000", "[[envs]]\nname = 'a'\ndisk_bytes = 0"] {
             let file: FileConfig = toml::from_str(text).unwrap();
-            let err = Config::merge(&ServeArgs::default(), file).unwrap_err();
+            let err = merge(&ServeArgs::default(), file).unwrap_err();
             assert!(err.to_string().contains("disk_bytes"), "{err}");
         }
     }
@@ -804,7 +906,7 @@ mod tests {
             conda_env: Some("ml".into()),
             ..Default::default()
         };
-        let c = Config::merge(&args, file).unwrap();
+        let c = merge(&args, file).unwrap();
         assert_eq!(c.env, EnvChoice::CondaEnv("ml".into()));
     }
 
@@ -821,7 +923,211 @@ mod tests {
     fn unknown_keys_and_bad_values_are_errors() {
         assert!(toml::from_str::<FileConfig>("prot = 1").is_err());
         let file: FileConfig = toml::from_str("pool_size = 0").unwrap();
-        let err = Config::merge(&ServeArgs::default(), file).unwrap_err();
+        let err = merge(&ServeArgs::default(), file).unwrap_err();
         assert!(err.to_string().contains("pool_size"), "{err}");
+    }
+
+    #[test]
+    fn the_default_env_comes_from_the_highest_source_that_names_one() {
+        let file = || -> FileConfig { toml::from_str("conda_prefix = '/from/file'").unwrap() };
+        let host = |vars: EnvVars| HostEnv {
+            env_vars: vars,
+            ..HostEnv::default()
+        };
+        let all_vars = EnvVars {
+            conda_env: Some("var-env".into()),
+            conda_prefix: Some("/var/prefix".into()),
+            python: Some("/var/python".into()),
+            conda_env_name: Some("seed-env".into()),
+        };
+        let choice = |args: &ServeArgs, vars: EnvVars| {
+            Config::merge_with(args, file(), host(vars)).unwrap().env
+        };
+        let flag = ServeArgs {
+            python: Some("/flag/python".into()),
+            ..Default::default()
+        };
+        // 1. a flag, whatever the variables say (no clap conflict either).
+        assert_eq!(
+            choice(&flag, all_vars.clone()),
+            EnvChoice::Python("/flag/python".into())
+        );
+        let none = ServeArgs::default();
+        // 2. CODE_EXECUTOR_* variables, the most specific first.
+        assert_eq!(
+            choice(&none, all_vars.clone()),
+            EnvChoice::CondaEnv("var-env".into())
+        );
+        let image_and_user = EnvVars {
+            conda_prefix: Some("/var/prefix".into()),
+            python: Some("/var/python".into()),
+            ..EnvVars::default()
+        };
+        assert_eq!(
+            choice(&none, image_and_user),
+            EnvChoice::CondaPrefix("/var/prefix".into())
+        );
+        // 3. CONDA_ENV_NAME, below the CODE_EXECUTOR_* variables.
+        let seed = EnvVars {
+            conda_env_name: Some("target_env".into()),
+            ..EnvVars::default()
+        };
+        assert_eq!(
+            choice(&none, seed.clone()),
+            EnvChoice::CondaEnv("target_env".into())
+        );
+        let seed_and_python = EnvVars {
+            python: Some("/var/python".into()),
+            ..seed
+        };
+        assert_eq!(
+            choice(&none, seed_and_python),
+            EnvChoice::Python("/var/python".into())
+        );
+        // 4. the file; 5. nothing.
+        assert_eq!(
+            choice(&none, EnvVars::default()),
+            EnvChoice::CondaPrefix("/from/file".into())
+        );
+        let c = Config::merge_with(&none, FileConfig::default(), HostEnv::default()).unwrap();
+        assert_eq!(c.env, EnvChoice::Default);
+        // Two keys of one file, or two flags built in code, stay an error.
+        let two: FileConfig = toml::from_str("conda_env = 'a'\npython = '/b'").unwrap();
+        let err = merge(&none, two).unwrap_err().to_string();
+        assert!(err.contains("conda_env, conda_prefix and python"), "{err}");
+        let two_flags = ServeArgs {
+            conda_env: Some("a".into()),
+            ..flag
+        };
+        let err = merge(&two_flags, FileConfig::default()).unwrap_err().to_string();
+        assert!(err.contains("--conda-env, --conda-prefix and --python"), "{err}");
+    }
+
+    #[test]
+    fn clap_reads_no_variable_for_the_env_flags_and_refuses_two_flags() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let serve = cli.find_subcommand("serve").unwrap();
+        for id in ["conda_env", "conda_prefix", "python"] {
+            let arg = serve.get_arguments().find(|a| a.get_id() == id).unwrap();
+            assert_eq!(arg.get_env(), None, "--{id} would conflict with a variable");
+        }
+        let token = serve.get_arguments().find(|a| a.get_id() == "token").unwrap();
+        assert_eq!(token.get_env().unwrap(), "CODE_EXECUTOR_TOKEN");
+        let err = Cli::try_parse_from([
+            "code-executor",
+            "serve",
+            "--conda-env",
+            "ml",
+            "--python",
+            "/usr/bin/python3",
+        ])
+        .unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn the_system_config_is_read_when_no_file_is_named_and_it_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let system = write(dir.path(), "config.toml", "pool_size = 3\ntimeout = 7");
+        let named = write(dir.path(), "named.toml", "pool_size = 5");
+        let host = HostEnv {
+            system_config: Some(system),
+            ..HostEnv::default()
+        };
+        let c = Config::load_with(&ServeArgs::default(), host.clone()).unwrap();
+        assert_eq!((c.pool_size, c.timeout), (3, 7.0));
+        // --config (or CODE_EXECUTOR_CONFIG) replaces it.
+        let args = ServeArgs {
+            config: Some(named),
+            ..Default::default()
+        };
+        let c = Config::load_with(&args, host).unwrap();
+        assert_eq!((c.pool_size, c.timeout), (5, 30.0));
+        // Absent, it is no error.
+        let host = HostEnv {
+            system_config: Some(dir.path().join("missing.toml")),
+            ..HostEnv::default()
+        };
+        let c = Config::load_with(&ServeArgs::default(), host).unwrap();
+        assert_eq!(c.pool_size, 4);
+        // A named file that is missing is one.
+        let args = ServeArgs {
+            config: Some(dir.path().join("missing.toml")),
+            ..Default::default()
+        };
+        let err = Config::load_with(&args, HostEnv::default()).unwrap_err();
+        assert!(
+            err.to_string().starts_with("error reading config file"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_defaults_file_lies_beneath_the_config_file_and_the_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let defaults = write(
+            dir.path(),
+            "defaults.toml",
+            "host = '0.0.0.0'\npool_size = 2\ntimeout = 9\ninsecure_no_auth = true",
+        );
+        let config = write(dir.path(), "config.toml", "pool_size = 5");
+        let host = HostEnv {
+            system_config: Some(config),
+            defaults_file: Some(defaults),
+            ..HostEnv::default()
+        };
+        let args = ServeArgs {
+            timeout: Some(1.5),
+            ..Default::default()
+        };
+        let c = Config::load_with(&args, host.clone()).unwrap();
+        assert_eq!(c.host.to_string(), "0.0.0.0", "from the defaults");
+        assert_eq!(c.pool_size, 5, "the config file wins over the defaults");
+        assert_eq!(c.timeout, 1.5, "a flag wins over both");
+        // An error in the defaults names that file and its line.
+        let bad = write(dir.path(), "bad.toml", "host = '0.0.0.0'\npool = 2");
+        let host = HostEnv {
+            defaults_file: Some(bad),
+            ..host
+        };
+        let err = Config::load_with(&args, host).unwrap_err().to_string();
+        assert!(err.contains("bad.toml: line 2, column 1"), "{err}");
+    }
+
+    #[test]
+    fn beyond_loopback_without_a_token_one_is_generated() {
+        let wide = ServeArgs {
+            host: Some("0.0.0.0".parse().unwrap()),
+            ..Default::default()
+        };
+        let a = merge(&wide, FileConfig::default()).unwrap();
+        let b = merge(&wide, FileConfig::default()).unwrap();
+        assert!(a.token_generated);
+        let token = a.token.as_deref().unwrap();
+        assert_eq!(token.len(), 64, "32 bytes in hex: {token}");
+        assert!(token.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert_ne!(a.token, b.token, "every start makes a new one");
+        // A configured token, --insecure-no-auth or loopback: none generated.
+        let given = ServeArgs {
+            token: Some("mine".into()),
+            ..wide.clone()
+        };
+        let c = merge(&given, FileConfig::default()).unwrap();
+        assert_eq!((c.token.as_deref(), c.token_generated), (Some("mine"), false));
+        let open = ServeArgs {
+            insecure_no_auth: true,
+            ..wide
+        };
+        let c = merge(&open, FileConfig::default()).unwrap();
+        assert_eq!((c.token, c.token_generated), (None, false));
+        let c = merge(&ServeArgs::default(), FileConfig::default()).unwrap();
+        assert_eq!((c.token, c.token_generated), (None, false));
     }
 }

@@ -94,4 +94,6 @@ pub enum ConfigError {
     NoInterpreter(String),
     #[error("no Conda environment named {name:?}; found: {found}")]
     UnknownCondaEnv { name: String, found: String },
+    #[error("error generating a token from /dev/urandom")]
+    Token(#[source] io::Error),
 }

@@ -43,6 +43,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 env = executor.default_env(),
                 "code-executor ready"
             );
+            if config.token_generated
+                && let Some(token) = &config.token
+            {
+                // Printed once, as Jupyter does; the token lives as long as this process.
+                let port = listener.local_addr()?.port();
+                tracing::warn!(
+                    "no token was configured, so this one was generated for this run (set CODE_EXECUTOR_TOKEN to choose one); try: curl -H \"Authorization: Bearer {token}\" -d '{{\"code\":\"print(2+2)\"}}' http://127.0.0.1:{port}/execute"
+                );
+            }
             server::run(listener, executor, &config, server::shutdown_signal()).await?;
             tracing::info!("code-executor stopped");
             Ok(())

@@ -15,7 +15,8 @@ use super::HostEnv;
 /// Conda front ends tried on `PATH`, in order.
 const CONDA_BINARIES: &[&str] = &["conda", "mamba", "micromamba"];
 
-/// Roots tried under `HOME` (and `/opt`) when no Conda binary answers.
+/// Roots tried under `HOME` and [`HostEnv::conda_install_dirs`] (`/opt`)
+/// when no Conda binary answers.
 const KNOWN_ROOTS: &[&str] = &[
     "miniconda3",
     "anaconda3",
@@ -127,7 +128,8 @@ pub async fn discover(host: &HostEnv, timeout: Duration) -> Discovered {
 
 /// Without a Conda that answers: the root above `CONDA_EXE` or the active
 /// env, roots listed in `~/.conda/environments.txt`, well-known install
-/// folders; every listed prefix; `~/.conda/envs`.
+/// folders; every listed prefix; `~/.conda/envs` and the `envs/` of every
+/// well-known install folder, root install or not.
 fn fallback(
     host: &HostEnv,
     conda: Option<&Path>,
@@ -163,12 +165,16 @@ fn fallback(
         roots.push(active.clone());
     }
     roots.extend(listed.iter().cloned());
-    for name in KNOWN_ROOTS {
-        if let Some(home) = &host.home {
-            roots.push(home.join(name));
-        }
-        roots.push(Path::new("/opt").join(name));
-    }
+    let known: Vec<PathBuf> = KNOWN_ROOTS
+        .iter()
+        .flat_map(|name| {
+            host.home
+                .iter()
+                .chain(&host.conda_install_dirs)
+                .map(move |dir| dir.join(name))
+        })
+        .collect();
+    roots.extend(known.iter().cloned());
     found.root = roots.into_iter().find(|r| is_root(r));
     prefixes.extend(listed);
     if let Some(home) = &host.home {
@@ -176,6 +182,13 @@ fn fallback(
     }
     if let Some(root) = &found.root {
         found.envs_dirs.insert(0, root.join("envs"));
+    }
+    // The `envs/` of a well-known install folder counts even without a root
+    // install there: containers mount one env alone at /opt/conda/envs/NAME.
+    for envs in known.iter().map(|root| root.join("envs")) {
+        if envs.is_dir() && !found.envs_dirs.contains(&envs) {
+            found.envs_dirs.push(envs);
+        }
     }
 }
 
@@ -266,5 +279,34 @@ mod tests {
                 elsewhere.canonicalize().unwrap()
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn an_env_mounted_alone_under_a_known_install_folder_is_found() {
+        // As `docker run -v ENV:/opt/conda/envs/target_env` lays it out: no
+        // conda-meta/ at /opt/conda, only the env.
+        let dir = tempfile::tempdir().unwrap();
+        let opt = dir.path().join("opt");
+        env(&opt.join("conda/envs/target_env"));
+        std::fs::create_dir_all(opt.join("miniforge3/envs/not-an-env")).unwrap();
+        let host = HostEnv {
+            conda_install_dirs: vec![opt.clone()],
+            ..HostEnv::default()
+        };
+        let found = discover(&host, Duration::from_secs(5)).await;
+        assert_eq!(found.root, None);
+        let envs = opt.join("conda/envs");
+        assert_eq!(
+            found.envs_dirs,
+            vec![opt.join("miniforge3/envs"), envs.clone()],
+            "in the order of the known names"
+        );
+        assert_eq!(
+            found.prefixes,
+            vec![envs.join("target_env").canonicalize().unwrap()]
+        );
+        // Without the install folder it is not looked for.
+        let found = discover(&HostEnv::default(), Duration::from_secs(5)).await;
+        assert!(found.prefixes.is_empty(), "{:?}", found.prefixes);
     }
 }

@@ -73,8 +73,9 @@ pub enum EnvChoice {
     Default,
 }
 
-/// What discovery reads from the server's own environment. Captured once
-/// (see [`HostEnv::from_process`]) so that tests can pass their own.
+/// What configuration and discovery read from the server's own environment.
+/// Captured once (see [`HostEnv::from_process`]) so that tests can pass their
+/// own instead of changing the test process's variables.
 #[derive(Debug, Clone, Default)]
 pub struct HostEnv {
     /// `PATH`, searched for `conda`/`mamba`/`micromamba` and `python3`.
@@ -85,11 +86,41 @@ pub struct HostEnv {
     pub conda_prefix: Option<PathBuf>,
     /// `HOME`: where `~/.conda/environments.txt` lives.
     pub home: Option<PathBuf>,
+    /// Folders where Conda installs are looked for by their usual names
+    /// (`/opt`: `/opt/conda`, `/opt/miniforge3`, ...), besides `HOME`.
+    pub conda_install_dirs: Vec<PathBuf>,
+    /// The variables that choose the default environment, below the flags.
+    pub env_vars: EnvVars,
+    /// The config file read when neither `--config` nor
+    /// `CODE_EXECUTOR_CONFIG` names one and it exists
+    /// (`/etc/code-executor/config.toml`).
+    pub system_config: Option<PathBuf>,
+    /// `CODE_EXECUTOR_DEFAULTS`: a TOML file of defaults beneath the config
+    /// file (a container image's own settings).
+    pub defaults_file: Option<PathBuf>,
 }
+
+/// The variables that choose the default environment; empty values count as
+/// unset.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvVars {
+    /// `CODE_EXECUTOR_CONDA_ENV`
+    pub conda_env: Option<String>,
+    /// `CODE_EXECUTOR_CONDA_PREFIX`
+    pub conda_prefix: Option<PathBuf>,
+    /// `CODE_EXECUTOR_PYTHON`
+    pub python: Option<PathBuf>,
+    /// `CONDA_ENV_NAME`: the name the seed's `docker run` line passes.
+    pub conda_env_name: Option<String>,
+}
+
+/// Where a host keeps its own config file for the server.
+pub const SYSTEM_CONFIG: &str = "/etc/code-executor/config.toml";
 
 impl HostEnv {
     /// The values of the server process's own environment.
     pub fn from_process() -> HostEnv {
+        let text = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let path = |name: &str| {
             std::env::var_os(name)
                 .filter(|v| !v.is_empty())
@@ -100,6 +131,15 @@ impl HostEnv {
             conda_exe: path("CONDA_EXE"),
             conda_prefix: path("CONDA_PREFIX"),
             home: path("HOME"),
+            conda_install_dirs: vec![PathBuf::from("/opt")],
+            env_vars: EnvVars {
+                conda_env: text("CODE_EXECUTOR_CONDA_ENV"),
+                conda_prefix: path("CODE_EXECUTOR_CONDA_PREFIX"),
+                python: path("CODE_EXECUTOR_PYTHON"),
+                conda_env_name: text("CONDA_ENV_NAME"),
+            },
+            system_config: Some(PathBuf::from(SYSTEM_CONFIG)),
+            defaults_file: path("CODE_EXECUTOR_DEFAULTS"),
         }
     }
 

@@ -407,7 +407,7 @@ async fn openapi_document_matches_real_responses() {
 
 /// Start the real binary with `args`; its address once it logged readiness,
 /// and its stderr lines so far and to come.
-async fn spawn_server(
+pub(crate) async fn spawn_server(
     args: &[&str],
     tmp: &Path,
 ) -> (

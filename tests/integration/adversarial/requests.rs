@@ -175,23 +175,78 @@ async fn a_missing_or_wrong_token_is_a_401() {
 }
 
 #[tokio::test]
-async fn listening_beyond_loopback_needs_a_token_or_an_explicit_opt_out() {
+async fn listening_beyond_loopback_without_a_token_makes_one_and_prints_it_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut child, address, mut logs) =
+        crate::ops::spawn_server(&["--host", "0.0.0.0", "--pool-size", "1"], tmp.path()).await;
+    let port = address.rsplit_once(':').unwrap().1;
+    let url = format!("http://127.0.0.1:{port}/execute");
+    // The token is printed once, inside a curl line ready to paste.
+    let mut lines = Vec::new();
+    let token = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while let Some(line) = logs.recv().await {
+            lines.push(line.clone());
+            if let Some(rest) = line.split("curl -H \"Authorization: Bearer ").nth(1) {
+                let token = rest.split('"').next().unwrap().to_string();
+                let tail = format!(
+                    "\" -d '{{\"code\":\"print(2+2)\"}}' http://127.0.0.1:{port}/execute"
+                );
+                assert!(line.ends_with(&tail), "{line}");
+                return token;
+            }
+        }
+        panic!("no curl line in the log: {lines:#?}");
+    })
+    .await
+    .expect("the token is logged after the ready line");
+    assert_eq!(token.len(), 64, "{token}");
+    let client = reqwest::Client::new();
+    let anonymous = client.post(&url).body(r#"{"code":"print(2+2)"}"#).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    // What the curl line sends (no content type: curl -d's form type).
+    let resp = client
+        .post(&url)
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(r#"{"code":"print(2+2)"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.json::<Value>().await.unwrap()["stdout"], "4\n");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(child.wait().await.unwrap().success());
+    while let Some(line) = logs.recv().await {
+        lines.push(line);
+    }
+    let mentions = lines.iter().filter(|l| l.contains(&token)).count();
+    assert_eq!(mentions, 1, "{lines:#?}");
+}
+
+#[test]
+fn only_insecure_no_auth_serves_beyond_loopback_without_a_token() {
+    let host = code_executor::env::HostEnv::default();
+    let merge = |args: &code_executor::config::ServeArgs| {
+        code_executor::Config::merge_with(args, Default::default(), host.clone()).unwrap()
+    };
     let args = code_executor::config::ServeArgs {
         host: Some("0.0.0.0".parse().unwrap()),
         ..Default::default()
     };
-    let err = code_executor::Config::merge(&args, Default::default()).unwrap_err();
-    let message = err.to_string();
-    assert!(message.contains("--insecure-no-auth"), "{message}");
-    assert!(message.contains("--token"), "{message}");
+    let generated = merge(&args);
+    assert!(generated.token_generated && generated.token.is_some());
     let with_token = code_executor::config::ServeArgs {
         token: Some("t".into()),
         ..args.clone()
     };
-    assert!(code_executor::Config::merge(&with_token, Default::default()).is_ok());
+    assert_eq!(merge(&with_token).token.as_deref(), Some("t"));
     let opted_out = code_executor::config::ServeArgs {
         insecure_no_auth: true,
         ..args
     };
-    assert!(code_executor::Config::merge(&opted_out, Default::default()).is_ok());
+    assert_eq!(merge(&opted_out).token, None);
 }

@@ -222,13 +222,13 @@ esac
     }
 
     /// PATH = the fixture's `bin/` only; HOME = the fixture's home; no
-    /// CONDA_EXE, no active env.
+    /// CONDA_EXE, no active env, no install folders such as `/opt`, no
+    /// variables choosing an env and no config files.
     pub fn host_env(&self) -> HostEnv {
         HostEnv {
             path: Some(self.bin.clone().into_os_string()),
-            conda_exe: None,
-            conda_prefix: None,
             home: Some(self.home.clone()),
+            ..HostEnv::default()
         }
     }
 
