@@ -15,7 +15,8 @@ worker -> server
                                                           forking the first child
     result  {t, id, stdout, stderr, exit_code, signal, timed_out,
              stdout_truncated, stderr_truncated, duration_ms}
-    error   {t, id, message, traceback}                   a fault of the worker itself
+    error   {t, id, message, traceback, retire?}          a fault of the worker itself;
+                                                          retire: it ran nothing (dirty scratch)
     echo    {t, value, repr}                              answer to an ``echo`` frame
 server -> worker
     exec    {t, id, code, stdin, files, timeout, max_output, limits}
@@ -427,6 +428,11 @@ def planned_limits(limits):
         res = getattr(resource, name, None)
         if value is None or res is None:
             continue
+        if name == "RLIMIT_NPROC" and os.getuid() == 0:
+            # Root's RLIMIT_NPROC counts every process root has on the host
+            # (capabilities are dropped, so the kernel no longer exempts it):
+            # a root run's processes are capped by its pids cgroup instead.
+            continue
         soft, hard = resource.getrlimit(res)
         value = int(value)
         if hard != resource.RLIM_INFINITY:
@@ -798,8 +804,10 @@ def set_parent_death_signal(worker_pid):
 
 # Landlock (Linux 6.12+, ABI 6): a domain that scopes signals keeps its
 # processes from signalling any process outside it.
-_LANDLOCK_CREATE_RULESET, _LANDLOCK_RESTRICT_SELF = 444, 446
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
 _LANDLOCK_SCOPE_SIGNAL = 2
+_LANDLOCK_ACCESS_FS_REFER = 1 << 13
+_LANDLOCK_RULE_PATH_BENEATH = 1
 
 
 _restrict_self = None  # landlock_restrict_self(fd, flags), set by signal_scope
@@ -815,9 +823,27 @@ def signal_scope():
 
         syscall = _libc.syscall
         syscall.restype = ctypes.c_long
-        attr = (ctypes.c_uint64 * 3)(0, 0, _LANDLOCK_SCOPE_SIGNAL)
+        # A layer that handles no filesystem access would refuse every
+        # rename or link across directories (EXDEV: Landlock's ABI 1
+        # compatibility): it handles REFER and grants it everywhere.
+        attr = (ctypes.c_uint64 * 3)(_LANDLOCK_ACCESS_FS_REFER, 0, _LANDLOCK_SCOPE_SIGNAL)
         fd = syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
                      ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
+        if fd >= 0:
+            class PathBeneath(ctypes.Structure):
+                _pack_ = 1
+                _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+            root = os.open("/", os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = PathBeneath(_LANDLOCK_ACCESS_FS_REFER, root)
+                if syscall(ctypes.c_long(_LANDLOCK_ADD_RULE), ctypes.c_int(fd),
+                           ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule),
+                           ctypes.c_uint32(0)) != 0:
+                    os.close(fd)
+                    return None
+            finally:
+                os.close(root)
         # Built here, once: what a child calls is then one foreign call.
         _restrict_self = functools.partial(syscall, ctypes.c_long(_LANDLOCK_RESTRICT_SELF))
     except Exception:
@@ -1161,22 +1187,11 @@ def kill_descendants():
 
 
 def clear_private_shm():
-    """Empty /dev/shm between runs when the launcher made it ours alone."""
+    """Empty /dev/shm between runs when the launcher made it ours alone;
+    return None, or why something stayed."""
     if os.environ.get("CODE_EXECUTOR_PRIVATE_SHM") != "1":
-        return
-    try:
-        names = os.listdir("/dev/shm")
-    except OSError:
-        return
-    for name in names:
-        path = os.path.join("/dev/shm", name)
-        try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                remove_tree(path)
-            else:
-                os.unlink(path)
-        except OSError:
-            pass
+        return None
+    return clear_dir("/dev/shm")
 
 
 def normalize(rel):
@@ -1316,6 +1331,7 @@ class Worker:
         self.session = None  # a Session once a `session` frame switched this worker
         self.zygote = None  # started by main once the worker is set up
         self.scope = None  # a Landlock ruleset fd that scopes signals, if any
+        self.dirty = None  # why the scratch root could not be cleared, if it could not
 
     def spawn(self, warm=True):
         """Fork the next child; it waits for its request, rehearsing the
@@ -1323,7 +1339,7 @@ class Worker:
         try:
             os.mkdir(self.rundir, 0o700)
         except FileExistsError:  # left by a run that was not retired
-            clear_dir(self.scratch)
+            self.cleaned(clear_dir(self.scratch))
             os.mkdir(self.rundir, 0o700)
         os.mkdir(private_tmp(self.rundir), 0o700)
         if self.zygote is None:
@@ -1380,12 +1396,20 @@ class Worker:
             kill_descendants()
         elif child.left:
             child.zygote.kill_leftovers()
-        clear_private_shm()
+        self.cleaned(clear_private_shm())
         child.close()
         # Everything in the scratch root goes, not only the run's own
         # directories: what a run wrote beside them (``~`` is the scratch
         # root) must neither reach the next run nor hold its disk quota.
-        clear_dir(self.scratch)
+        self.cleaned(clear_dir(self.scratch))
+
+    def cleaned(self, problem):
+        """Note a clean-up that left something: the worker is then dirty and
+        answers its next request with a ``retire`` error (the server runs it
+        elsewhere and replaces this worker), never on a dirty root."""
+        if problem is not None and self.dirty is None:
+            self.dirty = problem
+            sys.stderr.write("code-executor: scratch not clean, retiring: %s\n" % problem)
 
     def take_child(self, msg):
         """Hand the request to the waiting child, re-forking once if it died."""
@@ -1555,6 +1579,11 @@ class Worker:
             msg = unpackb(frame)
             del frame  # a large request is held once, decoded
             kind = msg.get("t")
+            if kind in ("session", "exec") and self.dirty is not None:
+                # Nothing runs on a root an earlier run could plant state in.
+                write_frame(self.wfd, {"t": "error", "id": msg.get("id"), "retire": True,
+                                       "message": "worker retired: " + self.dirty})
+                return
             if kind in ("session", "exec") and (kind == "session" or self.session is not None):
                 try:
                     serve_session(self, msg)
@@ -2036,7 +2065,7 @@ class Session:
             child.kill()
             child.reap(True)
             child.close()
-            remove_tree(child.rundir)
+            remove_tree(child.rundir)  # the worker leaves with its session
 
 
 def open_session(worker, msg):
@@ -2068,35 +2097,110 @@ def serve_session(worker, msg):
         write_error(worker.wfd, msg.get("id"), "", exc)
 
 
+# How long clearing what one run left may take. Past it (or when anything
+# stays behind) the worker is dirty: it serves no further request.
+CLEAN_SECONDS = 2.0
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
 def remove_tree(path):
+    """Remove ``path`` and everything in it (see ``clear_dir``); return None,
+    or why something stayed."""
     # Most run directories are empty by now: one rmdir instead of a walk.
     try:
         os.rmdir(path)
-        return
+        return None
     except FileNotFoundError:
-        return
+        return None
     except OSError:
         pass
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def clear_dir(path):
-    """Remove everything inside ``path`` (symlinks themselves, not what they
-    point to)."""
+    why = clear_dir(path)
     try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                remove_tree(entry.path)
+        os.rmdir(path)
+    except OSError as exc:
+        return why or "cannot remove %s: %s" % (path, exc)
+    return why
+
+
+def clear_dir(path, budget=CLEAN_SECONDS):
+    """Remove everything inside ``path`` (symlinks themselves, not what they
+    point to); return None once it is empty, else why it is not.
+
+    No recursion and no path longer than one name, so that no depth of tree
+    can fail it: each directory found is renamed up into ``path`` itself and
+    emptied in turn, with its own subdirectories moved up likewise. A mode a
+    run took away (a directory made 0555 or 0000) is given back first: the
+    run's files are this user's. Bounded by ``budget`` seconds."""
+    deadline = time.monotonic() + budget
+    try:
+        root = os.open(path, _O_DIR)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return "cannot open %s: %s" % (path, exc)
+    problem = None
+    serial = 0
+    todo = [None]  # None: the root itself; else a directory's name in it
+    try:
+        while todo:
+            if time.monotonic() > deadline:
+                return "clearing %s took over %g s" % (path, budget)
+            name = todo.pop()
+            if name is None:
+                fd = root
             else:
-                os.unlink(entry.path)
-        except OSError:
-            pass
+                try:
+                    os.chmod(name, 0o700, dir_fd=root)
+                    fd = os.open(name, _O_DIR, dir_fd=root)
+                except OSError as exc:
+                    problem = "cannot open %s/%s: %s" % (path, name, exc)
+                    continue
+            try:
+                with os.scandir(fd) as it:
+                    entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+                for entry, is_dir in entries:
+                    try:
+                        if not is_dir:
+                            os.unlink(entry, dir_fd=fd)
+                        elif fd == root:
+                            todo.append(entry)
+                        else:
+                            while True:
+                                serial += 1
+                                moved = ".gone-%d" % serial
+                                try:
+                                    os.rename(entry, moved, src_dir_fd=fd, dst_dir_fd=root)
+                                    break
+                                except (FileExistsError, IsADirectoryError):
+                                    continue
+                                except OSError as exc:
+                                    if exc.errno != errno_ENOTEMPTY:
+                                        raise
+                            todo.append(moved)
+                    except OSError as exc:
+                        problem = "cannot remove %s: %s" % (entry, exc)
+            except OSError as exc:
+                problem = "cannot list %s: %s" % (path, exc)
+            finally:
+                if fd != root:
+                    os.close(fd)
+            if name is not None:
+                try:
+                    os.rmdir(name, dir_fd=root)
+                except OSError as exc:
+                    problem = "cannot remove %s/%s: %s" % (path, name, exc)
+        try:
+            left = os.listdir(root)
+        except OSError as exc:
+            return "cannot list %s: %s" % (path, exc)
+        if left:
+            return problem or "%d entries stayed in %s" % (len(left), path)
+        return None
+    finally:
+        os.close(root)
+
+
+errno_ENOTEMPTY = 39
 
 
 def main():
@@ -2157,7 +2261,9 @@ def main():
         # Runs are forked by a zygote, except where that would expose it: the
         # worker is pid 1 of its pid namespace, out of reach of a run's
         # signals, and the zygote would not be unless Landlock can scope them.
-        scope = signal_scope() if os.getpid() == 1 else None
+        # Where it can, every run is scoped (in the container tier too, where
+        # the worker is no pid 1): no run signals its worker or zygote.
+        scope = signal_scope()
         if (os.getpid() != 1 or scope is not None) and not os.environ.get("CODE_EXECUTOR_NO_ZYGOTE"):
             try:
                 worker.zygote = Zygote(worker, scope)

@@ -150,6 +150,10 @@ pub struct ServeArgs {
     /// User (name or uid) workers run as, e.g. `nobody`.
     #[arg(long, env = "CODE_EXECUTOR_RUN_AS")]
     pub run_as: Option<String>,
+    /// Sandbox tier: `auto` (namespaces where the host can make them, else
+    /// the container tier), `namespaces` or `container`.
+    #[arg(long, env = "CODE_EXECUTOR_SANDBOX_TIER")]
+    pub sandbox_tier: Option<crate::sandbox::TierChoice>,
     /// Allow listening on a non-loopback address without a token.
     #[arg(long, env = "CODE_EXECUTOR_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
@@ -216,6 +220,8 @@ pub struct FileConfig {
     pub landlock: Option<bool>,
     pub run_as: Option<String>,
     pub run_as_group: Option<String>,
+    /// `auto` (default), `namespaces` or `container`.
+    pub sandbox_tier: Option<crate::sandbox::TierChoice>,
     pub insecure_no_auth: Option<bool>,
     pub max_code_bytes: Option<usize>,
     pub max_files: Option<usize>,
@@ -226,6 +232,9 @@ pub struct FileConfig {
     pub max_sessions_per_env: Option<usize>,
     pub session_interrupt_grace_secs: Option<f64>,
     pub mcp_implicit_session: Option<bool>,
+    pub header_read_timeout_secs: Option<f64>,
+    pub body_read_timeout_secs: Option<f64>,
+    pub max_connections: Option<usize>,
     /// `[[envs]]` tables: environments configured one by one.
     #[serde(default)]
     pub envs: Vec<EnvTable>,
@@ -344,6 +353,23 @@ pub struct Config {
     pub sessions: SessionConfig,
     /// Every MCP connection gets one implicit session, closed with it.
     pub mcp_implicit_session: bool,
+    /// Bounds on HTTP connections, so that slow or silent clients hold
+    /// nothing for long.
+    pub connections: ConnectionLimits,
+}
+
+/// Bounds on the HTTP server's connections.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// How long a client may take to send a request's headers, counted from
+    /// when the server waits for them: on a new connection, and between the
+    /// requests of a kept-alive one (so it is the idle timeout too).
+    pub header_read_timeout: Duration,
+    /// How long a request's body may take to arrive once its headers did.
+    pub body_read_timeout: Duration,
+    /// Connections served at once; past it a new one gets `503` and is
+    /// closed. Kept well below the descriptors the process may open.
+    pub max_connections: usize,
 }
 
 /// Caps on what one request may carry (the body as a whole is capped by
@@ -412,6 +438,11 @@ impl Default for Config {
             },
             sessions: SessionConfig::default(),
             mcp_implicit_session: false,
+            connections: ConnectionLimits {
+                header_read_timeout: Duration::from_secs(10),
+                body_read_timeout: Duration::from_secs(60),
+                max_connections: 4096,
+            },
         }
     }
 }
@@ -465,7 +496,8 @@ impl Config {
             |v: Option<f64>, name: &str, default: Duration| -> Result<Duration, ConfigError> {
                 match v {
                     None => Ok(default),
-                    Some(s) if s.is_finite() && s >= 0.0 => Ok(Duration::from_secs_f64(s)),
+                    Some(s) if s.is_finite() && s >= 0.0 => Duration::try_from_secs_f64(s)
+                        .map_err(|_| ConfigError::Invalid(format!("{name} = {s} is too long"))),
                     Some(s) => Err(ConfigError::Invalid(format!(
                         "{name} = {s} is not a duration"
                     ))),
@@ -578,6 +610,7 @@ impl Config {
                 run_as: args.run_as.clone().or(file.run_as),
                 run_as_group: file.run_as_group,
                 disk_bytes,
+                tier: args.sandbox_tier.or(file.sandbox_tier).unwrap_or_default(),
             },
             insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
             request_limits: RequestLimits {
@@ -650,6 +683,21 @@ impl Config {
                 .mcp_implicit_session
                 .or(file.mcp_implicit_session)
                 .unwrap_or(d.mcp_implicit_session),
+            connections: ConnectionLimits {
+                header_read_timeout: secs(
+                    file.header_read_timeout_secs,
+                    "header_read_timeout_secs",
+                    d.connections.header_read_timeout,
+                )?,
+                body_read_timeout: secs(
+                    file.body_read_timeout_secs,
+                    "body_read_timeout_secs",
+                    d.connections.body_read_timeout,
+                )?,
+                max_connections: file
+                    .max_connections
+                    .unwrap_or(d.connections.max_connections),
+            },
         };
         config.validate()?;
         // As Jupyter does: beyond loopback, a server nobody gave a token
@@ -686,6 +734,15 @@ impl Config {
         if self.max_output_bytes == 0 {
             return Err(ConfigError::Invalid(
                 "max_output_bytes must be positive".into(),
+            ));
+        }
+        if self.connections.max_connections == 0
+            || self.connections.header_read_timeout.is_zero()
+            || self.connections.body_read_timeout.is_zero()
+        {
+            return Err(ConfigError::Invalid(
+                "max_connections, header_read_timeout_secs and body_read_timeout_secs must be positive"
+                    .into(),
             ));
         }
         if self.max_workers == 0 {
@@ -999,8 +1056,13 @@ mod tests {
             conda_env: Some("a".into()),
             ..flag
         };
-        let err = merge(&two_flags, FileConfig::default()).unwrap_err().to_string();
-        assert!(err.contains("--conda-env, --conda-prefix and --python"), "{err}");
+        let err = merge(&two_flags, FileConfig::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--conda-env, --conda-prefix and --python"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -1012,7 +1074,10 @@ mod tests {
             let arg = serve.get_arguments().find(|a| a.get_id() == id).unwrap();
             assert_eq!(arg.get_env(), None, "--{id} would conflict with a variable");
         }
-        let token = serve.get_arguments().find(|a| a.get_id() == "token").unwrap();
+        let token = serve
+            .get_arguments()
+            .find(|a| a.get_id() == "token")
+            .unwrap();
         assert_eq!(token.get_env().unwrap(), "CODE_EXECUTOR_TOKEN");
         let err = Cli::try_parse_from([
             "code-executor",
@@ -1112,7 +1177,11 @@ mod tests {
         assert!(a.token_generated);
         let token = a.token.as_deref().unwrap();
         assert_eq!(token.len(), 64, "32 bytes in hex: {token}");
-        assert!(token.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert!(
+            token
+                .bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
         assert_ne!(a.token, b.token, "every start makes a new one");
         // A configured token, --insecure-no-auth or loopback: none generated.
         let given = ServeArgs {
@@ -1120,7 +1189,10 @@ mod tests {
             ..wide.clone()
         };
         let c = merge(&given, FileConfig::default()).unwrap();
-        assert_eq!((c.token.as_deref(), c.token_generated), (Some("mine"), false));
+        assert_eq!(
+            (c.token.as_deref(), c.token_generated),
+            (Some("mine"), false)
+        );
         let open = ServeArgs {
             insecure_no_auth: true,
             ..wide

@@ -33,6 +33,10 @@ pub enum WorkerError {
     Protocol(#[source] FrameError),
     #[error("worker reported an internal error: {0}")]
     Internal(String),
+    /// The worker ran nothing: it could not clear what an earlier run left
+    /// (the request can go to another worker).
+    #[error("{0}")]
+    Retired(String),
     #[error("error talking to worker")]
     Io(#[source] io::Error),
     #[error("all {0} workers the server may run are busy and none is idle to retire")]
@@ -61,12 +65,12 @@ pub enum ExecError {
     TooLarge(String),
     #[error("unknown environment {name:?}; known environments: {known}")]
     UnknownEnv { name: String, known: String },
-    #[error("{0}")]
-    Busy(#[source] PoolError),
+    #[error(transparent)]
+    Busy(PoolError),
     #[error("environment {env:?} is unavailable: {reason}")]
     EnvUnavailable { env: String, reason: String },
-    #[error("{0}")]
-    Worker(#[source] WorkerError),
+    #[error(transparent)]
+    Worker(WorkerError),
     #[error("server is shutting down")]
     ShuttingDown,
     #[error("{0}")]

@@ -35,6 +35,40 @@ pub const WORKER_SCRIPT: &str = include_str!("../python/worker.py");
 /// Extra time the server grants a worker beyond the run's own timeout before
 /// it declares the worker unresponsive and kills it.
 const HARD_DEADLINE_SLACK: Duration = Duration::from_secs(3);
+/// Remove what servers killed without a chance to clean up (SIGKILL, a
+/// crash) left in `tmp`: their bootstrap and workers' scratch roots. Only
+/// directories of this pid namespace's servers that are gone are touched.
+fn remove_stale_base_dirs(tmp: &Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let stale = entry
+            .file_name()
+            .to_str()
+            .is_some_and(crate::sandbox::cgroup::is_stale_server_dir);
+        if stale && entry.file_type().is_ok_and(|t| t.is_dir()) {
+            match std::fs::remove_dir_all(entry.path()) {
+                Ok(()) => tracing::info!(dir = %entry.path().display(), "removed the temporary directory of a server that is gone"),
+                Err(e) => tracing::warn!(dir = %entry.path().display(), "cannot remove the temporary directory of a server that is gone: {e}"),
+            }
+        }
+    }
+}
+
+/// `seconds` (positive and finite) as a duration, at most `max`: checked
+/// before converting, since `Duration::from_secs_f64` panics past `u64`.
+pub(crate) fn capped_secs(seconds: f64, max: Duration) -> Duration {
+    if seconds >= max.as_secs_f64() {
+        max
+    } else {
+        Duration::from_secs_f64(seconds)
+    }
+}
+
+/// Workers a request may try when each in turn refuses it for a scratch
+/// root it could not clear (see `WorkerError::Retired`).
+const RETIRED_RETRIES: u32 = 3;
 
 /// Bound on listing an environment's packages.
 const LIST_PACKAGES_TIMEOUT: Duration = Duration::from_secs(60);
@@ -202,8 +236,9 @@ impl Executor {
         let registry = Registry::build(config).await?;
         let networks: Vec<_> = registry.envs.iter().map(|p| p.settings.network).collect();
         let sandbox = Sandbox::probe(&config.sandbox, &networks).await?;
+        remove_stale_base_dirs(&std::env::temp_dir());
         let base_dir = tempfile::Builder::new()
-            .prefix("code-executor-")
+            .prefix(&format!("{}.", crate::sandbox::cgroup::own_server_dir_name()))
             .tempdir()?;
         if sandbox.as_ref().and_then(Sandbox::owner).is_some() {
             // Workers running as another user must reach their scratch roots
@@ -430,6 +465,7 @@ impl Executor {
             }
             contents.push((path.as_str(), bytes));
         }
+        crate::types::check_file_set(contents.iter().map(|(p, _)| *p)).map_err(ExecError::BadRequest)?;
         // Files that cannot fit in the worker's scratch tmpfs never could.
         if self.sandbox.disk_quota && total as u64 > entry.settings.disk_bytes {
             return Err(ExecError::TooLarge(format!(
@@ -579,6 +615,33 @@ impl Executor {
                 .await;
         }
         let env_name = entry.spec.name.as_str();
+        // A worker that ran nothing because its scratch root stayed dirty
+        // hands the request on: the next worker runs it.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self
+                .run_on_pool(entry, &frame, timeout, processes, output.as_ref())
+                .await
+            {
+                Err(ExecError::Worker(WorkerError::Retired(why))) if attempts < RETIRED_RETRIES => {
+                    tracing::info!(env = env_name, "worker retired before the run ({why}); running it on another");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One attempt of [`Executor::run_output`] on a worker of `entry`'s pool.
+    async fn run_on_pool(
+        &self,
+        entry: &EnvEntry,
+        frame: &[u8],
+        timeout: f64,
+        processes: Option<u64>,
+        output: Option<&OutputSink>,
+    ) -> Result<crate::worker::RunOutput, ExecError> {
+        let env_name = entry.spec.name.as_str();
         let queued = Instant::now();
         let got = entry.pool.get().await;
         entry.metrics.queue_wait(queued.elapsed().as_secs_f64());
@@ -608,9 +671,7 @@ impl Executor {
         }
         let started = Instant::now();
         let deadline = Duration::from_secs_f64(timeout) + HARD_DEADLINE_SLACK;
-        let ran = worker
-            .execute_cancellable(&frame, deadline, output.as_ref())
-            .await;
+        let ran = worker.execute_cancellable(frame, deadline, output).await;
         let mut worker = in_flight.take();
         let seconds = started.elapsed().as_secs_f64();
         match ran {
@@ -636,6 +697,10 @@ impl Executor {
                     "run finished"
                 );
                 Ok(out)
+            }
+            Err(WorkerError::Retired(why)) => {
+                entry.pool.discard(worker, RestartCause::Dirty);
+                Err(ExecError::Worker(WorkerError::Retired(why)))
             }
             Err(e) => {
                 let cause = match e {
@@ -671,7 +736,7 @@ impl Executor {
         let index = self.index_of(entry);
         let ttl = match req.ttl {
             None => config.ttl,
-            Some(t) if t.is_finite() && t > 0.0 => Duration::from_secs_f64(t).min(config.max_ttl),
+            Some(t) if t.is_finite() && t > 0.0 => capped_secs(t, config.max_ttl),
             Some(t) => {
                 return Err(ExecError::BadRequest(format!(
                     "ttl must be a positive number of seconds, got {t}"
@@ -699,8 +764,6 @@ impl Executor {
             )));
         }
         let reservation = self.sessions.reserve(index, &entry.spec.name)?;
-        let worker = entry.pool.get().await.map_err(|e| pool_refusal(entry, e))?;
-        let mut worker = entry.pool.detach(worker);
         // The worker serves this session alone from now on: a lower
         // `processes` stays in its cgroup for the session's life.
         let processes = req
@@ -708,12 +771,6 @@ impl Executor {
             .as_ref()
             .and_then(|l| l.processes)
             .and(limits.processes);
-        if let Err(e) = worker.set_run_processes(processes) {
-            tokio::spawn(worker.terminate(self.sessions.grace()));
-            return Err(ExecError::Internal(format!(
-                "cannot cap the session's processes in its worker's cgroup: {e}"
-            )));
-        }
         let frame = protocol::encode_frame(&SessionFrame {
             t: "session",
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -721,11 +778,29 @@ impl Executor {
             grace: config.interrupt_grace.as_secs_f64(),
         })
         .map_err(|e| ExecError::Internal(format!("session frame cannot be encoded: {e}")))?;
-        if let Err(e) = worker.execute(&frame, HARD_DEADLINE_SLACK, None).await {
-            tracing::warn!(env = %entry.spec.name, "session failed to start: {}", error_chain(&e));
-            tokio::spawn(worker.terminate(self.sessions.grace()));
-            return Err(ExecError::Worker(e));
-        }
+        let mut attempts = 0;
+        let worker = loop {
+            attempts += 1;
+            let worker = entry.pool.get().await.map_err(|e| pool_refusal(entry, e))?;
+            let mut worker = entry.pool.detach(worker);
+            if let Err(e) = worker.set_run_processes(processes) {
+                tokio::spawn(worker.terminate(self.sessions.grace()));
+                return Err(ExecError::Internal(format!(
+                    "cannot cap the session's processes in its worker's cgroup: {e}"
+                )));
+            }
+            match worker.execute(&frame, HARD_DEADLINE_SLACK, None).await {
+                Ok(_) => break worker,
+                Err(e) => {
+                    tokio::spawn(worker.terminate(self.sessions.grace()));
+                    if matches!(e, WorkerError::Retired(_)) && attempts < RETIRED_RETRIES {
+                        continue;
+                    }
+                    tracing::warn!(env = %entry.spec.name, "session failed to start: {}", error_chain(&e));
+                    return Err(ExecError::Worker(e));
+                }
+            }
+        };
         self.sessions
             .insert(reservation, entry.spec.name.clone(), ttl, timeout, worker)
     }

@@ -19,8 +19,9 @@
 //!   `no_new_privs`, `run_as`) and what the host supports.
 //! * [`server`]: serving the HTTP API (and MCP at `/mcp`) with graceful shutdown.
 //! * [`error`]: typed errors, one enum per layer.
+//! * [`sys`]: the only `unsafe` code: system calls no safe crate wraps (`close_range`).
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod config;
 pub mod env;
@@ -35,6 +36,7 @@ pub mod protocol;
 pub mod sandbox;
 pub mod server;
 pub mod session;
+pub mod sys;
 pub mod types;
 pub mod worker;
 

@@ -12,6 +12,10 @@ fn main() {
         // The launcher: no runtime, no threads; it execs the worker.
         code_executor::sandbox::launch::main(args);
     }
+    if let Err(err) = server::harden_process() {
+        eprintln!("error: cannot harden the server process: {err}");
+        std::process::exit(1);
+    }
     serve(cli);
 }
 

@@ -11,7 +11,8 @@
 //! |                  |          | `result` (repr or nil), `error` (map or nil), `artifacts`,     |
 //! |                  |          | `cpu_ms`, `peak_rss_kb` (only when the exec asked for `rusage`) |
 //! | worker -> server | `output` | `id`, `stream` (`stdout`/`stderr`), `data` (bin): streaming    |
-//! | worker -> server | `error`  | `id`, `message`, `traceback`: a fault of the worker itself   |
+//! | worker -> server | `error`  | `id`, `message`, `traceback`: a fault of the worker itself;  |
+//! |                  |          | `retire`: true when it ran nothing (scratch not cleared)     |
 //! | worker -> server | `echo`   | `value`, `repr`: answer to `echo`                            |
 //! | server -> worker | `exec`   | `id`, `code`, `stdin` (bin or nil), `files` ([path, bin] pairs), |
 //! |                  |          | `argv`, `timeout` (s), `max_output` (bytes per stream), `limits`, |
@@ -189,6 +190,10 @@ pub struct WorkerFrame {
     pub session_lost: Option<String>,
     /// The run was killed for going over its `limits.disk_bytes`.
     pub disk_exceeded: bool,
+    /// An `error` frame answering a request the worker refused to run: its
+    /// scratch root could not be cleared after the previous run. Nothing ran;
+    /// the request may go to another worker.
+    pub retire: bool,
     // output
     pub stream: Option<String>,
     #[serde(with = "serde_bytes")]

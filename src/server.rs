@@ -5,12 +5,17 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::middleware;
-use axum::serve::ListenerExt;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, ConnectionLimits};
 use crate::executor::Executor;
+use crate::http::guard::{self, BodyLimits};
 use crate::http::observe::observe;
 use crate::http::{AppState, require_token, router};
 use crate::mcp;
@@ -43,33 +48,133 @@ pub async fn run(
     let app = router(state.clone(), config.max_body_bytes)
         .merge(mcp)
         .layer(middleware::from_fn_with_state(state, observe));
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let stopped = stop.clone();
-    // Responses go out as soon as they are written. Without TCP_NODELAY an
-    // MCP result (an SSE event written after the response head and priming
-    // event) waits in Nagle's buffer for the client's delayed ACK: ~40 ms.
-    let listener = listener.tap_io(|tcp| {
+    let mut limits = config.connections;
+    limits.max_connections = connection_budget(limits.max_connections);
+    let body = BodyLimits {
+        read_timeout: limits.body_read_timeout,
+        max_bytes: config.max_body_bytes,
+    };
+    let app = app
+        .layer(middleware::from_fn(move |req, next| {
+            guard::read_body_within(body, req, next)
+        }))
+        .layer(guard::catch_panics());
+    let drain_limit = config.shutdown_timeout;
+    let graceful = GracefulShutdown::new();
+    serve_connections(listener, app, limits, &graceful, shutdown).await;
+    tracing::info!("shutting down: finishing in-flight requests");
+    mcp_stop.cancel();
+    if tokio::time::timeout(drain_limit, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("in-flight requests did not finish within {drain_limit:?}");
+    }
+    executor.shutdown().await;
+    Ok(())
+}
+
+/// Accept connections until `shutdown` resolves, each served with the
+/// header timeout of `limits` and counted against its cap.
+async fn serve_connections(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    graceful: &GracefulShutdown,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    // One permit per connection being served.
+    let open = Arc::new(Semaphore::new(limits.max_connections));
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .keep_alive(true);
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, _remote) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(err) => {
+                    // Out of descriptors (or a connection reset before it
+                    // was accepted): wait a little rather than spin.
+                    tracing::warn!("cannot accept a connection: {err}");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return,
+        };
+        // Responses go out as soon as they are written. Without TCP_NODELAY
+        // an MCP result (an SSE event written after the response head and
+        // priming event) waits in Nagle's buffer for the client's delayed
+        // ACK: ~40 ms.
         if let Err(err) = tcp.set_nodelay(true) {
             tracing::warn!("cannot set TCP_NODELAY on a connection: {err}");
         }
-    });
-    let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown.await;
-        tracing::info!("shutting down: finishing in-flight requests");
-        mcp_stop.cancel();
-        stopped.notify_one();
-    });
-    let drain_limit = config.shutdown_timeout;
-    let result = tokio::select! {
-        r = serve => r,
-        _ = async { stop.notified().await; tokio::time::sleep(drain_limit).await } => {
-            tracing::warn!("in-flight requests did not finish within {drain_limit:?}");
-            Ok(())
-        }
-    };
-    executor.shutdown().await;
-    result
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            tokio::spawn(refuse(tcp, limits.max_connections));
+            continue;
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
+        tokio::spawn(async move {
+            // Errors here are the client's (reset, timed out): not ours to log.
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
 }
+
+/// Answer a connection past the cap with a plain `503` and close it.
+async fn refuse(mut tcp: tokio::net::TcpStream, cap: usize) {
+    use tokio::io::AsyncWriteExt;
+    let body = format!(
+        "{{\"error\":{{\"code\":\"busy\",\"message\":\"the server is at its cap of {cap} connections (max_connections)\"}}}}"
+    );
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, tcp.write_all(answer.as_bytes())).await;
+}
+
+/// Pause after a failed `accept` (descriptors exhausted).
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(20);
+/// Bound on writing the refusal to a connection past the cap.
+const REFUSAL_WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Process-wide hardening, called first by every command that serves:
+/// * every descriptor the server inherited (3 and up) becomes close-on-exec,
+///   so no worker, install or activation script it starts sees one;
+/// * the process is not dumpable, so no process of the same user (a run in
+///   the container tier) can read its `/proc/<pid>/environ`, `cmdline` or
+///   memory, where its tokens are;
+/// * its soft descriptor limit is raised to the hard one, so that many
+///   connections cannot starve the workers' pipes.
+pub fn harden_process() -> std::io::Result<()> {
+    crate::sys::cloexec_from_3()?;
+    nix::sys::prctl::set_dumpable(false)?;
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    Ok(())
+}
+
+/// Connections the process can serve besides what its workers and their
+/// pipes need: the descriptor limit less a reserve.
+fn connection_budget(configured: usize) -> usize {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(1024);
+    let budget = usize::try_from(soft.saturating_sub(DESCRIPTOR_RESERVE)).unwrap_or(usize::MAX);
+    configured.min(budget.max(1))
+}
+
+/// Descriptors kept back from connections: workers' pipes, cgroup files,
+/// installs, logs.
+const DESCRIPTOR_RESERVE: u64 = 512;
 
 /// Resolves on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {

@@ -203,16 +203,71 @@ pub fn check_file_path(path: &str) -> Result<(), String> {
     if path.starts_with('/') {
         return Err(format!("file path {path:?} must be relative"));
     }
+    if path.len() > MAX_FILE_PATH_BYTES {
+        return Err(format!(
+            "file path {:?}... is {} bytes, over the limit of {MAX_FILE_PATH_BYTES}",
+            path.chars().take(40).collect::<String>(),
+            path.len()
+        ));
+    }
     let mut depth = 0usize;
     for part in path.split('/') {
         match part {
             "" | "." => {}
             ".." => return Err(format!("file path {path:?} leaves the working directory")),
+            _ if part.len() > MAX_FILE_NAME_BYTES => {
+                return Err(format!(
+                    "file path {path:?} has a name of {} bytes, over the limit of {MAX_FILE_NAME_BYTES}",
+                    part.len()
+                ));
+            }
             _ => depth += 1,
         }
     }
     if depth == 0 {
         return Err(format!("file path {path:?} names no file"));
+    }
+    if depth > MAX_FILE_DEPTH {
+        return Err(format!(
+            "file path {:?}... is {depth} directories deep, over the limit of {MAX_FILE_DEPTH}",
+            path.chars().take(40).collect::<String>()
+        ));
+    }
+    Ok(())
+}
+
+/// Longest name of one file or directory (Linux's `NAME_MAX`).
+pub const MAX_FILE_NAME_BYTES: usize = 255;
+/// Longest path of an input file.
+pub const MAX_FILE_PATH_BYTES: usize = 1024;
+/// Deepest an input file may lie below the working directory.
+pub const MAX_FILE_DEPTH: usize = 32;
+
+/// Check that input files (each already passed by [`check_file_path`]) can
+/// all be written: no path twice (`a` and `./a`), and no file where another
+/// needs a directory (`a` beside `a/b`).
+pub fn check_file_set<'a>(paths: impl Iterator<Item = &'a str>) -> Result<(), String> {
+    let mut files = std::collections::HashMap::new();
+    let mut dirs = std::collections::HashMap::new();
+    for path in paths {
+        let parts: Vec<&str> = path
+            .split('/')
+            .filter(|p| !matches!(*p, "" | "."))
+            .collect();
+        let normal = parts.join("/");
+        if let Some(other) = files.insert(normal.clone(), path) {
+            return Err(format!("file paths {other:?} and {path:?} name the same file"));
+        }
+        for end in 1..parts.len() {
+            dirs.entry(parts[..end].join("/")).or_insert(path);
+        }
+    }
+    for (normal, path) in &files {
+        if let Some(inside) = dirs.get(normal) {
+            return Err(format!(
+                "file path {path:?} is a file, but {inside:?} needs it to be a directory"
+            ));
+        }
     }
     Ok(())
 }
@@ -220,6 +275,21 @@ pub fn check_file_path(path: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn file_sets_must_be_writable_together() {
+        assert!(check_file_set(["a/b", "a/c", "d"].into_iter()).is_ok());
+        let err = check_file_set(["a", "a/b"].into_iter()).unwrap_err();
+        assert!(err.contains("\"a\" is a file"), "{err}");
+        let err = check_file_set(["x/y", "./x//y"].into_iter()).unwrap_err();
+        assert!(err.contains("name the same file"), "{err}");
+        let long = "n".repeat(300);
+        assert!(check_file_path(&long).unwrap_err().contains("255"));
+        let deep = "d/".repeat(1500) + "f";
+        assert!(check_file_path(&deep).unwrap_err().contains("over the limit"));
+        let deep = "d/".repeat(40) + "f";
+        assert!(check_file_path(&deep).unwrap_err().contains("directories deep"));
+    }
 
     #[test]
     fn file_paths_stay_inside_the_run_dir() {

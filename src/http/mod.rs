@@ -1,6 +1,7 @@
 //! The HTTP/JSON front end (axum): a thin adapter over [`Executor`].
 
 mod error;
+pub mod guard;
 pub mod observe;
 pub mod openapi;
 mod stream;
@@ -64,6 +65,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .merge(admin)
         .merge(scraped)
         .route("/health", get(health))
+        .route("/livez", get(livez))
         .route("/openapi.json", get(openapi::serve))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(max_body_bytes))
@@ -242,7 +244,20 @@ async fn install(
     Ok(Json(state.executor.install(req).await?))
 }
 
-/// Liveness and readiness: 200 while some environment can serve.
+/// Liveness: 200 whenever the process can answer at all. It reads no pool,
+/// so a server whose environments cannot serve (readiness, `/health` 503) is
+/// not restarted for it; only a wedged process fails it.
+#[utoipa::path(
+    get,
+    path = "/livez",
+    tag = "meta",
+    responses((status = 200, description = "The process answers", content_type = "text/plain"))
+)]
+async fn livez() -> &'static str {
+    "ok\n"
+}
+
+/// Readiness: 200 while some environment can serve.
 #[utoipa::path(
     get,
     path = "/health",

@@ -69,14 +69,18 @@ pub enum RestartCause {
     Cancelled,
     /// It was retired: `max_runs` reached, or replaced after an install.
     Recycle,
+    /// Its scratch root could not be cleared after a run: it refused the
+    /// next request rather than run it where an earlier run left state.
+    Dirty,
 }
 
 impl RestartCause {
-    pub const ALL: [RestartCause; 4] = [
+    pub const ALL: [RestartCause; 5] = [
         RestartCause::Timeout,
         RestartCause::Crash,
         RestartCause::Cancelled,
         RestartCause::Recycle,
+        RestartCause::Dirty,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -85,6 +89,7 @@ impl RestartCause {
             RestartCause::Crash => "crash",
             RestartCause::Cancelled => "cancelled",
             RestartCause::Recycle => "recycle",
+            RestartCause::Dirty => "dirty",
         }
     }
 }
@@ -117,7 +122,7 @@ struct Shared {
     closed: AtomicBool,
     /// Workers replaced so far, per [`RestartCause`] (in `ALL` order); read
     /// by the metrics at scrape time.
-    restarts: [AtomicU64; 4],
+    restarts: [AtomicU64; RestartCause::ALL.len()],
 }
 
 #[derive(Default)]

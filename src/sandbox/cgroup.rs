@@ -99,6 +99,33 @@ fn server_dir_name(pid: u32, pid_namespace: u64) -> String {
     format!("code-executor-{pid}-{pid_namespace}")
 }
 
+/// The server a directory named by [`server_dir_name`] belongs to, as
+/// (pid, pid namespace); anything may follow a `.` after the name (the
+/// random part of a temporary directory's).
+fn server_of(name: &str) -> Option<(u32, u64)> {
+    let rest = name.strip_prefix("code-executor-")?;
+    let (pid, ns) = rest.split_once('-')?;
+    let ns = ns.split_once('.').map_or(ns, |(ns, _)| ns);
+    Some((pid.parse().ok()?, ns.parse().ok()?))
+}
+
+/// Whether a directory named `name` belongs to a server of this pid
+/// namespace that is no longer running.
+pub(crate) fn is_stale_server_dir(name: &str) -> bool {
+    server_of(name).is_some_and(|(pid, ns)| {
+        ns == own_pid_namespace()
+            && pid != std::process::id()
+            && !Path::new(&format!("/proc/{pid}")).exists()
+    })
+}
+
+/// The name this server gives its directories (a cgroup per hierarchy, its
+/// temporary directory): pid and pid namespace, so that the next server can
+/// tell which ones were left by a server that is gone.
+pub(crate) fn own_server_dir_name() -> String {
+    server_dir_name(std::process::id(), own_pid_namespace())
+}
+
 /// This process's pid namespace (the inode of `/proc/self/ns/pid`).
 fn own_pid_namespace() -> u64 {
     use std::os::unix::fs::MetadataExt;
@@ -113,21 +140,8 @@ fn remove_stale(base: &Path) {
     let Ok(entries) = std::fs::read_dir(base) else {
         return;
     };
-    let namespace = own_pid_namespace();
     for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some((pid, ns)) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("code-executor-"))
-            .and_then(|rest| rest.split_once('-'))
-            .and_then(|(pid, ns)| Some((pid.parse::<u32>().ok()?, ns.parse::<u64>().ok()?)))
-        else {
-            continue;
-        };
-        if ns != namespace
-            || pid == std::process::id()
-            || Path::new(&format!("/proc/{pid}")).exists()
-        {
+        if !entry.file_name().to_str().is_some_and(is_stale_server_dir) {
             continue;
         }
         let dir = entry.path();

@@ -3,13 +3,22 @@
 //! Stage 1 (in the caller's namespaces) unshares a pid, mount and (unless
 //! `--net host`) network namespace, brings loopback up, then starts stage 2
 //! (itself again, with `--stage2`) and waits for it. Stage 2 is pid 1 of the
-//! new pid namespace: it mounts a fresh `/proc` (so only the sandbox's own
-//! processes are visible), a private `/dev/shm` and, with `--scratch`, a
-//! size-capped tmpfs over the worker's scratch root; sets a parent-death
-//! signal, drops to `--uid/--gid`, sets `no_new_privs`, restricts itself with
-//! Landlock, installs the seccomp filter (`--seccomp`) and `exec`s PROGRAM.
-//! When PROGRAM (the worker) exits, the kernel kills everything left in its
-//! pid namespace: no process a run starts can outlive its worker.
+//! new pid namespace: it builds a fresh root (see [`build_root`]) holding
+//! only the `--read` and `--write` paths, a fresh `/proc` (so only the
+//! sandbox's own processes are visible), a minimal `/dev` with a private
+//! `/dev/shm` and, with `--scratch`, a size-capped tmpfs over the worker's
+//! scratch root; nothing else of the host's tree, so no host socket
+//! (`/run`, `/tmp`, ...) can be reached by path.
+//!
+//! Both stages then confine themselves the same way ([`confine_and_exec`]):
+//! a parent-death signal, `--uid/--gid`, every capability dropped,
+//! `no_new_privs`, Landlock (files; with `--landlock-net` TCP too; signals
+//! and abstract sockets scoped where the kernel can), the seccomp filter
+//! (`--seccomp`, `--sockets`), every inherited descriptor but 0-2 marked
+//! close-on-exec, and `exec` PROGRAM. Without namespaces (`--no-namespaces`:
+//! the container tier) stage 1 does this itself. When PROGRAM (the worker)
+//! exits in the namespace tier, the kernel kills everything left in its pid
+//! namespace: no process a run starts can outlive its worker.
 
 use std::ffi::OsString;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -18,20 +27,24 @@ use std::process::Command;
 
 use clap::Args;
 use landlock::{
-    ABI, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus,
-    path_beneath_rules,
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr,
+    PathBeneath, PathFd, RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
 };
-use nix::mount::{MsFlags, mount};
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::{CloneFlags, unshare};
 use nix::sys::prctl;
 use nix::sys::resource::{Resource, setrlimit};
 use nix::sys::signal::Signal;
-use nix::unistd::{Gid, Uid, setgid, setgroups, setuid};
+use nix::unistd::{Gid, Uid, pivot_root, setgid, setgroups, setuid};
 
+use super::seccomp::SocketFilter;
 use super::{Network, netlink};
 
-/// Landlock ABI the rules are written for; older kernels enforce what they can.
+/// Landlock ABI the filesystem rules are written for; older kernels enforce
+/// what they can.
 const LANDLOCK_ABI: ABI = ABI::V5;
+/// The ABI that scopes signals and abstract Unix sockets to the domain.
+const LANDLOCK_SCOPE_ABI: ABI = ABI::V6;
 
 /// Exit status of the launcher when it cannot set the sandbox up.
 pub const SETUP_FAILED: i32 = 125;
@@ -75,6 +88,17 @@ pub struct LaunchArgs {
     /// Install the syscall filter (see `seccomp`) just before `exec`.
     #[arg(long)]
     pub seccomp: bool,
+    /// Sockets the filter refuses on top (with `--seccomp`): `unix` (no
+    /// `AF_UNIX` socket; `socketpair` stays) or `all` (no socket at all).
+    #[arg(long, default_value = "none")]
+    pub sockets: SocketFilter,
+    /// Landlock also refuses every TCP bind and connect (needs ABI 4).
+    #[arg(long)]
+    pub landlock_net: bool,
+    /// Scope signals and abstract Unix sockets to the program's Landlock
+    /// domain (needs ABI 6).
+    #[arg(long)]
+    pub scope: bool,
     /// Internal: this process is pid 1 of the new namespaces.
     #[arg(long, hide = true)]
     pub stage2: bool,
@@ -115,8 +139,10 @@ fn stage1(args: &LaunchArgs) -> Result<i32, String> {
             .map_err(|e| format!("cannot join cgroup {}: {e}", dir.display()))?;
     }
     if args.no_namespaces {
-        if args.net != Network::Host {
-            return Err("--no-namespaces needs --net host".into());
+        // Isolated without a network namespace holds only if no socket can
+        // reach anything: the filter refuses them all, Landlock refuses TCP.
+        if args.net != Network::Host && !(args.seccomp && args.sockets == SocketFilter::All) {
+            return Err("--no-namespaces needs --net host, or --seccomp --sockets all".into());
         }
         if args.scratch.is_some() {
             return Err("--scratch needs a mount namespace (no --no-namespaces)".into());
@@ -150,9 +176,20 @@ fn stage1(args: &LaunchArgs) -> Result<i32, String> {
 }
 
 fn stage2_args(args: &LaunchArgs) -> Vec<OsString> {
-    let mut out: Vec<OsString> = vec!["--net".into(), args.net.as_str().into()];
+    let mut out: Vec<OsString> = vec![
+        "--net".into(),
+        args.net.as_str().into(),
+        "--sockets".into(),
+        args.sockets.as_str().into(),
+    ];
     if args.landlock {
         out.push("--landlock".into());
+    }
+    if args.landlock_net {
+        out.push("--landlock-net".into());
+    }
+    if args.scope {
+        out.push("--scope".into());
     }
     if args.seccomp {
         out.push("--seccomp".into());
@@ -187,7 +224,7 @@ fn stage2_args(args: &LaunchArgs) -> Vec<OsString> {
 fn stage2(args: &LaunchArgs) -> Result<i32, String> {
     // Die with stage 1 (and so with the server's hold on this worker).
     prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| format!("PR_SET_PDEATHSIG: {e}"))?;
-    // Mounts made here stay here; a fresh /proc shows this namespace only.
+    // Mounts made here stay here.
     mount(
         None::<&str>,
         "/",
@@ -196,9 +233,64 @@ fn stage2(args: &LaunchArgs) -> Result<i32, String> {
         None::<&str>,
     )
     .map_err(|e| format!("cannot make mounts private: {e}"))?;
+    build_root(args)?;
+    // Tells the worker that /dev/shm is its own to empty.
+    confine_and_exec_with(args, &[("CODE_EXECUTOR_PRIVATE_SHM", "1")])
+}
+
+/// Make a new root of nothing but what the worker needs and move into it
+/// (as bubblewrap does): the `--read` paths bound read-only, the `--write`
+/// paths bound writable (the devices among them into a minimal `/dev`),
+/// a fresh `/proc`, `/sys` with its cgroups covered, a private `/dev/shm`
+/// and the scratch tmpfs. The host's `/run`, `/tmp`, `/var` and home
+/// directories, and every socket in them, are simply not there.
+///
+/// How: a small tmpfs is mounted on some directory and made the root with
+/// `pivot_root`, the old root kept at `/oldroot`; the new tree is built
+/// under `/newroot` from `/oldroot`'s paths; then `/newroot` becomes the root
+/// and the old one is detached.
+fn build_root(args: &LaunchArgs) -> Result<(), String> {
+    let plan = RootPlan::new(args);
+    let base = args.scratch.as_deref().unwrap_or(Path::new("/tmp"));
+    mount(
+        Some("tmpfs"),
+        base,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("size=1m,mode=0755"),
+    )
+    .map_err(|e| format!("cannot mount the new root's tmpfs on {}: {e}", base.display()))?;
+    let fail = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
+    std::fs::create_dir(base.join("oldroot")).map_err(|e| fail("mkdir oldroot", &e))?;
+    pivot_root(base, &base.join("oldroot")).map_err(|e| fail("pivot_root", &e))?;
+    std::env::set_current_dir("/").map_err(|e| fail("chdir /", &e))?;
+    let new = Path::new("/newroot");
+    std::fs::create_dir(new).map_err(|e| fail("mkdir /newroot", &e))?;
+    bind(new, new, false)?;
+    for link in &plan.links {
+        let at = under(new, &link.path);
+        make_parent(&at)?;
+        std::os::unix::fs::symlink(&link.target, &at)
+            .map_err(|e| fail(&format!("symlink {}", at.display()), &e))?;
+    }
+    for b in &plan.binds {
+        let at = under(new, &b.path);
+        if !at.exists() {
+            make_parent(&at)?;
+            if b.dir {
+                std::fs::create_dir(&at)
+            } else {
+                std::fs::write(&at, b"")
+            }
+            .map_err(|e| fail(&format!("mountpoint {}", at.display()), &e))?;
+        }
+        bind(&under(Path::new("/oldroot"), &b.path), &at, !b.write)?;
+    }
+    let proc = new.join("proc");
+    std::fs::create_dir_all(&proc).map_err(|e| fail("mkdir /proc", &e))?;
     mount(
         Some("proc"),
-        "/proc",
+        &proc,
         Some("proc"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None::<&str>,
@@ -207,35 +299,204 @@ fn stage2(args: &LaunchArgs) -> Result<i32, String> {
     // The cgroup hierarchies hold this worker's own limits: an empty,
     // read-only tmpfs over them, so that not even a root run without
     // Landlock can raise its caps or leave its cgroups.
-    if std::path::Path::new(CGROUP_ROOT).is_dir() {
+    let cgroups = under(new, Path::new(CGROUP_ROOT));
+    if cgroups.is_dir() {
         mount(
             Some("tmpfs"),
-            CGROUP_ROOT,
+            &cgroups,
             Some("tmpfs"),
             MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
             Some("size=4k,mode=0555"),
         )
         .map_err(|e| format!("cannot cover {CGROUP_ROOT}: {e}"))?;
     }
-    if let (Some(dir), Some(bytes)) = (&args.scratch, args.disk_bytes) {
-        mount_scratch(dir, bytes, args.uid, args.gid)?;
-    }
     // A private /dev/shm (POSIX semaphores and shared memory, which
     // multiprocessing needs), gone with the namespace; the worker empties
     // it between runs.
-    if std::path::Path::new(PRIVATE_SHM).is_dir() {
-        mount(
-            Some("tmpfs"),
-            PRIVATE_SHM,
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some(format!("size={SHM_BYTES},mode=1777").as_str()),
-        )
-        .map_err(|e| format!("cannot mount {PRIVATE_SHM}: {e}"))?;
-        // Tells the worker that /dev/shm is its own to empty.
-        return confine_and_exec_with(args, &[("CODE_EXECUTOR_PRIVATE_SHM", "1")]);
+    let shm = under(new, Path::new(PRIVATE_SHM));
+    std::fs::create_dir_all(&shm).map_err(|e| fail("mkdir /dev/shm", &e))?;
+    mount(
+        Some("tmpfs"),
+        &shm,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(format!("size={SHM_BYTES},mode=1777").as_str()),
+    )
+    .map_err(|e| format!("cannot mount {PRIVATE_SHM}: {e}"))?;
+    if let (Some(dir), Some(bytes)) = (&args.scratch, args.disk_bytes) {
+        let at = under(new, dir);
+        std::fs::create_dir_all(&at).map_err(|e| fail("mkdir scratch", &e))?;
+        mount_scratch(&at, bytes, args.uid, args.gid)?;
     }
-    confine_and_exec(args)
+    // Into the new root; the old one (and the tmpfs it was moved under) go.
+    std::env::set_current_dir(new).map_err(|e| fail("chdir /newroot", &e))?;
+    pivot_root(".", ".").map_err(|e| fail("pivot_root into the new root", &e))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(|e| fail("detach the old root", &e))?;
+    std::env::set_current_dir("/").map_err(|e| fail("chdir /", &e))?;
+    // Nothing may be created beside what was bound: the root is read-only.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .map_err(|e| format!("cannot make the new root read-only: {e}"))?;
+    let cwd = args.scratch.as_deref().unwrap_or(Path::new("/"));
+    std::env::set_current_dir(cwd).map_err(|e| format!("cannot enter {}: {e}", cwd.display()))
+}
+
+/// `path` (absolute) inside `root`.
+fn under(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+fn make_parent(path: &Path) -> Result<(), String> {
+    match path.parent() {
+        Some(parent) => std::fs::create_dir_all(parent)
+            .map_err(|e| format!("mkdir {}: {e}", parent.display())),
+        None => Ok(()),
+    }
+}
+
+/// Bind `from` on `to` (with what is mounted below it), read-only if asked.
+fn bind(from: &Path, to: &Path, read_only: bool) -> Result<(), String> {
+    mount(
+        Some(from),
+        to,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| format!("cannot bind {} on {}: {e}", from.display(), to.display()))?;
+    if read_only {
+        mount(
+            None::<&str>,
+            to,
+            None::<&str>,
+            MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID,
+            None::<&str>,
+        )
+        .map_err(|e| format!("cannot make {} read-only: {e}", to.display()))?;
+    }
+    Ok(())
+}
+
+/// What the new root holds, worked out on the host's tree before any
+/// mount moves it.
+#[derive(Debug, Default)]
+struct RootPlan {
+    /// Paths bound from the host, outermost first.
+    binds: Vec<RootBind>,
+    /// Symbolic links made as the host has them (`/lib -> usr/lib`).
+    links: Vec<RootLink>,
+}
+
+#[derive(Debug)]
+struct RootBind {
+    path: PathBuf,
+    dir: bool,
+    write: bool,
+}
+
+#[derive(Debug)]
+struct RootLink {
+    path: PathBuf,
+    target: PathBuf,
+}
+
+/// Made fresh in the new root, never bound from the host.
+const FRESH: &[&str] = &["/proc", "/dev/shm"];
+/// The links every `/dev` has (`/dev/fd` is how shells pass descriptors).
+const DEV_LINKS: &[(&str, &str)] = &[
+    ("/dev/fd", "/proc/self/fd"),
+    ("/dev/stdin", "/proc/self/fd/0"),
+    ("/dev/stdout", "/proc/self/fd/1"),
+    ("/dev/stderr", "/proc/self/fd/2"),
+];
+/// Host files in `/etc` that are often links into `/run` (systemd's
+/// resolver): their targets are bound too, as files, so that names resolve
+/// with `network = "host"`.
+const ETC_LINKS: &[&str] = &["/etc/resolv.conf", "/etc/hosts"];
+
+impl RootPlan {
+    fn new(args: &LaunchArgs) -> RootPlan {
+        let mut plan = RootPlan::default();
+        // The whole /dev is not bound: it holds the host's sockets (/dev/log)
+        // and devices; only the named devices are.
+        let wanted = args
+            .read
+            .iter()
+            .filter(|p| p.as_path() != Path::new("/dev"))
+            .map(|p| (p.clone(), false))
+            .chain(args.write.iter().map(|p| (p.clone(), true)))
+            .chain(ETC_LINKS.iter().filter_map(|l| {
+                let p = Path::new(l);
+                p.is_symlink()
+                    .then(|| std::fs::canonicalize(p).ok())
+                    .flatten()
+                    .map(|t| (t, false))
+            }));
+        // The scratch root gets its own tmpfs: nothing of the host's is bound there.
+        let fresh_scratch = args.scratch.as_deref().filter(|_| args.disk_bytes.is_some());
+        let mut todo: Vec<(PathBuf, bool)> = wanted.collect();
+        let mut seen = 0;
+        while seen < todo.len() {
+            let (path, write) = todo[seen].clone();
+            seen += 1;
+            if !path.is_absolute()
+                || FRESH.iter().any(|f| path.starts_with(f))
+                || fresh_scratch == Some(path.as_path())
+            {
+                continue;
+            }
+            if path == Path::new("/proc") || path == Path::new("/") {
+                continue;
+            }
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if meta.file_type().is_symlink() {
+                if let Ok(target) = std::fs::read_link(&path)
+                    && !plan.links.iter().any(|l| l.path == path)
+                {
+                    plan.links.push(RootLink {
+                        path: path.clone(),
+                        target,
+                    });
+                }
+                if let Ok(real) = std::fs::canonicalize(&path) {
+                    todo.push((real, write));
+                }
+                continue;
+            }
+            plan.binds.push(RootBind {
+                path,
+                dir: meta.is_dir(),
+                write,
+            });
+        }
+        for (path, target) in DEV_LINKS {
+            plan.links.push(RootLink {
+                path: PathBuf::from(path),
+                target: PathBuf::from(target),
+            });
+        }
+        // Outermost first; a path inside one already bound comes with it
+        // (unless it is to be writable inside a read-only one).
+        plan.binds.sort_by(|a, b| a.path.cmp(&b.path));
+        let mut kept: Vec<RootBind> = Vec::new();
+        for b in plan.binds {
+            let covered = kept
+                .iter()
+                .any(|k| b.path.starts_with(&k.path) && (k.write || !b.write));
+            if !covered {
+                kept.push(b);
+            }
+        }
+        plan.binds = kept;
+        plan
+    }
 }
 
 /// Where each worker gets its own tmpfs.
@@ -292,14 +553,20 @@ fn confine_and_exec_with(args: &LaunchArgs, vars: &[(&str, &str)]) -> Result<i32
     if let Some(uid) = args.uid {
         setuid(Uid::from_raw(uid)).map_err(|e| format!("setuid: {e}"))?;
     }
+    drop_capabilities()?;
     prctl::set_no_new_privs().map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))?;
     if args.landlock {
         restrict_filesystem(args)?;
     }
+    if args.scope {
+        scope_domain()?;
+    }
     // Last: from here on only what the program itself needs may be called.
     if args.seccomp {
-        super::seccomp::install()?;
+        super::seccomp::install(args.sockets)?;
     }
+    // Only the protocol pipes (0-2) reach the program.
+    crate::sys::cloexec_from_3().map_err(|e| format!("cannot mark descriptors close-on-exec: {e}"))?;
     let err = Command::new(&args.command[0])
         .args(&args.command[1..])
         .envs(vars.iter().copied())
@@ -307,13 +574,58 @@ fn confine_and_exec_with(args: &LaunchArgs, vars: &[(&str, &str)]) -> Result<i32
     Err(format!("cannot run {:?}: {err}", args.command[0]))
 }
 
+/// No capability survives into the program, even for root: the bounding
+/// and inheritable sets are emptied (so `exec` grants root nothing), then
+/// the ambient, effective and permitted ones. Root inside the sandbox is
+/// then an ordinary user that happens to own root's files: it cannot set
+/// immutable flags, override file modes, `chroot`, make device nodes or
+/// raw sockets, or read another process's memory.
+fn drop_capabilities() -> Result<(), String> {
+    use caps::CapSet;
+    let fail = |what: &str, e: caps::errors::CapsError| format!("cannot drop capabilities ({what}): {e}");
+    caps::clear(None, CapSet::Ambient).map_err(|e| fail("ambient", e))?;
+    let permitted = caps::read(None, CapSet::Permitted).map_err(|e| fail("read", e))?;
+    if permitted.contains(&caps::Capability::CAP_SETPCAP) {
+        caps::clear(None, CapSet::Bounding).map_err(|e| fail("bounding", e))?;
+    }
+    caps::clear(None, CapSet::Inheritable).map_err(|e| fail("inheritable", e))?;
+    caps::clear(None, CapSet::Effective).map_err(|e| fail("effective", e))?;
+    caps::clear(None, CapSet::Permitted).map_err(|e| fail("permitted", e))
+}
+
+/// Landlock scopes (ABI 6): the program and its children can signal no
+/// process outside their domain (the server, other workers) and connect to
+/// no abstract Unix socket made outside it. The layer also handles REFER
+/// and grants it everywhere: a layer that handles no filesystem access
+/// would refuse every rename across directories (`EXDEV`, Landlock's ABI 1
+/// compatibility).
+fn scope_domain() -> Result<(), String> {
+    let root = PathFd::new("/").map_err(|e| format!("landlock scopes: {e}"))?;
+    Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessFs::Refer)
+        .and_then(|r| r.scope(Scope::from_all(LANDLOCK_SCOPE_ABI)))
+        .and_then(|r| r.create())
+        .and_then(|r| r.add_rule(PathBeneath::new(root, AccessFs::Refer)))
+        .and_then(|r| r.restrict_self())
+        .map(|_| ())
+        .map_err(|e| format!("landlock scopes: {e}"))
+}
+
 /// Landlock: read (and execute) `--read` paths, read and write `--write`
 /// paths, nothing else. Fails unless the kernel enforces the ruleset.
 fn restrict_filesystem(args: &LaunchArgs) -> Result<(), String> {
     let all = AccessFs::from_all(LANDLOCK_ABI);
     let read = AccessFs::from_read(LANDLOCK_ABI);
-    let status = Ruleset::default()
-        .handle_access(all)
+    let mut ruleset = Ruleset::default().handle_access(all);
+    if args.landlock_net {
+        // Handled with no rule: no port may be bound or connected to.
+        ruleset = ruleset.and_then(|r| {
+            r.set_compatibility(CompatLevel::HardRequirement)
+                .handle_access(AccessNet::from_all(ABI::V4))
+        });
+    }
+    let status = ruleset
         .and_then(|r| r.create())
         .and_then(|r| r.add_rules(path_beneath_rules(&args.read, read)))
         .and_then(|r| r.add_rules(path_beneath_rules(&args.write, all)))

@@ -19,7 +19,8 @@ use std::sync::Arc;
 
 use cgroup::{CgroupRoot, Controller};
 
-use landlock::{ABI, Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr};
+use landlock::{ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr, Scope};
+use seccomp::SocketFilter;
 use nix::sched::{CloneFlags, unshare};
 use serde::{Deserialize, Serialize};
 
@@ -61,6 +62,38 @@ impl Network {
     }
 }
 
+/// Which set of mechanisms confines workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TierChoice {
+    /// Namespaces where the host can make them, else the container tier.
+    #[default]
+    Auto,
+    /// Namespaces or refuse to start.
+    Namespaces,
+    /// The container tier even where namespaces could be made.
+    Container,
+}
+
+/// The tier in force, as `/health` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// Pid, mount, network and UTS namespaces per worker, a fresh root.
+    Namespaces,
+    /// What an unprivileged process in a container still has: seccomp
+    /// socket rules and Landlock instead of the namespaces.
+    Container,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Namespaces => "namespaces",
+            Tier::Container => "container",
+        }
+    }
+}
+
 /// How workers are sandboxed (the `[sandbox]`-level keys of the config).
 #[derive(Debug, Clone)]
 pub struct SandboxConfig {
@@ -80,6 +113,8 @@ pub struct SandboxConfig {
     /// Size of each worker's scratch tmpfs (all its runs' files at once) for
     /// envs that set none.
     pub disk_bytes: u64,
+    /// Which tier to use (`auto`: namespaces where the host can make them).
+    pub tier: TierChoice,
 }
 
 /// Default size of a worker's scratch tmpfs.
@@ -95,6 +130,7 @@ impl Default for SandboxConfig {
             run_as: None,
             run_as_group: None,
             disk_bytes: DEFAULT_DISK_BYTES,
+            tier: TierChoice::Auto,
         }
     }
 }
@@ -104,6 +140,17 @@ impl Default for SandboxConfig {
 pub struct SandboxStatus {
     /// Workers start through the launcher.
     pub enabled: bool,
+    /// `"namespaces"` (a pid, mount, network and UTS namespace and a fresh
+    /// root per worker), `"container"` (no namespaces: seccomp and Landlock
+    /// keep the network isolated and the host's sockets out of reach), or
+    /// `"none"` with the sandbox disabled.
+    pub tier: String,
+    /// Every mechanism in force, by name (`pid_namespace`, `fresh_root`,
+    /// `landlock_fs`, `landlock_net`, `landlock_scope`, `seccomp`,
+    /// `seccomp_no_sockets`, `seccomp_no_unix_sockets`, `no_new_privs`,
+    /// `no_capabilities`, `subreaper`, `rlimits`, `pids_cgroup`,
+    /// `memory_cgroup`, `scratch_tmpfs`, `non_dumpable`, ...).
+    pub mechanisms: Vec<String>,
     /// A pid and mount namespace per worker (own `/proc`, no process outlives it).
     pub pid_namespace: bool,
     /// A network namespace per worker (loopback only) can be made.
@@ -151,9 +198,13 @@ pub enum SandboxError {
     #[error("the sandbox launcher {0} gave an unreadable answer: {1}")]
     Probe(PathBuf, String),
     #[error(
-        "workers cannot get their own namespaces on this host ({0}); set network = \"host\" to run them on the host's network without namespaces"
+        "workers cannot get their own namespaces on this host ({0}), and sandbox_tier = \"namespaces\" asks for them"
     )]
     NoNamespaces(String),
+    #[error(
+        "isolated networking cannot be enforced on this host: no namespaces ({namespaces}) and no seccomp filter ({seccomp}); set network = \"host\" to run workers on the host's network"
+    )]
+    NoIsolation { namespaces: String, seccomp: String },
     #[error("unknown run_as user {0:?}")]
     UnknownUser(String),
     #[error("unknown run_as group {0:?}")]
@@ -165,6 +216,12 @@ pub enum SandboxError {
 struct ProbeReport {
     namespaces: Result<(), String>,
     landlock: bool,
+    /// Landlock can refuse TCP bind and connect (ABI 4).
+    #[serde(default)]
+    landlock_net: bool,
+    /// Landlock can scope signals and abstract sockets (ABI 6).
+    #[serde(default)]
+    landlock_scope: bool,
     /// Whether the syscall filter can be installed (and is built for this
     /// architecture); a launcher that does not say has none.
     #[serde(default = "unreported")]
@@ -182,18 +239,28 @@ pub(crate) fn probe_here(net: Network) -> String {
         flags |= CloneFlags::CLONE_NEWNET;
     }
     let namespaces = unshare(flags).map_err(|e| e.desc().to_string());
-    let landlock = Ruleset::default()
-        .set_compatibility(CompatLevel::HardRequirement)
+    let strict = || Ruleset::default().set_compatibility(CompatLevel::HardRequirement);
+    let landlock = strict()
         .handle_access(AccessFs::from_all(ABI::V1))
+        .and_then(|r| r.create())
+        .is_ok();
+    let landlock_net = strict()
+        .handle_access(AccessNet::from_all(ABI::V4))
+        .and_then(|r| r.create())
+        .is_ok();
+    let landlock_scope = strict()
+        .scope(Scope::from_all(ABI::V6))
         .and_then(|r| r.create())
         .is_ok();
     // Last, as in the launcher: the filter forbids the calls above.
     let seccomp = nix::sys::prctl::set_no_new_privs()
         .map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))
-        .and_then(|()| seccomp::install());
+        .and_then(|()| seccomp::install(SocketFilter::All));
     serde_json::to_string(&ProbeReport {
         namespaces,
         landlock,
+        landlock_net,
+        landlock_scope,
         seccomp,
     })
     .unwrap_or_default()
@@ -205,6 +272,13 @@ pub struct SandboxPlan {
     pub launcher: PathBuf,
     pub network: Network,
     pub landlock: bool,
+    /// Landlock refuses TCP bind and connect (the container tier's isolated
+    /// network, where the kernel can).
+    pub landlock_net: bool,
+    /// Sockets the seccomp filter refuses.
+    pub sockets: SocketFilter,
+    /// Landlock scopes signals and abstract sockets to each worker's domain.
+    pub scope: bool,
     /// Whether to unshare namespaces (false only for `network = "host"` on a
     /// host that cannot make them).
     pub namespaces: bool,
@@ -235,6 +309,8 @@ impl SandboxPlan {
             "sandbox-exec".into(),
             "--net".into(),
             self.network.as_str().into(),
+            "--sockets".into(),
+            self.sockets.as_str().into(),
         ];
         for dir in cgroups {
             out.push("--cgroup".into());
@@ -254,25 +330,33 @@ impl SandboxPlan {
         }
         if self.landlock {
             out.push("--landlock".into());
-            for p in SYSTEM_READ
-                .iter()
-                .map(Path::new)
-                .chain(self.read.iter().map(PathBuf::as_path))
-            {
-                out.push("--read".into());
-                out.push(p.into());
-            }
-            // With namespaces, /dev/shm is a private tmpfs (see `launch`).
-            let shm = self.namespaces.then_some(Path::new(launch::PRIVATE_SHM));
-            for p in DEVICE_WRITE
-                .iter()
-                .map(Path::new)
-                .chain(shm)
-                .chain(std::iter::once(scratch))
-            {
-                out.push("--write".into());
-                out.push(p.into());
-            }
+        }
+        if self.landlock_net {
+            out.push("--landlock-net".into());
+        }
+        if self.scope {
+            out.push("--scope".into());
+        }
+        // What Landlock allows, and in the namespace tier all that the
+        // worker's fresh root holds.
+        for p in SYSTEM_READ
+            .iter()
+            .map(Path::new)
+            .chain(self.read.iter().map(PathBuf::as_path))
+        {
+            out.push("--read".into());
+            out.push(p.into());
+        }
+        // With namespaces, /dev/shm is a private tmpfs (see `launch`).
+        let shm = self.namespaces.then_some(Path::new(launch::PRIVATE_SHM));
+        for p in DEVICE_WRITE
+            .iter()
+            .map(Path::new)
+            .chain(shm)
+            .chain(std::iter::once(scratch))
+        {
+            out.push("--write".into());
+            out.push(p.into());
         }
         if let Some(uid) = self.uid {
             out.push("--uid".into());
@@ -295,6 +379,11 @@ pub struct Sandbox {
     pub status: SandboxStatus,
     launcher: PathBuf,
     landlock: bool,
+    /// Landlock can refuse TCP (used by the container tier).
+    landlock_net: bool,
+    /// Landlock can scope signals and abstract sockets (ABI 6).
+    scope: bool,
+    tier: Tier,
     namespaces: bool,
     seccomp: bool,
     uid: Option<u32>,
@@ -334,18 +423,36 @@ impl Sandbox {
                 format!("{}{}", text.trim(), String::from_utf8_lossy(&out.stderr)),
             )
         })?;
-        let namespaces = match &report.namespaces {
-            Ok(()) => true,
-            Err(reason) => {
-                if networks.contains(&Network::Isolated) {
-                    return Err(SandboxError::NoNamespaces(reason.clone()));
+        let isolated = networks.contains(&Network::Isolated);
+        let seccomp = report.seccomp.is_ok();
+        let tier = match (&report.namespaces, config.tier) {
+            (Ok(()), TierChoice::Auto | TierChoice::Namespaces) => Tier::Namespaces,
+            (Err(reason), TierChoice::Namespaces) => {
+                return Err(SandboxError::NoNamespaces(reason.clone()));
+            }
+            (Err(reason), TierChoice::Auto) => {
+                if isolated && !seccomp {
+                    return Err(SandboxError::NoIsolation {
+                        namespaces: reason.clone(),
+                        seccomp: report.seccomp.clone().err().unwrap_or_default(),
+                    });
                 }
                 tracing::warn!(
-                    "workers cannot get their own namespaces ({reason}); running them on the host network as configured"
+                    "workers cannot get their own namespaces ({reason}): using the container tier (seccomp socket rules and Landlock instead; see /health sandbox.mechanisms)"
                 );
-                false
+                Tier::Container
+            }
+            (_, TierChoice::Container) => {
+                if isolated && !seccomp {
+                    return Err(SandboxError::NoIsolation {
+                        namespaces: "sandbox_tier = \"container\" makes none".into(),
+                        seccomp: report.seccomp.clone().err().unwrap_or_default(),
+                    });
+                }
+                Tier::Container
             }
         };
+        let namespaces = tier == Tier::Namespaces;
         // Why something asked for is missing, each said once at start.
         let mut problems: Vec<String> = Vec::new();
         let landlock = config.landlock && report.landlock;
@@ -357,20 +464,28 @@ impl Sandbox {
         }
         if !namespaces {
             tracing::warn!(
-                "workers have no mount namespace: the scratch quota (disk_bytes) is not enforced, only the size of each file is"
+                "workers have no mount namespace: the scratch quota (disk_bytes) is not enforced, only the size of each file is, and limits.disk_bytes is refused"
             );
             problems.push("disk_bytes is not enforced without mount namespaces".into());
         }
-        let seccomp = match &report.seccomp {
-            Ok(()) => true,
-            Err(reason) => {
-                tracing::error!(
-                    "NO SECCOMP FILTER: workers may make every system call the kernel offers ({reason}); see SECURITY.md"
+        if let Err(reason) = &report.seccomp {
+            tracing::error!(
+                "NO SECCOMP FILTER: workers may make every system call the kernel offers ({reason}); see SECURITY.md"
+            );
+            problems.push(format!("no seccomp filter: {reason}"));
+            if !namespaces {
+                problems.push(
+                    "host Unix sockets are reachable by path: no mount namespace and no seccomp filter"
+                        .into(),
                 );
-                problems.push(format!("no seccomp filter: {reason}"));
-                false
             }
-        };
+        }
+        if !report.landlock_scope {
+            problems.push(
+                "landlock cannot scope signals (ABI 6): a run may signal processes of the same user outside its worker"
+                    .into(),
+            );
+        }
         let problem = (!problems.is_empty()).then(|| problems.join("; "));
         let (uid, gid) = resolve_user(config)?;
         let cgroups = CgroupRoot::create().map(Arc::new);
@@ -385,9 +500,46 @@ impl Sandbox {
                 "no writable memory cgroup: memory is bounded by each process's RLIMIT_AS only"
             );
         }
+        let landlock_net = landlock && report.landlock_net;
+        let mut mechanisms: Vec<&str> = Vec::new();
+        if namespaces {
+            mechanisms.extend(["pid_namespace", "mount_namespace", "uts_namespace", "fresh_root"]);
+            if isolated {
+                mechanisms.push("network_namespace");
+            }
+            mechanisms.push("scratch_tmpfs");
+        }
+        if landlock {
+            mechanisms.push("landlock_fs");
+        }
+        if !namespaces && isolated && landlock_net {
+            mechanisms.push("landlock_net");
+        }
+        if report.landlock_scope {
+            mechanisms.push("landlock_scope");
+        }
+        if seccomp {
+            mechanisms.push("seccomp");
+            if !namespaces {
+                mechanisms.push(if isolated {
+                    "seccomp_no_sockets"
+                } else {
+                    "seccomp_no_unix_sockets"
+                });
+            }
+        }
+        mechanisms.extend(["no_new_privs", "no_capabilities", "subreaper", "rlimits", "non_dumpable"]);
+        if version(Controller::Pids).is_some() {
+            mechanisms.push("pids_cgroup");
+        }
+        if version(Controller::Memory).is_some() {
+            mechanisms.push("memory_cgroup");
+        }
         Ok(Some(Sandbox {
             status: SandboxStatus {
                 enabled: true,
+                tier: tier.as_str().into(),
+                mechanisms: mechanisms.iter().map(|m| m.to_string()).collect(),
                 pid_namespace: namespaces,
                 network_namespace: namespaces && networks.contains(&Network::Isolated),
                 landlock,
@@ -408,6 +560,9 @@ impl Sandbox {
             },
             launcher,
             landlock,
+            landlock_net,
+            scope: report.landlock_scope,
+            tier,
             namespaces,
             seccomp,
             uid,
@@ -422,12 +577,17 @@ impl Sandbox {
         let read = interpreter_paths(python);
         SandboxPlan {
             launcher: self.launcher.clone(),
-            network: if self.namespaces {
-                network
-            } else {
-                Network::Host
-            },
+            network,
             landlock: self.landlock,
+            landlock_net: self.tier == Tier::Container
+                && network == Network::Isolated
+                && self.landlock_net,
+            sockets: match (self.tier, network) {
+                (Tier::Namespaces, _) => SocketFilter::None,
+                (Tier::Container, Network::Isolated) => SocketFilter::All,
+                (Tier::Container, Network::Host) => SocketFilter::Unix,
+            },
+            scope: self.scope,
             namespaces: self.namespaces,
             uid: self.uid,
             gid: self.gid,
@@ -569,6 +729,9 @@ mod tests {
             launcher: PathBuf::from("/bin/code-executor"),
             network: Network::Host,
             landlock: false,
+            landlock_net: false,
+            sockets: SocketFilter::None,
+            scope: false,
             namespaces,
             uid: None,
             gid: None,

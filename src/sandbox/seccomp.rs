@@ -11,10 +11,37 @@
 /// Whether this build can filter system calls on its architecture.
 pub const SUPPORTED: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
 
+/// Which sockets a worker may create, on top of the calls denied always.
+/// `socketpair` stays allowed in every case: it makes a connected pair
+/// reachable by nobody else (multiprocessing's pipes, the worker's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum SocketFilter {
+    /// Any socket (the namespace tier: its network and its mounts hide the
+    /// host's sockets).
+    #[default]
+    None,
+    /// No `AF_UNIX` socket: without a mount namespace, a pathname socket of
+    /// the host (a container daemon, dbus) would be reachable by path, and
+    /// Landlock does not mediate `connect` on those.
+    Unix,
+    /// No socket of any family: the container tier's isolated network.
+    All,
+}
+
+impl SocketFilter {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SocketFilter::None => "none",
+            SocketFilter::Unix => "unix",
+            SocketFilter::All => "all",
+        }
+    }
+}
+
 /// Install the filter on the calling thread; it survives `exec` and is
 /// inherited by every child. Needs `no_new_privs` (or `CAP_SYS_ADMIN`).
-pub fn install() -> Result<(), String> {
-    imp::install()
+pub fn install(sockets: SocketFilter) -> Result<(), String> {
+    imp::install(sockets)
 }
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -22,6 +49,8 @@ mod imp {
     use std::collections::BTreeMap;
 
     use nix::libc;
+
+    use super::SocketFilter;
     use seccompiler::{
         BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
         SeccompRule,
@@ -119,8 +148,8 @@ mod imp {
         540, // process_vm_writev
     ];
 
-    pub fn install() -> Result<(), String> {
-        for program in programs().map_err(|e| format!("cannot build the seccomp filter: {e}"))? {
+    pub fn install(sockets: SocketFilter) -> Result<(), String> {
+        for program in programs(sockets).map_err(|e| format!("cannot build the seccomp filter: {e}"))? {
             seccompiler::apply_filter(&program)
                 .map_err(|e| format!("cannot install the seccomp filter: {e}"))?;
         }
@@ -131,10 +160,26 @@ mod imp {
     /// denied calls, and `ENOSYS` for `clone3`, whose flags live in memory a
     /// filter cannot read — glibc then falls back to `clone`, whose flags the
     /// first filter checks.
-    fn programs() -> Result<[BpfProgram; 2], seccompiler::Error> {
+    fn programs(sockets: SocketFilter) -> Result<[BpfProgram; 2], seccompiler::Error> {
         let mut deny: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
         for &nr in DENIED {
             deny.insert(nr, Vec::new());
+        }
+        match sockets {
+            SocketFilter::None => {}
+            // An empty chain matches every call.
+            SocketFilter::All => {
+                deny.insert(libc::SYS_socket, Vec::new());
+            }
+            SocketFilter::Unix => {
+                let unix = SeccompCondition::new(
+                    0,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::Eq,
+                    libc::AF_UNIX as u64,
+                )?;
+                deny.insert(libc::SYS_socket, vec![SeccompRule::new(vec![unix])?]);
+            }
         }
         // Any one namespace flag is enough: the rules of a chain are alternatives.
         let clone_rules = NAMESPACE_FLAGS
@@ -188,7 +233,7 @@ mod imp {
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 mod imp {
-    pub fn install() -> Result<(), String> {
+    pub fn install(_: super::SocketFilter) -> Result<(), String> {
         Err(format!(
             "no seccomp filter is built for {}",
             std::env::consts::ARCH

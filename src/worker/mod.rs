@@ -510,6 +510,9 @@ impl Worker {
                         cgroup: LimitEvents::default(),
                     });
                 }
+                "error" if frame.retire => {
+                    return Err(WorkerError::Retired(frame.message.unwrap_or_default()));
+                }
                 "error" => return Err(WorkerError::Internal(frame.message.unwrap_or_default())),
                 other => {
                     return Err(WorkerError::Protocol(protocol::FrameError::Decode(

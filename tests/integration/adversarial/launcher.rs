@@ -30,8 +30,10 @@ print(open('/proc/self/status').read().split('NoNewPrivs:')[1].split()[0])
 open(os.path.join({scratch:?}, 'ok'), 'w').write('x')
 try:
     open(os.path.join({outside:?}, 'no'), 'w')
-except PermissionError:
+except (PermissionError, FileNotFoundError):
     print('outside refused')
+# The root holds the --read and --write paths only: no /run, no host /tmp.
+print(os.path.exists('/run'), os.path.exists({outside:?}), sorted(os.listdir('/dev')))
 "#,
         scratch = scratch.path().display().to_string(),
         outside = outside.path().display().to_string(),
@@ -52,7 +54,8 @@ except PermissionError:
     assert!(out.status.success(), "{out:?}");
     assert_eq!(
         stdout,
-        "1\n[(1, 'lo')]\n1\noutside refused\n",
+        "1\n[(1, 'lo')]\n1\noutside refused\n\
+         False False ['fd', 'null', 'shm', 'stderr', 'stdin', 'stdout']\n",
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
@@ -86,6 +89,7 @@ print(libc.syscall(int(os.environ['NR_UNSHARE']), 0x10000000), ctypes.get_errno(
 "#;
     let out = Command::new(common::launcher())
         .args(["sandbox-exec", "--net", "isolated", "--seccomp"])
+        .args(["--read", "/usr", "--read", "/lib", "--read", "/lib64", "--read", "/etc"])
         .arg("--scratch")
         .arg(scratch.path())
         .args(["--disk-bytes", "2097152"])

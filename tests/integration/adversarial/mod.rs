@@ -8,8 +8,10 @@ mod code;
 mod disk;
 mod host;
 mod launcher;
+mod redteam;
 mod requests;
 mod seccomp;
+mod tiers;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;

@@ -188,9 +188,8 @@ async fn listening_beyond_loopback_without_a_token_makes_one_and_prints_it_once(
             lines.push(line.clone());
             if let Some(rest) = line.split("curl -H \"Authorization: Bearer ").nth(1) {
                 let token = rest.split('"').next().unwrap().to_string();
-                let tail = format!(
-                    "\" -d '{{\"code\":\"print(2+2)\"}}' http://127.0.0.1:{port}/execute"
-                );
+                let tail =
+                    format!("\" -d '{{\"code\":\"print(2+2)\"}}' http://127.0.0.1:{port}/execute");
                 assert!(line.ends_with(&tail), "{line}");
                 return token;
             }
@@ -201,7 +200,12 @@ async fn listening_beyond_loopback_without_a_token_makes_one_and_prints_it_once(
     .expect("the token is logged after the ready line");
     assert_eq!(token.len(), 64, "{token}");
     let client = reqwest::Client::new();
-    let anonymous = client.post(&url).body(r#"{"code":"print(2+2)"}"#).send().await.unwrap();
+    let anonymous = client
+        .post(&url)
+        .body(r#"{"code":"print(2+2)"}"#)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(anonymous.status(), 401);
     // What the curl line sends (no content type: curl -d's form type).
     let resp = client

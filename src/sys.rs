@@ -1,0 +1,41 @@
+//! The few system calls no safe crate wraps. Everything `unsafe` in the
+//! crate lives here, one block per call, each with its `SAFETY` note.
+
+#![allow(unsafe_code)]
+
+use nix::libc;
+
+/// Mark every descriptor from 3 up close-on-exec, so that no program this
+/// process starts inherits one: the server may itself have been started
+/// with descriptors open (a secret file, a pipe of whoever started it),
+/// and a worker must see only its protocol pipes. Nothing is closed here,
+/// so descriptors this process uses keep working until it `exec`s.
+pub fn cloexec_from_3() -> std::io::Result<()> {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC closes nothing; it only
+    // sets a flag on descriptors, so no memory or descriptor owned by Rust
+    // code becomes invalid. It takes no pointers.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    // Kernels before 5.11: one fcntl per open descriptor.
+    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&fd| fd >= 3)
+        .collect();
+    for fd in fds {
+        // SAFETY: F_SETFD only sets the close-on-exec flag of a descriptor
+        // (or fails with EBADF for one closed meanwhile, such as the
+        // directory handle of the listing above); it takes no pointers.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    Ok(())
+}

@@ -1,0 +1,506 @@
+//! The red team's findings, one test per attack: each asserts the exact
+//! outcome and that the server, its pool and other clients are unaffected.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixListener;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::{Arena, pool, run};
+use crate::common::{self, TestServer, error_message};
+use crate::ops::spawn_server;
+use code_executor::sandbox::TierChoice;
+
+fn tier_config(tier: TierChoice) -> code_executor::Config {
+    let mut config = pool();
+    config.sandbox.tier = tier;
+    config
+}
+
+/// A listening socket at `path` that counts the connections it accepts.
+fn socket_at(path: &std::path::Path) -> (UnixListener, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path).unwrap();
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    (listener, count)
+}
+
+#[tokio::test]
+async fn host_unix_sockets_are_out_of_reach_in_every_tier() {
+    let dir = tempfile::Builder::new().prefix("ce-sock").tempdir_in("/tmp").unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let in_tmp = dir.path().join("daemon.sock");
+    let in_run = std::path::PathBuf::from(format!("/run/ce-test-{}.sock", std::process::id()));
+    let (tmp_listener, _) = socket_at(&in_tmp);
+    let (run_listener, _) = socket_at(&in_run);
+    let code = format!(
+        r#"
+import errno, multiprocessing, os, socket
+for path in ({tmp:?}, {run:?}):
+    try:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        print("REACHED", path)
+    except OSError as e:
+        print("refused", errno.errorcode[e.errno])
+a, b = socket.socketpair()
+a.send(b"pair")
+print(b.recv(4).decode())
+with multiprocessing.Pool(2) as p:
+    print(sum(p.map(abs, [-1, -2, 3])))
+"#,
+        tmp = in_tmp.display().to_string(),
+        run = in_run.display().to_string(),
+    );
+    for (tier, errno) in [
+        (TierChoice::Namespaces, "ENOENT"),
+        (TierChoice::Container, "EPERM"),
+    ] {
+        let arena = Arena::with_config(tier_config(tier)).await;
+        let body = arena.attack(run(&code, 20.0)).await;
+        assert_eq!(
+            body["stdout"],
+            format!("refused {errno}\nrefused {errno}\npair\n6\n"),
+            "{tier:?}: {body}"
+        );
+        arena.assert_recovered().await;
+    }
+    // Neither daemon saw a connection.
+    for listener in [&tmp_listener, &run_listener] {
+        assert!(listener.accept().is_err(), "a run reached a host socket");
+    }
+    // In the namespace tier a run's own Unix sockets still work.
+    let server = TestServer::with_config(tier_config(TierChoice::Namespaces)).await;
+    let body = server
+        .run("import socket, os\ns = socket.socket(socket.AF_UNIX)\ns.bind('own.sock'); s.listen(1)\nc = socket.socket(socket.AF_UNIX); c.connect('own.sock')\nconn, _ = s.accept(); c.send(b'mine'); print(conn.recv(4).decode())")
+        .await;
+    assert_eq!(body["stdout"], "mine\n", "{body}");
+    server.stop().await;
+    let _ = std::fs::remove_file(&in_run);
+}
+
+#[tokio::test]
+async fn state_planted_by_one_run_never_reaches_the_next() {
+    // One worker: every run follows the one before on the same scratch root.
+    let arena = Arena::with_config(code_executor::Config {
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    let plant = r#"
+import fcntl, os, struct, sys
+home = os.path.expanduser("~")
+status = open("/proc/self/status").read()
+print("caps", status.split("CapEff:")[1].split()[0], status.split("CapBnd:")[1].split()[0])
+open(os.path.join(home, "sticky"), "w").write("x")
+fd = os.open(os.path.join(home, "sticky"), os.O_RDONLY)
+try:
+    fcntl.ioctl(fd, 0x40086602, struct.pack("l", 0x10))  # FS_IOC_SETFLAGS, immutable
+    print("immutable SET")
+except OSError as e:
+    print("immutable refused", e.errno)
+site = os.path.join(home, ".local", "lib", "python%d.%d" % sys.version_info[:2], "site-packages")
+os.makedirs(site)
+open(os.path.join(site, "usercustomize.py"), "w").write("print('PLANTED')\n")
+os.makedirs(os.path.join(home, "locked", "inner"))
+open(os.path.join(home, "locked", "inner", "f"), "w").write("x")
+os.chmod(os.path.join(home, "locked", "inner"), 0o555)
+os.chmod(os.path.join(home, "locked"), 0o000)
+open(os.path.join(home, "big"), "wb").write(b"x" * (50 << 20))
+"#;
+    let body = arena.attack(run(plant, 20.0)).await;
+    let stdout = body["stdout"].as_str().unwrap();
+    assert!(stdout.contains("caps 0000000000000000 0000000000000000\n"), "{body}");
+    assert!(stdout.contains(&format!("immutable refused {}\n", nix::libc::EPERM)), "{body}");
+    let check = r#"
+import os, subprocess, sys
+print(sorted(os.listdir(os.path.expanduser("~"))))
+out = subprocess.run([sys.executable, "-c", "print('child')"], capture_output=True, text=True)
+print(out.stdout.strip())
+"#;
+    let body = arena.attack(run(check, 20.0)).await;
+    // Only the run's own directory and its private tmp; no planted module ran.
+    let stdout = body["stdout"].as_str().unwrap();
+    let first = stdout.lines().next().unwrap();
+    assert!(first.starts_with("['run', 'run.tmp']") || first.starts_with("['run']"), "{body}");
+    assert_eq!(stdout.lines().nth(1), Some("child"), "{body}");
+    // The 50 MB left nothing behind: a run may fill the quota again.
+    let body = arena
+        .attack(run("open('again', 'wb').write(b'x' * (200 << 20)); print('ok')", 20.0))
+        .await;
+    assert_eq!(body["stdout"], "ok\n", "{body}");
+    arena.assert_recovered().await;
+}
+
+#[tokio::test]
+async fn a_scratch_root_that_cannot_be_cleared_retires_its_worker_first() {
+    // Without the sandbox a root run keeps its capabilities: it can make a
+    // file the worker cannot delete. The next request must not run there.
+    let mut config = code_executor::Config {
+        pool_size: 1,
+        ..common::config()
+    };
+    config.sandbox.enabled = false;
+    let server = TestServer::with_config(config).await;
+    let body = server
+        .run("import fcntl, os, struct\nopen('x', 'w').close()\nopen(os.path.expanduser('~/stuck'), 'w').close()\nfd = os.open(os.path.expanduser('~/stuck'), os.O_RDONLY)\nfcntl.ioctl(fd, 0x40086602, struct.pack('l', 0x10))\nprint('planted')")
+        .await;
+    assert_eq!(body["stdout"], "planted\n", "{body}");
+    let stuck: Vec<_> = walk(server.executor.base_dir())
+        .into_iter()
+        .filter(|p| p.ends_with("stuck"))
+        .collect();
+    assert_eq!(stuck.len(), 1, "{stuck:?}");
+    // The next run is answered, by a fresh worker, and sees nothing planted.
+    let body = server
+        .run("import os\nprint(os.path.exists(os.path.expanduser('~/stuck')))")
+        .await;
+    assert_eq!(body["stdout"], "False\n", "{body}");
+    let metrics = server
+        .client
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("cause=\"dirty\"} 1"),
+        "{}",
+        metrics.lines().filter(|l| l.contains("restart")).collect::<Vec<_>>().join("\n")
+    );
+    for path in stuck {
+        let _ = std::process::Command::new("chattr").arg("-i").arg(&path).status();
+    }
+    server.stop().await;
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push(e.path());
+            }
+            out.push(e.path());
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn descriptors_the_server_inherited_never_reach_a_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let secret = tmp.path().join("secret");
+    std::fs::write(&secret, "root-only-canary").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let unsandboxed = tmp.path().join("plain.toml");
+    std::fs::write(&unsandboxed, "sandbox = false\n").unwrap();
+    let code = "import os\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))\ntry:\n    print(os.read(7, 100))\nexcept OSError as e:\n    print('EBADF' if e.errno == 9 else e)";
+    for extra in [vec![], vec!["--config", unsandboxed.to_str().unwrap()]] {
+        // The server starts with fd 7 open on the secret (no close-on-exec),
+        // as a careless parent would leave it.
+        let (_child, address, _logs) = spawn_server_with_fd(&extra, tmp.path(), &secret).await;
+        let body: Value = reqwest::Client::new()
+            .post(format!("http://{address}/execute"))
+            .json(&json!({"code": code}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let stdout = body["stdout"].as_str().unwrap();
+        assert!(stdout.ends_with("EBADF\n"), "{extra:?}: {body}");
+        assert!(!stdout.contains("canary"), "{body}");
+        // The run's own descriptors: stdio and the listing's directory only.
+        assert!(stdout.starts_with("[0, 1, 2, 3]\n"), "{extra:?}: {body}");
+    }
+}
+
+/// [`spawn_server`], with fd 7 of the server open on `file`.
+async fn spawn_server_with_fd(
+    args: &[&str],
+    tmp: &std::path::Path,
+    file: &std::path::Path,
+) -> (tokio::process::Child, String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    let wrapper = tmp.join("with-fd.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec 7<{}\nexec {} \"$@\"\n",
+            file.display(),
+            env!("CARGO_BIN_EXE_code-executor")
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    crate::ops::spawn_server_bin(&wrapper, args, tmp).await
+}
+
+#[tokio::test]
+async fn slow_and_silent_connections_cost_nobody_else() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("server.toml");
+    std::fs::write(
+        &config,
+        "header_read_timeout_secs = 2\nbody_read_timeout_secs = 2\npool_size = 1\n",
+    )
+    .unwrap();
+    // The server starts with a soft limit of 1024 descriptors, as it would
+    // under many service managers; it raises its own.
+    let prlimit = std::path::Path::new("/usr/bin/prlimit");
+    assert!(prlimit.exists(), "prlimit (util-linux) is needed");
+    let wrapper = tmp.path().join("low-nofile.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec prlimit --nofile=1024:{hard} {} \"$@\"\n",
+            env!("CARGO_BIN_EXE_code-executor")
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (_child, address, _logs) = crate::ops::spawn_server_bin(
+        &wrapper,
+        &["--config", config.to_str().unwrap()],
+        tmp.path(),
+    )
+    .await;
+    let mut held = Vec::new();
+    for i in 0..1100 {
+        let mut s = TcpStream::connect(&address).unwrap();
+        match i % 3 {
+            0 => {}
+            1 => s.write_all(b"POST /execute HTTP/1.1\r\nHost: x\r\n").unwrap(),
+            _ => s
+                .write_all(b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+                .unwrap(),
+        }
+        held.push(s);
+    }
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let body: Value = client
+        .post(format!("http://{address}/execute"))
+        .json(&json!({"code": "print(2+2)"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["stdout"], "4\n", "{body}");
+    let health = client.get(format!("http://{address}/health")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let metrics = client.get(format!("http://{address}/metrics")).send().await.unwrap();
+    assert_eq!(metrics.status(), 200);
+    assert!(started.elapsed() < Duration::from_secs(2), "served late: {:?}", started.elapsed());
+    // Then the server closes every one of them: silent and half-header ones
+    // at the header timeout, the short body with a 408.
+    let mut answers = [0usize; 3];
+    for (i, s) in held.iter_mut().enumerate() {
+        s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        let text = String::from_utf8_lossy(&got);
+        if i % 3 == 2 {
+            assert!(text.starts_with("HTTP/1.1 408"), "short body answered {text:?}");
+            assert!(text.contains("request_timeout"), "{text}");
+        }
+        answers[i % 3] += 1;
+    }
+    assert_eq!(answers, [367, 367, 366]);
+}
+
+#[tokio::test]
+async fn connections_past_the_cap_are_refused_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("server.toml");
+    std::fs::write(&config, "max_connections = 8\npool_size = 1\n").unwrap();
+    let (_child, address, _logs) =
+        spawn_server(&["--config", config.to_str().unwrap()], tmp.path()).await;
+    let held: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(&address).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut extra = TcpStream::connect(&address).unwrap();
+    extra.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut text = String::new();
+    let _ = extra.read_to_string(&mut text);
+    assert!(text.starts_with("HTTP/1.1 503"), "{text:?}");
+    assert!(text.contains("max_connections"), "{text}");
+    drop(held);
+    // With the held ones gone, clients are served again.
+    let started = Instant::now();
+    loop {
+        if let Ok(resp) = reqwest::get(format!("http://{address}/health")).await
+            && resp.status() == 200
+        {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "never served again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_deep_tree_left_behind_costs_no_other_request() {
+    let arena = Arena::with_config(code_executor::Config {
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    let deep = r#"
+import os
+os.chdir(os.path.expanduser("~"))
+for _ in range(2000):
+    os.mkdir("d")
+    os.chdir("d")
+open("leaf", "w").write("x")
+os.chdir("/dev/shm")
+for _ in range(1000):
+    os.mkdir("s")
+    os.chdir("s")
+print("deep")
+"#;
+    let body = arena.attack(run(deep, 30.0)).await;
+    assert_eq!(body["stdout"], "deep\n", "{body}");
+    for i in 0..10 {
+        let body = arena
+            .attack(run(&format!("import os\nprint({i}, os.listdir(os.path.expanduser('~')), os.listdir('/dev/shm'))"), 10.0))
+            .await;
+        let stdout = body["stdout"].as_str().unwrap();
+        assert!(stdout.starts_with(&format!("{i} ['run")), "{body}");
+        assert!(stdout.ends_with("[]\n"), "{body}");
+    }
+    arena.assert_recovered().await;
+}
+
+#[tokio::test]
+async fn absurd_numbers_are_refused_or_capped_never_a_panic() {
+    let server = TestServer::with_config(pool()).await;
+    let max_ttl = code_executor::Config::default().sessions.max_ttl.as_secs_f64();
+    for ttl in [1e20, 1.7976931348623157e308, 18446744073709551616.0] {
+        let (status, body) = server.post("/sessions", json!({"ttl": ttl})).await;
+        assert_eq!(status, 200, "ttl {ttl}: {body}");
+        let id = body["id"].as_str().unwrap().to_string();
+        let (_, listed) = server.get("/sessions").await;
+        assert!(listed.to_string().contains(&id), "{listed}");
+        let resp = server
+            .client
+            .delete(format!("{}/sessions/{id}", server.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    assert!(max_ttl > 0.0);
+    for ttl in [-1.0, 0.0] {
+        let (status, body) = server.post("/sessions", json!({"ttl": ttl})).await;
+        assert_eq!(status, 400, "ttl {ttl}: {body}");
+    }
+    // Numbers JSON cannot hold, and ones past u64, in every numeric field.
+    for (field, value) in [
+        ("timeout", "1e999"),
+        ("timeout", "-1e999"),
+        ("timeout", "-5"),
+        ("limits", r#"{"memory_bytes": 1e30}"#),
+        ("limits", r#"{"memory_bytes": -1}"#),
+        ("limits", r#"{"processes": 18446744073709551616}"#),
+        ("limits", r#"{"cpu_seconds": 1.5e300}"#),
+        ("limits", r#"{"disk_bytes": -7}"#),
+    ] {
+        let raw = format!(r#"{{"code": "print(1)", "{field}": {value}}}"#);
+        let resp = server
+            .client
+            .post(format!("{}/execute", server.url))
+            .header("content-type", "application/json")
+            .body(raw.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400, "{raw}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "bad_request", "{raw}: {body}");
+    }
+    // A huge timeout is capped by the maximum, not refused.
+    let (status, body) = server.execute(json!({"code": "print(1)", "timeout": 1e300})).await;
+    assert_eq!((status, body["stdout"].as_str()), (200, Some("1\n")), "{body}");
+    let (status, body) = server
+        .post("/grade", json!({"code": "print(input())", "timeout": 1e300, "cases": [{"input": "a", "expected": "a"}]}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn bad_file_entries_are_refused_before_any_run() {
+    let server = TestServer::with_config(pool()).await;
+    let deep = "d/".repeat(1500) + "f";
+    let long = "n".repeat(300);
+    for files in [
+        json!({"a": "x", "a/b": "y"}),
+        json!({ long.clone(): "x" }),
+        json!({ deep.clone(): "x" }),
+        json!({"x/y": "1", "./x//y": "2"}),
+    ] {
+        let (status, body) = server.execute(json!({"code": "print(1)", "files": files})).await;
+        assert_eq!(status, 400, "{body}");
+        let message = error_message(&body);
+        assert!(!message.contains("/tmp/"), "the server's paths leak: {message}");
+        assert!(!message.contains("code-executor-"), "{message}");
+    }
+    let body = server.run("print('fine')").await;
+    assert_eq!(body["stdout"], "fine\n");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn error_messages_say_each_thing_once() {
+    let mut config = code_executor::Config {
+        pool_size: 1,
+        queue_timeout: Duration::from_millis(300),
+        ..common::config()
+    };
+    config.max_workers = 1;
+    let server = std::sync::Arc::new(TestServer::with_config(config).await);
+    let busy = {
+        let server = server.clone();
+        tokio::spawn(async move { server.run("import time; time.sleep(2)").await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, body) = server.execute(json!({"code": "print(1)"})).await;
+    assert_eq!(status, 503, "{body}");
+    let message = error_message(&body);
+    let first = message.split(": ").next().unwrap();
+    assert_eq!(message.matches(first).count(), 1, "{message}");
+    busy.await.unwrap();
+    std::sync::Arc::try_unwrap(server).ok().unwrap().stop().await;
+}
+
+#[tokio::test]
+async fn a_killed_servers_temporary_directory_goes_with_the_next_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut first, _, _) = spawn_server(&["--pool-size", "1"], tmp.path()).await;
+    let pid = first.id().unwrap();
+    let left: Vec<String> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("code-executor-{pid}-")))
+        .collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    first.wait().await.unwrap();
+    assert!(tmp.path().join(&left[0]).exists());
+    let (_second, _, _) = spawn_server(&["--pool-size", "1"], tmp.path()).await;
+    assert!(!tmp.path().join(&left[0]).exists(), "{} stayed", left[0]);
+}

@@ -1,0 +1,175 @@
+//! The container tier on this host (`sandbox_tier = "container"`): what a
+//! container without namespaces gets, held to the same outcomes as the
+//! namespace tier. The real container runs are in `container.rs`.
+
+use serde_json::{Value, json};
+
+use super::{Arena, pool, run};
+use crate::common::TestServer;
+use crate::ops::spawn_server;
+use code_executor::sandbox::TierChoice;
+
+fn container() -> code_executor::Config {
+    let mut config = pool();
+    config.sandbox.tier = TierChoice::Container;
+    config
+}
+
+#[tokio::test]
+async fn health_names_each_tier_and_its_mechanisms() {
+    for (tier, name, has, lacks) in [
+        (TierChoice::Namespaces, "namespaces", ["fresh_root", "network_namespace"], "seccomp_no_sockets"),
+        (TierChoice::Container, "container", ["seccomp_no_sockets", "landlock_net"], "fresh_root"),
+    ] {
+        let mut config = pool();
+        config.sandbox.tier = tier;
+        let server = TestServer::with_config(config).await;
+        let (_, health) = server.get("/health").await;
+        let sandbox = &health["sandbox"];
+        assert_eq!(sandbox["tier"], name, "{health}");
+        let mechanisms: Vec<&str> = sandbox["mechanisms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_str().unwrap())
+            .collect();
+        for m in has.iter().chain(&["landlock_fs", "landlock_scope", "seccomp", "no_capabilities", "no_new_privs"]) {
+            assert!(mechanisms.contains(m), "{name} lacks {m}: {mechanisms:?}");
+        }
+        assert!(!mechanisms.contains(&lacks), "{name}: {mechanisms:?}");
+        server.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn the_container_tier_keeps_the_network_isolated_without_a_namespace() {
+    let arena = Arena::with_config(container()).await;
+    let port = arena.server.url.rsplit(':').next().unwrap().to_string();
+    let code = format!(
+        r#"
+import errno, socket
+for family, kind in ((socket.AF_INET, socket.SOCK_STREAM), (socket.AF_INET, socket.SOCK_DGRAM),
+                     (socket.AF_INET6, socket.SOCK_STREAM), (socket.AF_UNIX, socket.SOCK_STREAM),
+                     (socket.AF_NETLINK, socket.SOCK_RAW)):
+    try:
+        s = socket.socket(family, kind)
+        s.connect(("127.0.0.1", {port}))
+        print("CONNECTED", family)
+    except OSError as e:
+        print(errno.errorcode[e.errno])
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2)
+    print("REACHED THE SERVER")
+except OSError as e:
+    print("server", errno.errorcode[e.errno])
+"#
+    );
+    let body = arena.attack(run(&code, 10.0)).await;
+    assert_eq!(
+        body["stdout"],
+        "EPERM\nEPERM\nEPERM\nEPERM\nEPERM\nserver EPERM\n",
+        "{body}"
+    );
+    arena.assert_recovered().await;
+}
+
+#[tokio::test]
+async fn container_tier_runs_cannot_read_or_signal_the_server_and_leave_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (child, address, _logs) =
+        spawn_server_with_env(&["--sandbox-tier", "container", "--pool-size", "1"], tmp.path(), ("CANARY_SECRET", "canary-5e1f")).await;
+    let server_pid = child.id().unwrap();
+    let client = reqwest::Client::new();
+    let exec = |code: String, limits: Value, timeout: f64| {
+        let client = client.clone();
+        let address = address.clone();
+        async move {
+            let body: Value = client
+                .post(format!("http://{address}/execute"))
+                .json(&json!({"code": code, "limits": limits, "timeout": timeout}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            body
+        }
+    };
+    let code = format!(
+        r#"
+import errno, glob, os, signal
+found = []
+for path in glob.glob("/proc/*/environ") + ["/proc/{server_pid}/environ", "/proc/{server_pid}/cmdline", "/proc/{server_pid}/mem"]:
+    try:
+        if b"canary-5e1f" in open(path, "rb").read():
+            found.append(path)
+    except OSError:
+        pass
+print("found", found)
+try:
+    os.kill({server_pid}, signal.SIGTERM)
+    print("SIGNALLED")
+except OSError as e:
+    print("signal", errno.errorcode[e.errno])
+for target in ("/etc/ce-x", "{tmp}/ce-x", os.path.expanduser("~/../ce-x")):
+    try:
+        open(target, "w")
+        print("WROTE", target)
+    except OSError as e:
+        print("write", errno.errorcode[e.errno])
+import subprocess
+subprocess.Popen(["setsid", "sleep", "300"], start_new_session=True)
+print("left a sleeper")
+"#,
+        tmp = tmp.path().display()
+    );
+    let body = exec(code, json!({}), 10.0).await;
+    let stdout = body["stdout"].as_str().unwrap();
+    assert!(stdout.contains("found []\n"), "{body}");
+    assert!(stdout.contains("signal EPERM\n"), "{body}");
+    assert_eq!(stdout.matches("write EACCES\n").count(), 3, "{body}");
+    assert!(stdout.contains("left a sleeper\n"), "{body}");
+    // The sleeper is gone once the run is.
+    let started = std::time::Instant::now();
+    while !super::processes_running("sleep 300").is_empty() {
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "a process outlived its run");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Limits are reported as on the host.
+    let body = exec("x = bytearray(4 << 30)".into(), json!({"memory_bytes": 256 << 20}), 10.0).await;
+    assert_eq!(body["limit"], "memory", "{body}");
+    let body = exec(
+        "import os\nwhile True:\n    os.fork()".into(),
+        json!({"processes": 8}),
+        5.0,
+    )
+    .await;
+    assert_eq!(body["limit"], "processes", "{body}");
+    let body = exec("while True: pass".into(), json!({}), 1.0).await;
+    assert_eq!(body["limit"], "timeout", "{body}");
+    let body = exec("print('after')".into(), json!({}), 5.0).await;
+    assert_eq!(body["stdout"], "after\n", "{body}");
+    assert!(!tmp.path().join("ce-x").exists());
+}
+
+/// [`spawn_server`] with one more variable in the server's environment.
+async fn spawn_server_with_env(
+    args: &[&str],
+    tmp: &std::path::Path,
+    (key, value): (&str, &str),
+) -> (tokio::process::Child, String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    let wrapper = tmp.join("with-env.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexport {key}={value}\nexec {} \"$@\"\n",
+            env!("CARGO_BIN_EXE_code-executor")
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let _ = spawn_server;
+    crate::ops::spawn_server_bin(&wrapper, args, tmp).await
+}
