@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod conda;
+pub mod docker;
 pub mod mcp;
 pub mod pyenvs;
 
