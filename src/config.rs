@@ -97,16 +97,16 @@ pub struct ServeArgs {
     // (and CONDA_ENV_NAME) rank below every flag and are read in
     // `Config::merge_with` from `HostEnv`, so that an image's variable and a
     // user's flag never make a clap conflict.
-    /// Name of the Conda environment to run code in by default
-    /// (variables: CODE_EXECUTOR_CONDA_ENV, then CONDA_ENV_NAME).
+    /// Name of the Conda environment to run code in by default; wins over
+    /// the variables CODE_EXECUTOR_CONDA_ENV and CONDA_ENV_NAME.
     #[arg(long, conflicts_with_all = ["conda_prefix", "python"])]
     pub conda_env: Option<String>,
-    /// Prefix of the Conda environment to run code in by default
-    /// (variable: CODE_EXECUTOR_CONDA_PREFIX).
+    /// Prefix of the Conda environment to run code in by default; wins over
+    /// the variable CODE_EXECUTOR_CONDA_PREFIX.
     #[arg(long, conflicts_with = "python")]
     pub conda_prefix: Option<PathBuf>,
-    /// Python interpreter to run code with, any prefix or venv
-    /// (variable: CODE_EXECUTOR_PYTHON).
+    /// Python interpreter (any prefix or venv) to run code with; wins over
+    /// the variable CODE_EXECUTOR_PYTHON.
     #[arg(long)]
     pub python: Option<PathBuf>,
     /// Default wall-clock timeout of a run, in seconds.
