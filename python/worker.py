@@ -2165,6 +2165,9 @@ def clear_dir(path, budget=CLEAN_SECONDS):
                         elif fd == root:
                             todo.append(entry)
                         else:
+                            # Moving a directory rewrites its "..": it must
+                            # be writable (a run may have made it 0555).
+                            os.chmod(entry, 0o700, dir_fd=fd)
                             while True:
                                 serial += 1
                                 moved = ".gone-%d" % serial

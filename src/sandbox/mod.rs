@@ -347,8 +347,10 @@ impl SandboxPlan {
             out.push("--read".into());
             out.push(p.into());
         }
-        // With namespaces, /dev/shm is a private tmpfs (see `launch`).
-        let shm = self.namespaces.then_some(Path::new(launch::PRIVATE_SHM));
+        // With namespaces, /dev/shm is a private tmpfs (see `launch`); in
+        // the container tier it is the container's, shared by its workers
+        // (POSIX semaphores, which multiprocessing needs, live there).
+        let shm = Some(Path::new(launch::PRIVATE_SHM));
         for p in DEVICE_WRITE
             .iter()
             .map(Path::new)

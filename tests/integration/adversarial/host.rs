@@ -34,11 +34,13 @@ async fn server_probed_as(dir: &Path, probe: &str) -> TestServer {
 }
 
 #[tokio::test]
-async fn without_namespaces_the_server_refuses_to_start_unless_network_is_host() {
+async fn without_namespaces_or_seccomp_isolation_cannot_hold_and_the_server_refuses() {
     let dir = tempfile::tempdir().unwrap();
+    // Without namespaces the container tier keeps the network isolated with
+    // the syscall filter; without that too, nothing could.
     let launcher = fake_launcher(
         dir.path(),
-        r#"{"namespaces":{"Err":"Operation not permitted"},"landlock":true,"seccomp":{"Ok":null}}"#,
+        r#"{"namespaces":{"Err":"Operation not permitted"},"landlock":true,"seccomp":{"Err":"Invalid argument"}}"#,
     );
     let mut sandbox = common::sandbox_config();
     sandbox.launcher = Some(launcher.clone());
@@ -50,10 +52,22 @@ async fn without_namespaces_the_server_refuses_to_start_unless_network_is_host()
     .err()
     .expect("the server refuses to start");
     let message = format!("{err:#}");
-    assert!(message.contains("namespaces"), "{message}");
+    assert!(message.contains("isolated networking cannot be enforced"), "{message}");
+    assert!(message.contains("Operation not permitted"), "{message}");
+    assert!(message.contains("Invalid argument"), "{message}");
     assert!(message.contains("network = \"host\""), "{message}");
+}
 
-    // Opting out explicitly starts it, on the host network, and says so.
+#[tokio::test]
+async fn without_namespaces_the_container_tier_serves_and_says_what_it_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let launcher = fake_launcher(
+        dir.path(),
+        r#"{"namespaces":{"Err":"Operation not permitted"},"landlock":true,"landlock_net":true,"landlock_scope":true,"seccomp":{"Ok":null}}"#,
+    );
+    let mut sandbox = common::sandbox_config();
+    sandbox.launcher = Some(launcher.clone());
+    // The host network, asked for explicitly, in the same tier.
     sandbox.network = code_executor::sandbox::Network::Host;
     sandbox.disk_bytes = 2 << 20;
     let server = TestServer::with_config(code_executor::Config {
@@ -62,6 +76,14 @@ async fn without_namespaces_the_server_refuses_to_start_unless_network_is_host()
     })
     .await;
     let (_, health) = server.get("/health").await;
+    assert_eq!(health["sandbox"]["tier"], "container", "{health}");
+    assert!(
+        health["sandbox"]["mechanisms"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("seccomp_no_unix_sockets")),
+        "{health}"
+    );
     assert_eq!(health["sandbox"]["network_namespace"], false, "{health}");
     assert_eq!(health["sandbox"]["pid_namespace"], false, "{health}");
     // No mount namespace, no scratch tmpfs: no quota is claimed.

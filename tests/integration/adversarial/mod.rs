@@ -125,10 +125,16 @@ pub fn scratch_seen_by_worker(scratch: &Path) -> std::path::PathBuf {
 }
 
 /// Wait until every worker has its next child forked and nothing else runs
-/// in the sandboxes: per worker the launcher, the worker, its zygote and its
-/// next child.
+/// in the sandboxes: per worker the launcher (in the namespace tier; in the
+/// container tier it execs the worker itself), the worker, its zygote and
+/// its next child.
 async fn wait_for_spares(server: &TestServer, size: u64) {
-    const PER_WORKER: u64 = 4;
+    #[allow(non_snake_case)]
+    let PER_WORKER: u64 = if server.executor.health().sandbox.tier == "container" {
+        3
+    } else {
+        4
+    };
     let base = server.executor.base_dir().to_path_buf();
     let started = Instant::now();
     loop {
