@@ -7,7 +7,8 @@
 //! (default 5), `BENCH_POOL_SIZE` (default 4), `BENCH_SPAWNS` (default 200),
 //! `BENCH_PYTHON` (default: the real interpreter behind `python3`),
 //! `BENCH_CONDA_LAYOUT=1` (serve a Conda-layout copy of that interpreter
-//! instead, and spawn it for the baselines), `BENCH_MCP_ONLY` (set: only the MCP comparison, in about `4 * BENCH_SECONDS`).
+//! instead, and spawn it for the baselines), `BENCH_SANDBOX_TIER`
+//! (`namespaces` or `container`: the server's sandbox tier), `BENCH_MCP_ONLY` (set: only the MCP comparison, in about `4 * BENCH_SECONDS`).
 //! The numpy and Jupyter scenarios use venvs made by `tests/python_envs/setup.sh`.
 
 #[path = "../tests/integration/common/mcp.rs"]

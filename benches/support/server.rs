@@ -87,9 +87,14 @@ pub struct Server {
 impl Server {
     pub async fn start(args: &[&str]) -> Server {
         let started = Instant::now();
+        // `BENCH_SANDBOX_TIER=container` measures the container tier.
+        let tier: Vec<String> = std::env::var("BENCH_SANDBOX_TIER")
+            .map(|t| vec!["--sandbox-tier".to_string(), t])
+            .unwrap_or_default();
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_code-executor"))
             .args(["serve", "--port", "0"])
             .args(args)
+            .args(&tier)
             .env("CODE_EXECUTOR_LOG", "warn,code_executor=info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
