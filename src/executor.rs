@@ -49,8 +49,12 @@ fn remove_stale_base_dirs(tmp: &Path) {
             .is_some_and(crate::sandbox::cgroup::is_stale_server_dir);
         if stale && entry.file_type().is_ok_and(|t| t.is_dir()) {
             match std::fs::remove_dir_all(entry.path()) {
-                Ok(()) => tracing::info!(dir = %entry.path().display(), "removed the temporary directory of a server that is gone"),
-                Err(e) => tracing::warn!(dir = %entry.path().display(), "cannot remove the temporary directory of a server that is gone: {e}"),
+                Ok(()) => {
+                    tracing::info!(dir = %entry.path().display(), "removed the temporary directory of a server that is gone")
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %entry.path().display(), "cannot remove the temporary directory of a server that is gone: {e}")
+                }
             }
         }
     }
@@ -238,7 +242,10 @@ impl Executor {
         let sandbox = Sandbox::probe(&config.sandbox, &networks).await?;
         remove_stale_base_dirs(&std::env::temp_dir());
         let base_dir = tempfile::Builder::new()
-            .prefix(&format!("{}.", crate::sandbox::cgroup::own_server_dir_name()))
+            .prefix(&format!(
+                "{}.",
+                crate::sandbox::cgroup::own_server_dir_name()
+            ))
             .tempdir()?;
         if sandbox.as_ref().and_then(Sandbox::owner).is_some() {
             // Workers running as another user must reach their scratch roots
@@ -465,7 +472,8 @@ impl Executor {
             }
             contents.push((path.as_str(), bytes));
         }
-        crate::types::check_file_set(contents.iter().map(|(p, _)| *p)).map_err(ExecError::BadRequest)?;
+        crate::types::check_file_set(contents.iter().map(|(p, _)| *p))
+            .map_err(ExecError::BadRequest)?;
         // Files that cannot fit in the worker's scratch tmpfs never could.
         if self.sandbox.disk_quota && total as u64 > entry.settings.disk_bytes {
             return Err(ExecError::TooLarge(format!(
@@ -625,7 +633,10 @@ impl Executor {
                 .await
             {
                 Err(ExecError::Worker(WorkerError::Retired(why))) if attempts < RETIRED_RETRIES => {
-                    tracing::info!(env = env_name, "worker retired before the run ({why}); running it on another");
+                    tracing::info!(
+                        env = env_name,
+                        "worker retired before the run ({why}); running it on another"
+                    );
                 }
                 other => return other,
             }

@@ -256,7 +256,9 @@ pub fn check_file_set<'a>(paths: impl Iterator<Item = &'a str>) -> Result<(), St
             .collect();
         let normal = parts.join("/");
         if let Some(other) = files.insert(normal.clone(), path) {
-            return Err(format!("file paths {other:?} and {path:?} name the same file"));
+            return Err(format!(
+                "file paths {other:?} and {path:?} name the same file"
+            ));
         }
         for end in 1..parts.len() {
             dirs.entry(parts[..end].join("/")).or_insert(path);
@@ -286,9 +288,17 @@ mod tests {
         let long = "n".repeat(300);
         assert!(check_file_path(&long).unwrap_err().contains("255"));
         let deep = "d/".repeat(1500) + "f";
-        assert!(check_file_path(&deep).unwrap_err().contains("over the limit"));
+        assert!(
+            check_file_path(&deep)
+                .unwrap_err()
+                .contains("over the limit")
+        );
         let deep = "d/".repeat(40) + "f";
-        assert!(check_file_path(&deep).unwrap_err().contains("directories deep"));
+        assert!(
+            check_file_path(&deep)
+                .unwrap_err()
+                .contains("directories deep")
+        );
     }
 
     #[test]

@@ -64,7 +64,8 @@ pub async fn read_body_within(limits: BodyLimits, req: Request, next: Next) -> R
         }
         Ok(Ok(bytes)) => bytes,
     };
-    next.run(Request::from_parts(parts, Body::from(bytes))).await
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
 }
 
 fn is_length_limit(err: &axum::Error) -> bool {

@@ -27,8 +27,8 @@ use std::process::Command;
 
 use clap::Args;
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr,
-    PathBeneath, PathFd, RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
 };
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::{CloneFlags, unshare};
@@ -259,7 +259,12 @@ fn build_root(args: &LaunchArgs) -> Result<(), String> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some("size=1m,mode=0755"),
     )
-    .map_err(|e| format!("cannot mount the new root's tmpfs on {}: {e}", base.display()))?;
+    .map_err(|e| {
+        format!(
+            "cannot mount the new root's tmpfs on {}: {e}",
+            base.display()
+        )
+    })?;
     let fail = |what: &str, e: &dyn std::fmt::Display| format!("{what}: {e}");
     std::fs::create_dir(base.join("oldroot")).map_err(|e| fail("mkdir oldroot", &e))?;
     pivot_root(base, &base.join("oldroot")).map_err(|e| fail("pivot_root", &e))?;
@@ -353,8 +358,9 @@ fn under(root: &Path, path: &Path) -> PathBuf {
 
 fn make_parent(path: &Path) -> Result<(), String> {
     match path.parent() {
-        Some(parent) => std::fs::create_dir_all(parent)
-            .map_err(|e| format!("mkdir {}: {e}", parent.display())),
+        Some(parent) => {
+            std::fs::create_dir_all(parent).map_err(|e| format!("mkdir {}: {e}", parent.display()))
+        }
         None => Ok(()),
     }
 }
@@ -438,7 +444,10 @@ impl RootPlan {
                     .map(|t| (t, false))
             }));
         // The scratch root gets its own tmpfs: nothing of the host's is bound there.
-        let fresh_scratch = args.scratch.as_deref().filter(|_| args.disk_bytes.is_some());
+        let fresh_scratch = args
+            .scratch
+            .as_deref()
+            .filter(|_| args.disk_bytes.is_some());
         let mut todo: Vec<(PathBuf, bool)> = wanted.collect();
         let mut seen = 0;
         while seen < todo.len() {
@@ -566,7 +575,8 @@ fn confine_and_exec_with(args: &LaunchArgs, vars: &[(&str, &str)]) -> Result<i32
         super::seccomp::install(args.sockets)?;
     }
     // Only the protocol pipes (0-2) reach the program.
-    crate::sys::cloexec_from_3().map_err(|e| format!("cannot mark descriptors close-on-exec: {e}"))?;
+    crate::sys::cloexec_from_3()
+        .map_err(|e| format!("cannot mark descriptors close-on-exec: {e}"))?;
     let err = Command::new(&args.command[0])
         .args(&args.command[1..])
         .envs(vars.iter().copied())
@@ -582,7 +592,8 @@ fn confine_and_exec_with(args: &LaunchArgs, vars: &[(&str, &str)]) -> Result<i32
 /// raw sockets, or read another process's memory.
 fn drop_capabilities() -> Result<(), String> {
     use caps::CapSet;
-    let fail = |what: &str, e: caps::errors::CapsError| format!("cannot drop capabilities ({what}): {e}");
+    let fail =
+        |what: &str, e: caps::errors::CapsError| format!("cannot drop capabilities ({what}): {e}");
     caps::clear(None, CapSet::Ambient).map_err(|e| fail("ambient", e))?;
     let permitted = caps::read(None, CapSet::Permitted).map_err(|e| fail("read", e))?;
     if permitted.contains(&caps::Capability::CAP_SETPCAP) {

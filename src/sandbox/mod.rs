@@ -19,9 +19,11 @@ use std::sync::Arc;
 
 use cgroup::{CgroupRoot, Controller};
 
-use landlock::{ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr, Scope};
-use seccomp::SocketFilter;
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, Ruleset, RulesetAttr, Scope,
+};
 use nix::sched::{CloneFlags, unshare};
+use seccomp::SocketFilter;
 use serde::{Deserialize, Serialize};
 
 /// Directories every interpreter needs to read: system libraries, configuration
@@ -505,7 +507,12 @@ impl Sandbox {
         let landlock_net = landlock && report.landlock_net;
         let mut mechanisms: Vec<&str> = Vec::new();
         if namespaces {
-            mechanisms.extend(["pid_namespace", "mount_namespace", "uts_namespace", "fresh_root"]);
+            mechanisms.extend([
+                "pid_namespace",
+                "mount_namespace",
+                "uts_namespace",
+                "fresh_root",
+            ]);
             if isolated {
                 mechanisms.push("network_namespace");
             }
@@ -530,7 +537,13 @@ impl Sandbox {
                 });
             }
         }
-        mechanisms.extend(["no_new_privs", "no_capabilities", "subreaper", "rlimits", "non_dumpable"]);
+        mechanisms.extend([
+            "no_new_privs",
+            "no_capabilities",
+            "subreaper",
+            "rlimits",
+            "non_dumpable",
+        ]);
         if version(Controller::Pids).is_some() {
             mechanisms.push("pids_cgroup");
         }

@@ -149,7 +149,9 @@ mod imp {
     ];
 
     pub fn install(sockets: SocketFilter) -> Result<(), String> {
-        for program in programs(sockets).map_err(|e| format!("cannot build the seccomp filter: {e}"))? {
+        for program in
+            programs(sockets).map_err(|e| format!("cannot build the seccomp filter: {e}"))?
+        {
             seccompiler::apply_filter(&program)
                 .map_err(|e| format!("cannot install the seccomp filter: {e}"))?;
         }

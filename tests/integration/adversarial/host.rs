@@ -52,7 +52,10 @@ async fn without_namespaces_or_seccomp_isolation_cannot_hold_and_the_server_refu
     .err()
     .expect("the server refuses to start");
     let message = format!("{err:#}");
-    assert!(message.contains("isolated networking cannot be enforced"), "{message}");
+    assert!(
+        message.contains("isolated networking cannot be enforced"),
+        "{message}"
+    );
     assert!(message.contains("Operation not permitted"), "{message}");
     assert!(message.contains("Invalid argument"), "{message}");
     assert!(message.contains("network = \"host\""), "{message}");

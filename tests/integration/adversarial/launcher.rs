@@ -89,7 +89,9 @@ print(libc.syscall(int(os.environ['NR_UNSHARE']), 0x10000000), ctypes.get_errno(
 "#;
     let out = Command::new(common::launcher())
         .args(["sandbox-exec", "--net", "isolated", "--seccomp"])
-        .args(["--read", "/usr", "--read", "/lib", "--read", "/lib64", "--read", "/etc"])
+        .args([
+            "--read", "/usr", "--read", "/lib", "--read", "/lib64", "--read", "/etc",
+        ])
         .arg("--scratch")
         .arg(scratch.path())
         .args(["--disk-bytes", "2097152"])

@@ -20,7 +20,9 @@ fn tier_config(tier: TierChoice) -> code_executor::Config {
 }
 
 /// A listening socket at `path` that counts the connections it accepts.
-fn socket_at(path: &std::path::Path) -> (UnixListener, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+fn socket_at(
+    path: &std::path::Path,
+) -> (UnixListener, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path).unwrap();
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
@@ -31,8 +33,15 @@ fn socket_at(path: &std::path::Path) -> (UnixListener, std::sync::Arc<std::sync:
 
 #[tokio::test]
 async fn host_unix_sockets_are_out_of_reach_in_every_tier() {
-    let dir = tempfile::Builder::new().prefix("ce-sock").tempdir_in("/tmp").unwrap();
-    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("ce-sock")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let in_tmp = dir.path().join("daemon.sock");
     let in_run = std::path::PathBuf::from(format!("/run/ce-test-{}.sock", std::process::id()));
     let (tmp_listener, _) = socket_at(&in_tmp);
@@ -114,8 +123,14 @@ open(os.path.join(home, "big"), "wb").write(b"x" * (50 << 20))
 "#;
     let body = arena.attack(run(plant, 20.0)).await;
     let stdout = body["stdout"].as_str().unwrap();
-    assert!(stdout.contains("caps 0000000000000000 0000000000000000\n"), "{body}");
-    assert!(stdout.contains(&format!("immutable refused {}\n", nix::libc::EPERM)), "{body}");
+    assert!(
+        stdout.contains("caps 0000000000000000 0000000000000000\n"),
+        "{body}"
+    );
+    assert!(
+        stdout.contains(&format!("immutable refused {}\n", nix::libc::EPERM)),
+        "{body}"
+    );
     let check = r#"
 import os, subprocess, sys
 print(sorted(os.listdir(os.path.expanduser("~"))))
@@ -126,11 +141,17 @@ print(out.stdout.strip())
     // Only the run's own directory and its private tmp; no planted module ran.
     let stdout = body["stdout"].as_str().unwrap();
     let first = stdout.lines().next().unwrap();
-    assert!(first.starts_with("['run', 'run.tmp']") || first.starts_with("['run']"), "{body}");
+    assert!(
+        first.starts_with("['run', 'run.tmp']") || first.starts_with("['run']"),
+        "{body}"
+    );
     assert_eq!(stdout.lines().nth(1), Some("child"), "{body}");
     // The 50 MB left nothing behind: a run may fill the quota again.
     let body = arena
-        .attack(run("open('again', 'wb').write(b'x' * (200 << 20)); print('ok')", 20.0))
+        .attack(run(
+            "open('again', 'wb').write(b'x' * (200 << 20)); print('ok')",
+            20.0,
+        ))
         .await;
     assert_eq!(body["stdout"], "ok\n", "{body}");
     arena.assert_recovered().await;
@@ -172,10 +193,17 @@ async fn a_scratch_root_that_cannot_be_cleared_retires_its_worker_first() {
     assert!(
         metrics.contains("cause=\"dirty\"} 1"),
         "{}",
-        metrics.lines().filter(|l| l.contains("restart")).collect::<Vec<_>>().join("\n")
+        metrics
+            .lines()
+            .filter(|l| l.contains("restart"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     for path in stuck {
-        let _ = std::process::Command::new("chattr").arg("-i").arg(&path).status();
+        let _ = std::process::Command::new("chattr")
+            .arg("-i")
+            .arg(&path)
+            .status();
     }
     server.stop().await;
 }
@@ -233,7 +261,10 @@ except OSError as e:
         let stdout = body["stdout"].as_str().unwrap();
         assert!(stdout.ends_with("EBADF\n"), "{extra:?}: {body}");
         assert!(!stdout.contains("canary"), "{body}");
-        assert!(stdout.starts_with("['/dev/null', 'pipe']\n"), "{extra:?}: {body}");
+        assert!(
+            stdout.starts_with("['/dev/null', 'pipe']\n"),
+            "{extra:?}: {body}"
+        );
     }
 }
 
@@ -242,7 +273,11 @@ async fn spawn_server_with_fd(
     args: &[&str],
     tmp: &std::path::Path,
     file: &std::path::Path,
-) -> (tokio::process::Child, String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+) -> (
+    tokio::process::Child,
+    String,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
     let wrapper = tmp.join("with-fd.sh");
     std::fs::write(
         &wrapper,
@@ -253,7 +288,11 @@ async fn spawn_server_with_fd(
         ),
     )
     .unwrap();
-    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     crate::ops::spawn_server_bin(&wrapper, args, tmp).await
 }
 
@@ -282,7 +321,11 @@ async fn slow_and_silent_connections_cost_nobody_else() {
         ),
     )
     .unwrap();
-    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let (_child, address, _logs) = crate::ops::spawn_server_bin(
         &wrapper,
         &["--config", config.to_str().unwrap()],
@@ -294,7 +337,9 @@ async fn slow_and_silent_connections_cost_nobody_else() {
         let mut s = TcpStream::connect(&address).unwrap();
         match i % 3 {
             0 => {}
-            1 => s.write_all(b"POST /execute HTTP/1.1\r\nHost: x\r\n").unwrap(),
+            1 => s
+                .write_all(b"POST /execute HTTP/1.1\r\nHost: x\r\n")
+                .unwrap(),
             _ => s
                 .write_all(b"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
                 .unwrap(),
@@ -313,11 +358,23 @@ async fn slow_and_silent_connections_cost_nobody_else() {
         .await
         .unwrap();
     assert_eq!(body["stdout"], "4\n", "{body}");
-    let health = client.get(format!("http://{address}/health")).send().await.unwrap();
+    let health = client
+        .get(format!("http://{address}/health"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(health.status(), 200);
-    let metrics = client.get(format!("http://{address}/metrics")).send().await.unwrap();
+    let metrics = client
+        .get(format!("http://{address}/metrics"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(metrics.status(), 200);
-    assert!(started.elapsed() < Duration::from_secs(2), "served late: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "served late: {:?}",
+        started.elapsed()
+    );
     // Then the server closes every one of them: silent and half-header ones
     // at the header timeout, the short body with a 408.
     let mut answers = [0usize; 3];
@@ -327,7 +384,10 @@ async fn slow_and_silent_connections_cost_nobody_else() {
         let _ = s.read_to_end(&mut got);
         let text = String::from_utf8_lossy(&got);
         if i % 3 == 2 {
-            assert!(text.starts_with("HTTP/1.1 408"), "short body answered {text:?}");
+            assert!(
+                text.starts_with("HTTP/1.1 408"),
+                "short body answered {text:?}"
+            );
             assert!(text.contains("request_timeout"), "{text}");
         }
         answers[i % 3] += 1;
@@ -342,10 +402,14 @@ async fn connections_past_the_cap_are_refused_clearly() {
     std::fs::write(&config, "max_connections = 8\npool_size = 1\n").unwrap();
     let (_child, address, _logs) =
         spawn_server(&["--config", config.to_str().unwrap()], tmp.path()).await;
-    let held: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(&address).unwrap()).collect();
+    let held: Vec<TcpStream> = (0..8)
+        .map(|_| TcpStream::connect(&address).unwrap())
+        .collect();
     std::thread::sleep(Duration::from_millis(200));
     let mut extra = TcpStream::connect(&address).unwrap();
-    extra.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
     let mut text = String::new();
     let _ = extra.read_to_string(&mut text);
     assert!(text.starts_with("HTTP/1.1 503"), "{text:?}");
@@ -359,7 +423,10 @@ async fn connections_past_the_cap_are_refused_clearly() {
         {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(10), "never served again");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never served again"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -400,7 +467,10 @@ print("deep")
 #[tokio::test]
 async fn absurd_numbers_are_refused_or_capped_never_a_panic() {
     let server = TestServer::with_config(pool()).await;
-    let max_ttl = code_executor::Config::default().sessions.max_ttl.as_secs_f64();
+    let max_ttl = code_executor::Config::default()
+        .sessions
+        .max_ttl
+        .as_secs_f64();
     for ttl in [1e20, 1.7976931348623157e308, 18446744073709551616.0] {
         let (status, body) = server.post("/sessions", json!({"ttl": ttl})).await;
         assert_eq!(status, 201, "ttl {ttl}: {body}");
@@ -445,8 +515,14 @@ async fn absurd_numbers_are_refused_or_capped_never_a_panic() {
         assert_eq!(body["error"]["code"], "bad_request", "{raw}: {body}");
     }
     // A huge timeout is capped by the maximum, not refused.
-    let (status, body) = server.execute(json!({"code": "print(1)", "timeout": 1e300})).await;
-    assert_eq!((status, body["stdout"].as_str()), (200, Some("1\n")), "{body}");
+    let (status, body) = server
+        .execute(json!({"code": "print(1)", "timeout": 1e300}))
+        .await;
+    assert_eq!(
+        (status, body["stdout"].as_str()),
+        (200, Some("1\n")),
+        "{body}"
+    );
     let (status, body) = server
         .post("/grade", json!({"code": "print(input())", "timeout": 1e300, "tests": [{"stdin": "a", "expected_stdout": "a\n", "timeout": 1e300}]}))
         .await;
@@ -465,10 +541,15 @@ async fn bad_file_entries_are_refused_before_any_run() {
         json!({ deep.clone(): "x" }),
         json!({"x/y": "1", "./x//y": "2"}),
     ] {
-        let (status, body) = server.execute(json!({"code": "print(1)", "files": files})).await;
+        let (status, body) = server
+            .execute(json!({"code": "print(1)", "files": files}))
+            .await;
         assert_eq!(status, 400, "{body}");
         let message = error_message(&body);
-        assert!(!message.contains("/tmp/"), "the server's paths leak: {message}");
+        assert!(
+            !message.contains("/tmp/"),
+            "the server's paths leak: {message}"
+        );
         assert!(!message.contains("code-executor-"), "{message}");
     }
     let body = server.run("print('fine')").await;
@@ -496,7 +577,11 @@ async fn error_messages_say_each_thing_once() {
     let first = message.split(": ").next().unwrap();
     assert_eq!(message.matches(first).count(), 1, "{message}");
     busy.await.unwrap();
-    std::sync::Arc::try_unwrap(server).ok().unwrap().stop().await;
+    std::sync::Arc::try_unwrap(server)
+        .ok()
+        .unwrap()
+        .stop()
+        .await;
 }
 
 #[tokio::test]
@@ -511,7 +596,11 @@ async fn a_killed_servers_temporary_directory_goes_with_the_next_start() {
         .filter(|n| n.starts_with(&format!("code-executor-{pid}-")))
         .collect();
     assert_eq!(left.len(), 1, "{left:?}");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
     first.wait().await.unwrap();
     assert!(tmp.path().join(&left[0]).exists());
     let (_second, _, _) = spawn_server(&["--pool-size", "1"], tmp.path()).await;

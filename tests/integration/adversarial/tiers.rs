@@ -18,8 +18,18 @@ fn container() -> code_executor::Config {
 #[tokio::test]
 async fn health_names_each_tier_and_its_mechanisms() {
     for (tier, name, has, lacks) in [
-        (TierChoice::Namespaces, "namespaces", ["fresh_root", "network_namespace"], "seccomp_no_sockets"),
-        (TierChoice::Container, "container", ["seccomp_no_sockets", "landlock_net"], "fresh_root"),
+        (
+            TierChoice::Namespaces,
+            "namespaces",
+            ["fresh_root", "network_namespace"],
+            "seccomp_no_sockets",
+        ),
+        (
+            TierChoice::Container,
+            "container",
+            ["seccomp_no_sockets", "landlock_net"],
+            "fresh_root",
+        ),
     ] {
         let mut config = pool();
         config.sandbox.tier = tier;
@@ -33,7 +43,13 @@ async fn health_names_each_tier_and_its_mechanisms() {
             .iter()
             .map(|m| m.as_str().unwrap())
             .collect();
-        for m in has.iter().chain(&["landlock_fs", "landlock_scope", "seccomp", "no_capabilities", "no_new_privs"]) {
+        for m in has.iter().chain(&[
+            "landlock_fs",
+            "landlock_scope",
+            "seccomp",
+            "no_capabilities",
+            "no_new_privs",
+        ]) {
             assert!(mechanisms.contains(m), "{name} lacks {m}: {mechanisms:?}");
         }
         assert!(!mechanisms.contains(&lacks), "{name}: {mechanisms:?}");
@@ -66,8 +82,7 @@ except OSError as e:
     );
     let body = arena.attack(run(&code, 10.0)).await;
     assert_eq!(
-        body["stdout"],
-        "EPERM\nEPERM\nEPERM\nEPERM\nEPERM\nserver EPERM\n",
+        body["stdout"], "EPERM\nEPERM\nEPERM\nEPERM\nEPERM\nserver EPERM\n",
         "{body}"
     );
     arena.assert_recovered().await;
@@ -76,9 +91,17 @@ except OSError as e:
 #[tokio::test]
 async fn container_tier_runs_cannot_read_or_signal_the_server_and_leave_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let (child, address, _logs) =
-        spawn_server_with_env(&["--sandbox-tier", "container", "--pool-size", "1"], tmp.path(), ("CANARY_SECRET", "canary-5e1f")).await;
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let (child, address, _logs) = spawn_server_with_env(
+        &["--sandbox-tier", "container", "--pool-size", "1"],
+        tmp.path(),
+        ("CANARY_SECRET", "canary-5e1f"),
+    )
+    .await;
     let server_pid = child.id().unwrap();
     let client = reqwest::Client::new();
     let exec = |code: String, limits: Value, timeout: f64| {
@@ -134,11 +157,19 @@ print("left a sleeper")
     // The sleeper is gone once the run is.
     let started = std::time::Instant::now();
     while !super::processes_running("sleep 300").is_empty() {
-        assert!(started.elapsed() < std::time::Duration::from_secs(5), "a process outlived its run");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "a process outlived its run"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     // Limits are reported as on the host.
-    let body = exec("x = bytearray(4 << 30)".into(), json!({"memory_bytes": 256 << 20}), 10.0).await;
+    let body = exec(
+        "x = bytearray(4 << 30)".into(),
+        json!({"memory_bytes": 256 << 20}),
+        10.0,
+    )
+    .await;
     assert_eq!(body["limit"], "memory", "{body}");
     let body = exec(
         "import os\nwhile True:\n    os.fork()".into(),
@@ -159,7 +190,11 @@ async fn spawn_server_with_env(
     args: &[&str],
     tmp: &std::path::Path,
     (key, value): (&str, &str),
-) -> (tokio::process::Child, String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+) -> (
+    tokio::process::Child,
+    String,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
     let wrapper = tmp.join("with-env.sh");
     std::fs::write(
         &wrapper,
@@ -169,7 +204,11 @@ async fn spawn_server_with_env(
         ),
     )
     .unwrap();
-    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let _ = spawn_server;
     crate::ops::spawn_server_bin(&wrapper, args, tmp).await
 }
