@@ -28,6 +28,7 @@ use crate::types::PackageInfo;
         super::list_packages,
         super::install,
         super::health,
+        super::livez,
         super::metrics,
         serve,
     ),
