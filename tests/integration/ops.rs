@@ -419,8 +419,30 @@ pub(crate) async fn spawn_server(
     spawn_server_bin(Path::new(BIN), args, tmp).await
 }
 
+/// [`spawn_server`] through a shell script that ends in
+/// `{launch} code-executor "$@"`: `launch` sets up what the server inherits
+/// (`exec 7<FILE` then `exec`, `export K=V` then `exec`, `exec prlimit ...`).
+pub(crate) async fn spawn_server_wrapped(
+    launch: &str,
+    args: &[&str],
+    tmp: &Path,
+) -> (
+    tokio::process::Child,
+    String,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let wrapper = tmp.join("server.sh");
+    std::fs::write(&wrapper, format!("#!/bin/sh\n{launch} {BIN} \"$@\"\n")).unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    spawn_server_bin(&wrapper, args, tmp).await
+}
+
 /// [`spawn_server`] through `program` (a wrapper that execs the binary).
-pub(crate) async fn spawn_server_bin(
+async fn spawn_server_bin(
     program: &Path,
     args: &[&str],
     tmp: &Path,

@@ -248,7 +248,12 @@ except OSError as e:
     for extra in [vec![], vec!["--config", unsandboxed.to_str().unwrap()]] {
         // The server starts with fd 7 open on the secret (no close-on-exec),
         // as a careless parent would leave it.
-        let (_child, address, _logs) = spawn_server_with_fd(&extra, tmp.path(), &secret).await;
+        let (_child, address, _logs) = crate::ops::spawn_server_wrapped(
+            &format!("exec 7<{}\nexec", secret.display()),
+            &extra,
+            tmp.path(),
+        )
+        .await;
         let body: Value = reqwest::Client::new()
             .post(format!("http://{address}/execute"))
             .json(&json!({"code": code}))
@@ -268,34 +273,6 @@ except OSError as e:
     }
 }
 
-/// [`spawn_server`], with fd 7 of the server open on `file`.
-async fn spawn_server_with_fd(
-    args: &[&str],
-    tmp: &std::path::Path,
-    file: &std::path::Path,
-) -> (
-    tokio::process::Child,
-    String,
-    tokio::sync::mpsc::UnboundedReceiver<String>,
-) {
-    let wrapper = tmp.join("with-fd.sh");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nexec 7<{}\nexec {} \"$@\"\n",
-            file.display(),
-            env!("CARGO_BIN_EXE_code-executor")
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    crate::ops::spawn_server_bin(&wrapper, args, tmp).await
-}
-
 #[tokio::test]
 async fn slow_and_silent_connections_cost_nobody_else() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
@@ -312,22 +289,8 @@ async fn slow_and_silent_connections_cost_nobody_else() {
     // under many service managers; it raises its own.
     let prlimit = std::path::Path::new("/usr/bin/prlimit");
     assert!(prlimit.exists(), "prlimit (util-linux) is needed");
-    let wrapper = tmp.path().join("low-nofile.sh");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nexec prlimit --nofile=1024:{hard} {} \"$@\"\n",
-            env!("CARGO_BIN_EXE_code-executor")
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let (_child, address, _logs) = crate::ops::spawn_server_bin(
-        &wrapper,
+    let (_child, address, _logs) = crate::ops::spawn_server_wrapped(
+        &format!("exec prlimit --nofile=1024:{hard}"),
         &["--config", config.to_str().unwrap()],
         tmp.path(),
     )

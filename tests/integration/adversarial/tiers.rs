@@ -6,7 +6,6 @@ use serde_json::{Value, json};
 
 use super::{Arena, pool, run};
 use crate::common::TestServer;
-use crate::ops::spawn_server;
 use code_executor::sandbox::TierChoice;
 
 fn container() -> code_executor::Config {
@@ -96,10 +95,10 @@ async fn container_tier_runs_cannot_read_or_signal_the_server_and_leave_nothing(
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    let (child, address, _logs) = spawn_server_with_env(
+    let (child, address, _logs) = crate::ops::spawn_server_wrapped(
+        "export CANARY_SECRET=canary-5e1f\nexec",
         &["--sandbox-tier", "container", "--pool-size", "1"],
         tmp.path(),
-        ("CANARY_SECRET", "canary-5e1f"),
     )
     .await;
     let server_pid = child.id().unwrap();
@@ -183,32 +182,4 @@ print("left a sleeper")
     let body = exec("print('after')".into(), json!({}), 5.0).await;
     assert_eq!(body["stdout"], "after\n", "{body}");
     assert!(!tmp.path().join("ce-x").exists());
-}
-
-/// [`spawn_server`] with one more variable in the server's environment.
-async fn spawn_server_with_env(
-    args: &[&str],
-    tmp: &std::path::Path,
-    (key, value): (&str, &str),
-) -> (
-    tokio::process::Child,
-    String,
-    tokio::sync::mpsc::UnboundedReceiver<String>,
-) {
-    let wrapper = tmp.join("with-env.sh");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\nexport {key}={value}\nexec {} \"$@\"\n",
-            env!("CARGO_BIN_EXE_code-executor")
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let _ = spawn_server;
-    crate::ops::spawn_server_bin(&wrapper, args, tmp).await
 }
