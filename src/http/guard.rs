@@ -101,3 +101,37 @@ pub fn catch_panics()
 -> tower_http::catch_panic::CatchPanicLayer<fn(Box<dyn std::any::Any + Send>) -> Response> {
     tower_http::catch_panic::CatchPanicLayer::custom(panic_response as fn(_) -> Response)
 }
+
+#[cfg(test)]
+mod tests {
+    use axum::Router;
+    use axum::routing::get;
+    use tower::ServiceExt;
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_500_json() {
+        async fn boom() -> &'static str {
+            if std::hint::black_box(true) {
+                panic!("boom");
+            }
+            "unreachable"
+        }
+        let app = Router::new()
+            .route("/boom", get(boom))
+            .layer(super::catch_panics());
+        let answer = app
+            .oneshot(
+                axum::http::Request::get("/boom")
+                    .body(axum::body::Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 500);
+        let body = axum::body::to_bytes(answer.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"]["code"], "internal", "{body}");
+    }
+}

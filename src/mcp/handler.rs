@@ -507,6 +507,18 @@ impl McpHandler {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for McpHandler {
+    /// The tool router's call, with a panic in a tool answered as an
+    /// internal error instead of ending the client's whole MCP session.
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        let tool = request.name.to_string();
+        let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        guard_panics(&tool, self.tool_router.call(call)).await
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new(
@@ -514,6 +526,30 @@ impl ServerHandler for McpHandler {
                 env!("CARGO_PKG_VERSION"),
             ))
             .with_instructions(self.instructions.to_string())
+    }
+}
+
+/// Await `call`; if it panics, log it once and answer JSON-RPC's internal
+/// error.
+async fn guard_panics<T>(
+    tool: &str,
+    call: impl std::future::Future<Output = Result<T, rmcp::ErrorData>>,
+) -> Result<T, rmcp::ErrorData> {
+    use futures_util::FutureExt;
+    match std::panic::AssertUnwindSafe(call).catch_unwind().await {
+        Ok(answer) => answer,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(tool, "MCP tool panicked: {what}");
+            Err(rmcp::ErrorData::internal_error(
+                "internal server error",
+                None,
+            ))
+        }
     }
 }
 
@@ -623,6 +659,22 @@ fn count_calls(route: &mut rmcp::handler::server::router::tool::ToolRoute<McpHan
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_tool_answers_an_internal_error() {
+        let fine = guard_panics("t", async { Ok::<_, rmcp::ErrorData>(7) }).await;
+        assert_eq!(fine.unwrap(), 7);
+        let err = guard_panics("t", async {
+            if std::hint::black_box(true) {
+                panic!("boom");
+            }
+            Ok::<u8, rmcp::ErrorData>(0)
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(err.code, rmcp::model::ErrorCode::INTERNAL_ERROR);
+        assert_eq!(err.message, "internal server error");
+    }
 
     #[test]
     fn byte_sizes_read_naturally() {

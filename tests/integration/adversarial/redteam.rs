@@ -569,3 +569,51 @@ async fn a_killed_servers_temporary_directory_goes_with_the_next_start() {
     let (_second, _, _) = spawn_server(&["--pool-size", "1"], tmp.path()).await;
     assert!(!tmp.path().join(&left[0]).exists(), "{} stayed", left[0]);
 }
+
+#[tokio::test]
+async fn absurd_numbers_over_mcp_are_refused_or_capped_and_the_session_lives_on() {
+    use crate::common::mcp::{call, connect_in_process, text};
+    let config = pool();
+    let executor = std::sync::Arc::new(code_executor::Executor::start(&config).await.unwrap());
+    let client = connect_in_process(executor.clone(), &config).await;
+    // Capped: a TTL and a timeout past anything a duration holds.
+    let created = call(&client, "create_session", json!({"ttl": 1e20}))
+        .await
+        .unwrap();
+    assert_ne!(created.is_error, Some(true), "{created:?}");
+    let session = created.structured_content.as_ref().unwrap();
+    assert_eq!(session["ttl"], 86400.0, "{session:?}");
+    let ran = call(
+        &client,
+        "execute_code",
+        json!({"code": "print(1)", "timeout": 1e300}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(text(&ran).lines().next(), Some("1"), "{ran:?}");
+    // Refused: negative, zero and non-numbers, each a clear error result or
+    // an invalid-params error, never a lost connection.
+    for (tool, args) in [
+        ("create_session", json!({"ttl": -1.0})),
+        ("create_session", json!({"timeout": 0.0})),
+        ("execute_code", json!({"code": "print(1)", "timeout": -5.0})),
+        (
+            "execute_code",
+            json!({"code": "print(1)", "timeout": "NaN"}),
+        ),
+        (
+            "execute_code",
+            json!({"code": "print(1)", "limits": {"memory_bytes": -1}}),
+        ),
+    ] {
+        match call(&client, tool, args.clone()).await {
+            Ok(out) => assert_eq!(out.is_error, Some(true), "{tool} {args}: {out:?}"),
+            Err(err) => assert!(err.to_string().contains("nvalid"), "{tool} {args}: {err}"),
+        }
+    }
+    // The same connection still serves.
+    let ran = call(&client, "execute_code", json!({"code": "print('alive')"}))
+        .await
+        .unwrap();
+    assert_eq!(text(&ran).lines().next(), Some("alive"), "{ran:?}");
+}
