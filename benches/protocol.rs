@@ -57,6 +57,7 @@ fn encode(c: &mut Criterion) {
                     max_artifacts_bytes: 32 << 20,
                     max_result_chars: 10_000,
                     rusage: false,
+                    int_max_str_digits: None,
                 };
                 black_box(encode_frame(black_box(&frame)).unwrap())
             })

@@ -19,7 +19,8 @@ worker -> server
                                                           retire: it ran nothing (dirty scratch)
     echo    {t, value, repr}                              answer to an ``echo`` frame
 server -> worker
-    exec    {t, id, code, stdin, files, timeout, max_output, limits}
+    exec    {t, id, code, stdin, files, timeout, max_output, limits,
+             int_max_str_digits?}
             optional ``rusage: true``: reap the run before answering and add
             ``cpu_ms`` and ``peak_rss_kb`` (os.wait4) to its ``result``;
             ``limits.disk_bytes``: kill the run once the scratch filesystem
@@ -985,6 +986,9 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         msg = marshal.loads(frame)
         del frame
         apply_limits(msg.get("limits"))
+        digits = msg.get("int_max_str_digits")
+        if digits is not None and hasattr(sys, "set_int_max_str_digits"):
+            sys.set_int_max_str_digits(int(digits))
         write_files(rundir, msg.get("files"))
         set_stdin(msg.get("stdin"))
         code = msg.get("code") or ""

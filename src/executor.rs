@@ -441,6 +441,11 @@ impl Executor {
                 )));
             }
         };
+        if let Some(digits @ 1..640) = req.int_max_str_digits {
+            return Err(ExecError::BadRequest(format!(
+                "int_max_str_digits must be 0 (no limit) or at least 640, got {digits}"
+            )));
+        }
         let limits = &self.request_limits;
         if req.code.len() > limits.max_code_bytes {
             return Err(ExecError::TooLarge(format!(
@@ -526,6 +531,7 @@ impl Executor {
             max_artifacts_bytes: self.results.max_artifacts_bytes,
             max_result_chars: self.results.max_result_chars,
             rusage: options.rusage,
+            int_max_str_digits: req.int_max_str_digits,
         })
         .map_err(|e| ExecError::BadRequest(format!("request cannot be encoded: {e}")))?;
         Ok(PreparedRun {

@@ -18,6 +18,7 @@
 //! |                  |          | `argv`, `timeout` (s), `max_output` (bytes per stream), `limits`, |
 //! |                  |          | `stream` (send `output` frames), `artifacts` (true/false/globs), |
 //! |                  |          | `max_artifact_bytes`, `max_artifacts_bytes`, `max_result_chars`, |
+//! |                  |          | `int_max_str_digits` (optional: the run's int/str digit limit), |
 //! |                  |          | `rusage` (optional: reap the run first and report its rusage) |
 //! | server -> worker | `session`| `id`, `limits`, `grace` (s): switch the worker to session mode; |
 //! |                  |          | answered by a `result` frame carrying the session child's `pid` |
@@ -101,6 +102,9 @@ pub struct ExecFrame<'a> {
     /// and peak RSS. Off by default: the plain path answers before reaping.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub rusage: bool,
+    /// `sys.set_int_max_str_digits` in the run's child (0: no limit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub int_max_str_digits: Option<u32>,
 }
 
 /// The `session` frame: switch a worker into session mode (see

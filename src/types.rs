@@ -43,6 +43,11 @@ pub struct ExecRequest {
     /// server's configured limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<RunLimits>,
+    /// CPython's limit on the digits of an int converted to or from a
+    /// string (3.11+): `0` lifts it; absent keeps the interpreter's default
+    /// (4300). Below 640 only `0` is allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub int_max_str_digits: Option<u32>,
 }
 
 /// Which artifacts a request wants.

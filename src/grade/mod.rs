@@ -34,6 +34,17 @@ const INPUT_FILE: &str = "__grade_input__.json";
 /// Where the function-mode harness writes `json.dumps(return value)`.
 const RESULT_FILE: &str = "__grade_result__.json";
 
+/// A batch may carry this many times `max_grade_cases` cases in all.
+const MAX_BATCH_FACTOR: usize = 16;
+
+/// Test-code mode: the submission and the test code, as files of the run
+/// (so that tracebacks show their own names and line numbers).
+const SUBMISSION_FILE: &str = "__submission__.py";
+const TESTS_FILE: &str = "__tests__.py";
+/// The checker's arguments and answer.
+const CHECKER_ARGS_FILE: &str = "__checker_args__.json";
+const CHECKER_RESULT_FILE: &str = "__checker_result__.json";
+
 /// A peak resident set at least this fraction of the memory limit makes a
 /// run killed by a crash signal a `memory_limit` verdict.
 const NEAR_LIMIT: f64 = 0.5;
@@ -42,12 +53,43 @@ const NEAR_LIMIT: f64 = 0.5;
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GradeRequest {
-    /// The submission: Python source run as a script for every case.
+    /// The submission: Python source run as a script for every case. Or give
+    /// `prompt` and `completion` as benchmark files split them: the
+    /// submission is then `prompt + completion`.
+    #[serde(default)]
     pub code: String,
+    /// The first part of the submission (a benchmark's prompt), with
+    /// `completion`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// The second part of the submission (a model's completion), with
+    /// `prompt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion: Option<String>,
+    /// Test-code mode: Python run after the submission in the same clean run
+    /// and the same namespace, for every case that sets none of its own. A
+    /// clean finish is `ok`, an `AssertionError` `wrong_answer` (its line and
+    /// message in `diff`), any other exception `runtime_error`. With `entry`
+    /// the submission's function is bound as `candidate`, and a `check`
+    /// function the test code defines but never calls is called with it (the
+    /// HumanEval convention). Without `tests`, one case runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_code: Option<String>,
+    /// A custom checker, run per case in its own clean run after the
+    /// submission's (which cannot reach or alter it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checker: Option<Checker>,
+    /// CPython's int/str digit limit in every run of the request: `0`
+    /// (the default for grading) lifts it, so exact big-integer answers grade
+    /// as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub int_max_str_digits: Option<u32>,
     /// Environment name or prefix path; the default environment if absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<String>,
-    /// The test cases (at least one; at most the server's `max_grade_cases`).
+    /// The test cases (at least one, unless `test_code` is set; at most the
+    /// server's `max_grade_cases`).
+    #[serde(default)]
     pub tests: Vec<TestCase>,
     /// `exact` (default), `trim` (trailing whitespace of each line and
     /// trailing blank lines ignored), `tokens` (whitespace-separated tokens)
@@ -107,6 +149,52 @@ pub struct TestCase {
     /// Wall-clock limit of this case in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<f64>,
+    /// Test-code mode for this case (see the request's `test_code`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_code: Option<String>,
+    /// What the case counts in `score` (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<f64>,
+}
+
+/// A custom checker ("special judge"): `entry(input, expected, output)`,
+/// with `returned=` the entry function's value in function mode. It returns
+/// a bool, a score in `[0, 1]`, or `(score, message)`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Checker {
+    /// Python source defining the checker function.
+    pub code: String,
+    /// The function's name (default `check`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry: Option<String>,
+}
+
+/// `POST /grade/batch`: many submissions, each with its own tests, in one
+/// call; fanned out over the pool together and answered in order.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GradeBatchRequest {
+    /// The submissions, each a whole `/grade` request.
+    pub submissions: Vec<GradeRequest>,
+}
+
+/// The answer to `POST /grade/batch`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema)]
+pub struct GradeBatchResult {
+    /// Submissions whose every case is `ok`.
+    pub passed: usize,
+    /// Submissions in the request.
+    pub total: usize,
+    /// The sum of the submissions' `score`s and `max_score`s.
+    pub score: f64,
+    pub max_score: f64,
+    /// Cases per verdict over every submission.
+    pub counts: BTreeMap<String, usize>,
+    /// Wall time of the whole batch on the server.
+    pub wall_ms: f64,
+    /// One result per submission, in request order.
+    pub results: Vec<GradeResult>,
 }
 
 /// How a case ended.
@@ -195,6 +283,10 @@ pub struct CaseResult {
     pub error: Option<RunError>,
     /// Why the verdict is `error`, `skipped`, or a limit.
     pub message: Option<String>,
+    /// What the case scored: 1 for `ok`, a checker's score, else 0.
+    pub score: f64,
+    /// What it could score (its `weight`, default 1).
+    pub max_score: f64,
 }
 
 impl CaseResult {
@@ -215,6 +307,8 @@ impl CaseResult {
             returned: None,
             error: None,
             message: Some(message),
+            score: 0.0,
+            max_score: 1.0,
         }
     }
 }
@@ -228,6 +322,10 @@ pub struct GradeResult {
     pub total: usize,
     /// Number of cases per verdict; every verdict is listed.
     pub counts: BTreeMap<String, usize>,
+    /// The sum of the cases' weighted scores (1 per `ok` case, a checker's
+    /// score, else 0) and of their weights.
+    pub score: f64,
+    pub max_score: f64,
     /// Wall time of the whole request on the server.
     pub wall_ms: f64,
     /// One result per case, in case order.
@@ -252,11 +350,27 @@ impl GradeResult {
     }
 }
 
+/// A validated batch, ready to run.
+pub struct PreparedBatch {
+    submissions: Vec<(Plan, Vec<Ready>)>,
+    /// Cases run at once: the largest pool among the submissions' envs.
+    width: usize,
+}
+
 /// What every case of one request shares.
 struct Plan {
     compare: Compare,
     function: bool,
     stop_on_first_failure: bool,
+    /// The checker's run, encoded but for each case's arguments.
+    checker: Option<CheckerPlan>,
+}
+
+/// A checker ready to run once per case.
+struct CheckerPlan {
+    code: String,
+    env: Option<String>,
+    timeout: Option<f64>,
 }
 
 /// A case ready to run.
@@ -269,72 +383,178 @@ struct Ready {
 struct Expect {
     index: usize,
     name: Option<String>,
+    stdin: Option<String>,
     expected_stdout: Option<String>,
+    input: Option<Value>,
     expected: Option<Value>,
+    /// Test-code mode: the verdict is in the harness's result file.
+    tests: bool,
+    weight: f64,
 }
 
 impl Executor {
     /// Grade `req.code` against every case of `req.tests`.
     pub async fn grade(&self, req: GradeRequest) -> Result<GradeResult, ExecError> {
-        let started = Instant::now();
-        let env = req.env.clone();
-        let (plan, cases) = self.prepare_grade(req)?;
-        let total = cases.len();
-        // As many runs at once as the env keeps warm workers: more would
-        // only queue in the pool (and count against its queue timeout).
-        let width = self.pool_size(env.as_deref())?;
-        // Index of the first failed case so far; later cases do not start.
-        let first_failure = AtomicUsize::new(usize::MAX);
-        let plan = &plan;
-        let first_failure = &first_failure;
-        let mut results: Vec<CaseResult> = futures_util::stream::iter(cases)
-            .map(|ready| async move {
-                let index = ready.case.index;
-                if plan.stop_on_first_failure && first_failure.load(Ordering::Acquire) < index {
-                    return skipped(index, ready.case.name, first_failure);
-                }
-                let result = self.grade_case(plan, ready).await;
-                if result.verdict != Verdict::Ok {
-                    first_failure.fetch_min(index, Ordering::AcqRel);
-                }
-                result
-            })
-            .buffer_unordered(width)
-            .collect()
-            .await;
-        results.sort_by_key(|r| r.index);
-        if plan.stop_on_first_failure {
-            // Cases after the first failure that were already running when it
-            // failed are reported as skipped too: the answer depends only on
-            // the verdicts, not on timing.
-            let first = first_failure.load(Ordering::Acquire);
-            for result in results.iter_mut().filter(|r| r.index > first) {
-                *result = skipped(result.index, result.name.take(), first_failure);
-            }
+        let width = self.pool_size(req.env.as_deref())?;
+        let prepared = vec![self.prepare_grade(req)?];
+        let mut results = self.grade_prepared(prepared, width, None).await;
+        Ok(results.pop().expect("one submission"))
+    }
+
+    /// Grade every submission of a batch, their cases fanned out over the
+    /// pool together; `done` receives each submission's result as it
+    /// completes (in any order, with its index).
+    pub async fn grade_batch(
+        &self,
+        req: GradeBatchRequest,
+        done: Option<&tokio::sync::mpsc::UnboundedSender<(usize, GradeResult)>>,
+    ) -> Result<GradeBatchResult, ExecError> {
+        let batch = self.prepare_grade_batch(req)?;
+        Ok(self.grade_prepared_batch(batch, done).await)
+    }
+
+    /// Validate and encode a whole batch: any bad submission refuses it
+    /// (naming the submission) before anything runs.
+    pub fn prepare_grade_batch(&self, req: GradeBatchRequest) -> Result<PreparedBatch, ExecError> {
+        if req.submissions.is_empty() {
+            return Err(ExecError::BadRequest(
+                "submissions must hold at least one submission".into(),
+            ));
         }
+        let cases: usize = req.submissions.iter().map(|s| s.tests.len().max(1)).sum();
+        let max = self.max_grade_cases() * MAX_BATCH_FACTOR;
+        if cases > max {
+            return Err(ExecError::TooLarge(format!(
+                "{cases} test cases in the batch exceed its limit of {max} ({MAX_BATCH_FACTOR} x max_grade_cases)"
+            )));
+        }
+        let mut width = 1;
+        let mut submissions = Vec::with_capacity(req.submissions.len());
+        for (i, sub) in req.submissions.into_iter().enumerate() {
+            width = width.max(self.pool_size(sub.env.as_deref())?);
+            submissions.push(self.prepare_grade(sub).map_err(|e| match e {
+                ExecError::BadRequest(m) => ExecError::BadRequest(format!("submission {i}: {m}")),
+                ExecError::TooLarge(m) => ExecError::TooLarge(format!("submission {i}: {m}")),
+                other => other,
+            })?);
+        }
+        Ok(PreparedBatch { submissions, width })
+    }
+
+    /// Run a prepared batch (see [`Executor::grade_batch`]).
+    pub async fn grade_prepared_batch(
+        &self,
+        batch: PreparedBatch,
+        done: Option<&tokio::sync::mpsc::UnboundedSender<(usize, GradeResult)>>,
+    ) -> GradeBatchResult {
+        let started = Instant::now();
+        let results = self
+            .grade_prepared(batch.submissions, batch.width, done)
+            .await;
         let mut counts: BTreeMap<String, usize> = Verdict::ALL
             .iter()
             .map(|v| (v.as_str().to_string(), 0))
             .collect();
-        for result in &results {
-            *counts
-                .entry(result.verdict.as_str().to_string())
-                .or_default() += 1;
+        for r in &results {
+            for (k, n) in &r.counts {
+                *counts.entry(k.clone()).or_default() += n;
+            }
         }
-        Ok(GradeResult {
-            passed: counts["ok"],
-            total,
+        GradeBatchResult {
+            passed: results.iter().filter(|r| r.passed == r.total).count(),
+            total: results.len(),
+            score: round3(results.iter().map(|r| r.score).sum()),
+            max_score: round3(results.iter().map(|r| r.max_score).sum()),
             counts,
             wall_ms: round3(started.elapsed().as_secs_f64() * 1e3),
-            cases: results,
+            results,
+        }
+    }
+
+    /// Run the cases of prepared submissions, at most `width` at once over
+    /// all of them, and shape each submission's result once its last case
+    /// is in.
+    async fn grade_prepared(
+        &self,
+        submissions: Vec<(Plan, Vec<Ready>)>,
+        width: usize,
+        done: Option<&tokio::sync::mpsc::UnboundedSender<(usize, GradeResult)>>,
+    ) -> Vec<GradeResult> {
+        let started = Instant::now();
+        let (plans, cases): (Vec<Plan>, Vec<Vec<Ready>>) = submissions.into_iter().unzip();
+        let mut remaining: Vec<usize> = cases.iter().map(Vec::len).collect();
+        let mut per: Vec<Vec<CaseResult>> = remaining.iter().map(|n| Vec::with_capacity(*n)).collect();
+        let mut finished: Vec<Option<GradeResult>> = (0..plans.len()).map(|_| None).collect();
+        // Per submission, the index of its first failed case so far; later
+        // cases of it do not start.
+        let first_failure: Vec<AtomicUsize> =
+            plans.iter().map(|_| AtomicUsize::new(usize::MAX)).collect();
+        let plans = &plans;
+        let first_failure = &first_failure;
+        let mut runs = futures_util::stream::iter(
+            cases
+                .into_iter()
+                .enumerate()
+                .flat_map(|(s, cases)| cases.into_iter().map(move |c| (s, c))),
+        )
+        .map(|(s, ready)| async move {
+            let plan = &plans[s];
+            let index = ready.case.index;
+            if plan.stop_on_first_failure && first_failure[s].load(Ordering::Acquire) < index {
+                return (s, skipped(index, ready.case.name, &first_failure[s]));
+            }
+            let result = self.grade_case(plan, ready).await;
+            if result.verdict != Verdict::Ok {
+                first_failure[s].fetch_min(index, Ordering::AcqRel);
+            }
+            (s, result)
         })
+        .buffer_unordered(width);
+        while let Some((s, result)) = runs.next().await {
+            per[s].push(result);
+            remaining[s] -= 1;
+            if remaining[s] == 0 {
+                let result = shape(
+                    &plans[s],
+                    std::mem::take(&mut per[s]),
+                    &first_failure[s],
+                    started,
+                );
+                if let Some(done) = done {
+                    let _ = done.send((s, result.clone()));
+                }
+                finished[s] = Some(result);
+            }
+        }
+        finished
+            .into_iter()
+            .map(|r| r.expect("every submission finished"))
+            .collect()
     }
 
     /// Validate a grading request and encode every case.
-    fn prepare_grade(&self, req: GradeRequest) -> Result<(Plan, Vec<Ready>), ExecError> {
+    fn prepare_grade(&self, mut req: GradeRequest) -> Result<(Plan, Vec<Ready>), ExecError> {
+        let submission = match (req.prompt.take(), req.completion.take()) {
+            (None, None) => std::mem::take(&mut req.code),
+            (Some(prompt), Some(completion)) if req.code.is_empty() => prompt + &completion,
+            (Some(_), Some(_)) => {
+                return Err(ExecError::BadRequest(
+                    "give the submission as code, or as prompt and completion, not both".into(),
+                ));
+            }
+            _ => {
+                return Err(ExecError::BadRequest(
+                    "prompt and completion go together: the submission is prompt + completion"
+                        .into(),
+                ));
+            }
+        };
+        if req.tests.is_empty() && req.test_code.is_some() {
+            req.tests.push(TestCase::default());
+        }
         if req.tests.is_empty() {
             return Err(ExecError::BadRequest(
-                "tests must hold at least one test case".into(),
+                "tests must hold at least one test case (or give test_code)".into(),
             ));
         }
         let max = self.max_grade_cases();
@@ -348,31 +568,68 @@ impl Executor {
             None => Compare::Exact,
             Some(text) => Compare::parse(text).map_err(ExecError::BadRequest)?,
         };
-        if let Some(entry) = &req.entry
-            && !is_identifier(entry)
+        for name in req
+            .entry
+            .iter()
+            .chain(req.checker.as_ref().and_then(|c| c.entry.as_ref()))
         {
-            return Err(ExecError::BadRequest(format!(
-                "entry {entry:?} is not a Python function name"
-            )));
+            if !is_identifier(name) {
+                return Err(ExecError::BadRequest(format!(
+                    "entry {name:?} is not a Python function name"
+                )));
+            }
         }
-        let function = req.entry.is_some();
-        let code = match &req.entry {
-            Some(entry) => with_harness(&req.code, entry),
-            None => req.code.clone(),
+        let tests_mode = req.test_code.is_some() || req.tests.iter().any(|t| t.test_code.is_some());
+        if tests_mode && req.checker.is_some() {
+            return Err(ExecError::BadRequest(
+                "test_code and checker are two ways to judge: give one".into(),
+            ));
+        }
+        let digits = Some(req.int_max_str_digits.unwrap_or(0));
+        let function = req.entry.is_some() && !tests_mode;
+        let code = match (&req.entry, tests_mode) {
+            (_, true) => tests_harness(req.entry.as_deref()),
+            (Some(entry), false) => with_harness(&submission, entry),
+            (None, false) => submission.clone(),
         };
+        let checker = req.checker.as_ref().map(|c| CheckerPlan {
+            code: checker_harness(&c.code, c.entry.as_deref().unwrap_or("check")),
+            env: req.env.clone(),
+            timeout: req.timeout,
+        });
         let mut ready = Vec::with_capacity(req.tests.len());
         for (index, case) in req.tests.into_iter().enumerate() {
             let label = || match &case.name {
                 Some(name) => format!("test {index} ({name:?})"),
                 None => format!("test {index}"),
             };
-            if function && case.expected_stdout.is_some() {
+            let weight = case.weight.unwrap_or(1.0);
+            if !(weight.is_finite() && weight >= 0.0) {
+                return Err(ExecError::BadRequest(format!(
+                    "{}: weight must be a finite number of at least 0, got {weight}",
+                    label()
+                )));
+            }
+            let test_code = case.test_code.as_ref().or(req.test_code.as_ref());
+            if tests_mode {
+                if test_code.is_none() {
+                    return Err(ExecError::BadRequest(format!(
+                        "{}: has no test_code while other cases do; give the request a test_code for all",
+                        label()
+                    )));
+                }
+                if case.expected_stdout.is_some() || case.expected.is_some() || case.input.is_some() {
+                    return Err(ExecError::BadRequest(format!(
+                        "{}: in test-code mode the test code judges; expected_stdout, input and expected do not apply",
+                        label()
+                    )));
+                }
+            } else if function && case.expected_stdout.is_some() {
                 return Err(ExecError::BadRequest(format!(
                     "{}: expected_stdout applies without entry; in function mode use expected",
                     label()
                 )));
-            }
-            if !function && (case.input.is_some() || case.expected.is_some()) {
+            } else if !function && (case.input.is_some() || case.expected.is_some()) {
                 return Err(ExecError::BadRequest(format!(
                     "{}: input and expected need entry (function mode); use stdin and expected_stdout",
                     label()
@@ -380,16 +637,23 @@ impl Executor {
             }
             let mut files = req.files.clone().unwrap_or_default();
             files.extend(case.files.clone().unwrap_or_default());
-            if function {
-                if files.contains_key(INPUT_FILE) || files.contains_key(RESULT_FILE) {
-                    return Err(ExecError::BadRequest(format!(
-                        "{}: file names {INPUT_FILE} and {RESULT_FILE} are reserved in function mode",
-                        label()
-                    )));
-                }
-                if let Some(input) = case.input.as_ref().filter(|v| !v.is_null()) {
-                    files.insert(INPUT_FILE.into(), FileContent::Text(input.to_string()));
-                }
+            let reserved = [INPUT_FILE, RESULT_FILE, SUBMISSION_FILE, TESTS_FILE];
+            if (function || tests_mode)
+                && let Some(name) = reserved.iter().find(|r| files.contains_key(**r))
+            {
+                return Err(ExecError::BadRequest(format!(
+                    "{}: the file name {name} is reserved by the grader",
+                    label()
+                )));
+            }
+            if function
+                && let Some(input) = case.input.as_ref().filter(|v| !v.is_null())
+            {
+                files.insert(INPUT_FILE.into(), FileContent::Text(input.to_string()));
+            }
+            if let Some(tests) = test_code {
+                files.insert(SUBMISSION_FILE.into(), FileContent::Text(submission.clone()));
+                files.insert(TESTS_FILE.into(), FileContent::Text(tests.clone()));
             }
             let exec = ExecRequest {
                 code: code.clone(),
@@ -398,13 +662,14 @@ impl Executor {
                 files: Some(files),
                 stdin: case.stdin.clone(),
                 session: None,
-                artifacts: Some(if function {
+                artifacts: Some(if function || tests_mode {
                     ArtifactSelection::Globs(vec![RESULT_FILE.into()])
                 } else {
                     ArtifactSelection::All(false)
                 }),
                 stream: None,
                 limits: req.limits.clone(),
+                int_max_str_digits: digits,
             };
             let options = RunOptions {
                 argv: case.args.clone().unwrap_or_default(),
@@ -418,8 +683,12 @@ impl Executor {
                 case: Expect {
                     index,
                     name: case.name,
+                    stdin: case.stdin,
                     expected_stdout: case.expected_stdout,
+                    input: case.input,
                     expected: case.expected,
+                    tests: tests_mode,
+                    weight,
                 },
                 prepared,
             });
@@ -429,6 +698,7 @@ impl Executor {
                 compare,
                 function,
                 stop_on_first_failure: req.stop_on_first_failure,
+                checker,
             },
             ready,
         ))
@@ -438,14 +708,104 @@ impl Executor {
         let Ready { case, prepared } = ready;
         let memory_limit = prepared.memory_bytes();
         let timeout = prepared.timeout();
-        match self.run_output(prepared, None).await {
-            Ok(out) => judge(plan, &case, out, memory_limit, timeout),
+        let mut result = match self.run_output(prepared, None).await {
+            Ok(out) => {
+                // The checker sees the whole output, not the capped copy.
+                let output = plan
+                    .checker
+                    .as_ref()
+                    .map(|_| String::from_utf8_lossy(&out.stdout).into_owned());
+                let mut result = judge(plan, &case, out, memory_limit, timeout);
+                if let (Some(checker), Some(output), Verdict::Ok) =
+                    (&plan.checker, output, result.verdict)
+                {
+                    self.run_checker(checker, &case, output, &mut result).await;
+                }
+                result
+            }
             Err(err) => CaseResult::empty(
                 case.index,
-                case.name,
+                case.name.clone(),
                 Verdict::Error,
                 format!("the server could not run this case: {}", error_chain(&err)),
             ),
+        };
+        result.max_score = case.weight;
+        result.score = match result.verdict {
+            Verdict::Ok => case.weight,
+            Verdict::WrongAnswer => round3(result.score * case.weight),
+            _ => 0.0,
+        };
+        result
+    }
+
+    /// Judge a case that ran cleanly with the request's checker, in a clean
+    /// run of its own: its score and message replace the comparison.
+    async fn run_checker(
+        &self,
+        checker: &CheckerPlan,
+        case: &Expect,
+        output: String,
+        result: &mut CaseResult,
+    ) {
+        let args = serde_json::json!({
+            "input": case.input.clone().or_else(|| case.stdin.clone().map(Value::String)),
+            "expected": case.expected.clone().or_else(|| case.expected_stdout.clone().map(Value::String)),
+            "output": output,
+            "returned": result.returned.clone(),
+            "function": result.returned.is_some(),
+        });
+        let exec = ExecRequest {
+            code: checker.code.clone(),
+            env: checker.env.clone(),
+            timeout: checker.timeout,
+            files: Some(BTreeMap::from([(
+                CHECKER_ARGS_FILE.to_string(),
+                FileContent::Text(args.to_string()),
+            )])),
+            artifacts: Some(ArtifactSelection::Globs(vec![CHECKER_RESULT_FILE.into()])),
+            int_max_str_digits: Some(0),
+            ..ExecRequest::default()
+        };
+        let failed = |result: &mut CaseResult, why: String| {
+            result.verdict = Verdict::Error;
+            result.message = Some(format!("the checker failed (not the submission's fault): {why}"));
+        };
+        let out = match self.prepare(&exec) {
+            Ok(prepared) => self.run_output(prepared, None).await,
+            Err(e) => Err(e),
+        };
+        let mut out = match out {
+            Ok(out) => out,
+            Err(e) => return failed(result, error_chain(&e)),
+        };
+        if out.timed_out {
+            return failed(result, "it timed out".into());
+        }
+        if let Some(e) = &out.error {
+            return failed(result, format!("{}: {}", e.kind, e.message));
+        }
+        if out.exit_code != 0 {
+            return failed(result, format!("it exited with {}", out.exit_code));
+        }
+        let answer = out
+            .artifacts
+            .iter_mut()
+            .find(|a| a.path == CHECKER_RESULT_FILE)
+            .and_then(|a| a.data.take())
+            .and_then(|d| serde_json::from_slice::<Value>(&d).ok());
+        let Some(score) = answer.as_ref().and_then(|a| a["score"].as_f64()) else {
+            return failed(result, "it gave no answer".into());
+        };
+        let message = answer
+            .as_ref()
+            .and_then(|a| a["message"].as_str().map(str::to_string));
+        result.score = score;
+        if score >= 1.0 {
+            result.message = message;
+        } else {
+            result.verdict = Verdict::WrongAnswer;
+            result.diff = Some(message.unwrap_or_else(|| format!("the checker scored it {score}")));
         }
     }
 }
@@ -458,6 +818,45 @@ fn skipped(index: usize, name: Option<String>, first_failure: &AtomicUsize) -> C
         Verdict::Skipped,
         format!("skipped: test {first} failed and stop_on_first_failure is set"),
     )
+}
+
+/// One submission's result from its cases' (in any order).
+fn shape(
+    plan: &Plan,
+    mut results: Vec<CaseResult>,
+    first_failure: &AtomicUsize,
+    started: Instant,
+) -> GradeResult {
+    results.sort_by_key(|r| r.index);
+    if plan.stop_on_first_failure {
+        // Cases after the first failure that were already running when it
+        // failed are reported as skipped too: the answer depends only on
+        // the verdicts, not on timing.
+        let first = first_failure.load(Ordering::Acquire);
+        for result in results.iter_mut().filter(|r| r.index > first) {
+            let max_score = result.max_score;
+            *result = skipped(result.index, result.name.take(), first_failure);
+            result.max_score = max_score;
+        }
+    }
+    let mut counts: BTreeMap<String, usize> = Verdict::ALL
+        .iter()
+        .map(|v| (v.as_str().to_string(), 0))
+        .collect();
+    for result in &results {
+        *counts
+            .entry(result.verdict.as_str().to_string())
+            .or_default() += 1;
+    }
+    GradeResult {
+        passed: counts["ok"],
+        total: results.len(),
+        counts,
+        score: round3(results.iter().map(|r| r.score).sum()),
+        max_score: round3(results.iter().map(|r| r.max_score).sum()),
+        wall_ms: round3(started.elapsed().as_secs_f64() * 1e3),
+        cases: results,
+    }
 }
 
 /// The verdict of a case that ran, with what the client sees of it.
@@ -474,6 +873,9 @@ fn judge(
     };
     let mut diff = None;
     let mut returned = None;
+    if verdict.is_none() && case.tests {
+        (verdict, message, diff) = tests_verdict(&mut out);
+    }
     if verdict.is_none() {
         if plan.function {
             let file = out.artifacts.iter_mut().find(|a| a.path == RESULT_FILE);
@@ -499,6 +901,7 @@ fn judge(
                             diff = case
                                 .expected
                                 .as_ref()
+                                .filter(|_| plan.checker.is_none())
                                 .and_then(|e| plan.compare.json(e, &value));
                             returned = Some(value);
                         }
@@ -509,10 +912,15 @@ fn judge(
                     }
                 }
             }
-        } else if let Some(expected) = &case.expected_stdout {
+        } else if let Some(expected) = &case.expected_stdout
+            && plan.checker.is_none()
+        {
             diff = plan
                 .compare
                 .text(expected, &String::from_utf8_lossy(&out.stdout));
+        }
+        if plan.checker.is_some() {
+            diff = None; // the checker judges
         }
         if verdict.is_none() {
             verdict = Some(if diff.is_some() {
@@ -545,6 +953,52 @@ fn judge(
             line: e.line,
         }),
         message,
+        score: 0.0,
+        max_score: case.weight,
+    }
+}
+
+/// Test-code mode, for a run that ended cleanly: the harness's result file
+/// says whether the test code finished (`ok`) or failed an assertion
+/// (`wrong_answer`, with its line); without it the program exited before
+/// the tests ended.
+fn tests_verdict(out: &mut RunOutput) -> (Option<Verdict>, Option<String>, Option<String>) {
+    let answer = out
+        .artifacts
+        .iter_mut()
+        .find(|a| a.path == RESULT_FILE)
+        .and_then(|a| a.data.take())
+        .and_then(|d| serde_json::from_slice::<Value>(&d).ok());
+    let Some(answer) = answer else {
+        return (
+            Some(Verdict::RuntimeError),
+            Some("the tests did not run to their end (the program exited first)".into()),
+            None,
+        );
+    };
+    match answer["verdict"].as_str() {
+        Some("ok") => (Some(Verdict::Ok), None, None),
+        _ => {
+            let line = answer["line"]
+                .as_u64()
+                .map(|l| format!("test code line {l}"))
+                .unwrap_or_else(|| "the test code".into());
+            let source = answer["source"]
+                .as_str()
+                .filter(|s| !s.is_empty())
+                .map(|s| format!(": {s}"))
+                .unwrap_or_default();
+            let message = answer["message"]
+                .as_str()
+                .filter(|s| !s.is_empty())
+                .map(|s| format!(" ({s})"))
+                .unwrap_or_default();
+            (
+                Some(Verdict::WrongAnswer),
+                None,
+                Some(format!("AssertionError at {line}{source}{message}")),
+            )
+        }
     }
 }
 
@@ -657,6 +1111,98 @@ def __grade_call():
         f.write(text)
 
 __grade_call()
+"#
+    ));
+    text
+}
+
+/// The run's code in test-code mode: execute the submission
+/// ([`SUBMISSION_FILE`]), then the test code ([`TESTS_FILE`]) in the same
+/// namespace, each compiled under its own file name so that tracebacks show
+/// the user's own line numbers; with `entry`, bind `candidate` and call a
+/// `check` the tests define but never call. Only the end of the tests (or
+/// an `AssertionError` in them) writes [`RESULT_FILE`].
+fn tests_harness(entry: Option<&str>) -> String {
+    let bind = match entry {
+        Some(entry) => format!(
+            r#"    fn = ns.get("{entry}")
+    if not callable(fn):
+        raise NameError("the submission defines no function named {entry}")
+    ns["candidate"] = fn
+"#
+        ),
+        None => String::new(),
+    };
+    let call_check = if entry.is_some() { "True" } else { "False" };
+    format!(
+        r#"def __grade_tests():
+    import ast, json, os, traceback
+    here = os.environ.get("PWD") or "."
+    ns = {{"__name__": "__main__", "__builtins__": __builtins__}}
+    def source(name):
+        with open(os.path.join(here, name), encoding="utf-8") as f:
+            return f.read()
+    exec(compile(source("{SUBMISSION_FILE}"), "{SUBMISSION_FILE}", "exec"), ns)
+{bind}    tests = source("{TESTS_FILE}")
+    calls_check = any(
+        isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name) and node.value.func.id == "check"
+        for node in ast.parse(tests).body)
+    try:
+        exec(compile(tests, "{TESTS_FILE}", "exec"), ns)
+        if {call_check} and not calls_check and callable(ns.get("check")):
+            ns["check"](ns["candidate"])
+        answer = {{"verdict": "ok"}}
+    except AssertionError as exc:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "{TESTS_FILE}"]
+        last = frames[-1] if frames else None
+        answer = {{"verdict": "wrong_answer", "line": last and last.lineno,
+                  "source": last and last.line, "message": str(exc)}}
+    with open(os.path.join(here, "{RESULT_FILE}"), "w", encoding="utf-8") as f:
+        json.dump(answer, f)
+
+__grade_tests()
+"#
+    )
+}
+
+/// The checker's run: its code, then a trailer that calls `entry` with the
+/// case (from [`CHECKER_ARGS_FILE`]) and writes its score and message to
+/// [`CHECKER_RESULT_FILE`].
+fn checker_harness(code: &str, entry: &str) -> String {
+    let mut text = String::with_capacity(code.len() + 1024);
+    text.push_str(code);
+    if !code.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(&format!(
+        r#"
+def __grade_check():
+    import json, os
+    here = os.environ.get("PWD") or "."
+    with open(os.path.join(here, "{CHECKER_ARGS_FILE}"), encoding="utf-8") as f:
+        a = json.load(f)
+    fn = globals().get("{entry}")
+    if not callable(fn):
+        raise NameError("the checker defines no function named {entry}")
+    kwargs = {{"returned": a["returned"]}} if a["function"] else {{}}
+    value = fn(a["input"], a["expected"], a["output"], **kwargs)
+    message = None
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        value, message = value
+        message = None if message is None else str(message)
+    if isinstance(value, bool):
+        score = 1.0 if value else 0.0
+    elif isinstance(value, (int, float)):
+        score = float(value)
+    else:
+        raise TypeError("the checker must return a bool, a score in [0, 1] or (score, message), not %r" % (value,))
+    if not 0.0 <= score <= 1.0:
+        raise ValueError("the checker's score %r is outside [0, 1]" % score)
+    with open(os.path.join(here, "{CHECKER_RESULT_FILE}"), "w", encoding="utf-8") as f:
+        json.dump({{"score": score, "message": message}}, f)
+
+__grade_check()
 "#
     ));
     text

@@ -23,7 +23,7 @@ use subtle::ConstantTimeEq;
 pub use error::ApiError;
 
 use crate::executor::Executor;
-use crate::grade::{GradeRequest, GradeResult};
+use crate::grade::{GradeBatchRequest, GradeBatchResult, GradeRequest, GradeResult};
 use crate::session::{CreateSessionRequest, SessionInfo};
 use crate::types::{ExecRequest, ExecResult, InstallRequest, InstallResult};
 
@@ -45,6 +45,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
     let guarded = Router::new()
         .route("/execute", post(execute))
         .route("/grade", post(grade))
+        .route("/grade/batch", post(grade_batch))
         .route("/list-envs", get(list_envs))
         .route("/list-packages", get(list_packages))
         .route("/sessions", post(create_session).get(list_sessions))
@@ -136,12 +137,7 @@ async fn execute(
     headers: axum::http::HeaderMap,
     JsonBody(mut req): JsonBody<ExecRequest>,
 ) -> Result<Response, ApiError> {
-    let wants_events = headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(|v| v.contains("text/event-stream"));
-    if wants_events || req.stream == Some(true) {
+    if wants_events(&headers) || req.stream == Some(true) {
         req.stream = Some(true);
         return stream::execute_stream(state.executor.clone(), req);
     }
@@ -178,6 +174,30 @@ async fn grade(
     JsonBody(req): JsonBody<GradeRequest>,
 ) -> Result<Json<GradeResult>, ApiError> {
     Ok(Json(state.executor.grade(req).await?))
+}
+
+/// `POST /grade/batch`: with `Accept: text/event-stream`, one `submission`
+/// event per submission as it finishes (`{"index", "result"}`), then one
+/// `result` event with the whole answer.
+async fn grade_batch(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+    JsonBody(req): JsonBody<GradeBatchRequest>,
+) -> Result<Response, ApiError> {
+    let batch = state.executor.prepare_grade_batch(req)?;
+    if wants_events(&headers) {
+        return Ok(stream::grade_batch_stream(state.executor.clone(), batch));
+    }
+    Ok(Json::<GradeBatchResult>(state.executor.grade_prepared_batch(batch, None).await).into_response())
+}
+
+/// Whether the client asked for server-sent events.
+fn wants_events(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/event-stream"))
 }
 
 /// Every environment code can run in, with its pool's counts.

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 
 use super::ApiError;
 use crate::executor::Executor;
+use crate::grade::PreparedBatch;
 use crate::types::ExecRequest;
 use crate::worker::{OutputChunk, OutputStream};
 
@@ -66,14 +67,61 @@ pub(super) fn execute_stream(
         run_and_send,
         tracing::Span::current(),
     ));
+    Ok(sse(rx))
+}
+
+/// `POST /grade/batch` as server-sent events: one `submission` event per
+/// submission as it finishes, then the whole answer as `result`. A client
+/// that disconnects cancels the batch's runs.
+pub(super) fn grade_batch_stream(executor: Arc<Executor>, batch: PreparedBatch) -> Response {
+    let (events, rx) = mpsc::channel::<Event>(EVENT_BUFFER);
+    let run_and_send = async move {
+        let (done, mut finished) = mpsc::unbounded_channel();
+        let run = executor.grade_prepared_batch(batch, Some(&done));
+        tokio::pin!(run);
+        let send = |(index, result)| {
+            Event::default()
+                .event("submission")
+                .json_data(serde_json::json!({"index": index, "result": result}))
+                .unwrap_or_else(|_| Event::default().event("submission"))
+        };
+        let answer = loop {
+            tokio::select! {
+                Some(one) = finished.recv() => {
+                    if events.send(send(one)).await.is_err() {
+                        return; // the client left: dropping `run` kills its runs
+                    }
+                }
+                answer = &mut run => break answer,
+                _ = events.closed() => return,
+            }
+        };
+        while let Ok(one) = finished.try_recv() {
+            let _ = events.send(send(one)).await;
+        }
+        let last = Event::default()
+            .event("result")
+            .json_data(&answer)
+            .unwrap_or_else(|_| Event::default().event("result"));
+        let _ = events.send(last).await;
+    };
+    tokio::spawn(tracing::Instrument::instrument(
+        run_and_send,
+        tracing::Span::current(),
+    ));
+    sse(rx)
+}
+
+/// The response streaming what `rx` receives.
+fn sse(rx: mpsc::Receiver<Event>) -> Response {
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await
             .map(|event| (Ok::<_, Infallible>(event), rx))
     });
-    Ok(Sse::new(stream)
+    Sse::new(stream)
         .keep_alive(KeepAlive::default())
-        .into_response())
+        .into_response()
 }
 
 /// Turns byte chunks into text events without splitting a UTF-8 character

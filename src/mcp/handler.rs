@@ -78,6 +78,7 @@ impl ExecuteCodeArgs {
             artifacts: self.artifacts,
             stream: None,
             limits: None,
+            int_max_str_digits: None,
         }
     }
 }

@@ -36,6 +36,7 @@ async fn run(worker: &mut Worker, code: &str, timeout: f64) -> RunOutput {
         max_artifacts_bytes: 1 << 20,
         max_result_chars: 1000,
         rusage: true,
+        int_max_str_digits: None,
     })
     .unwrap();
     worker

@@ -11,6 +11,7 @@ mod envs;
 mod execute;
 mod forking;
 mod grading;
+mod grading_code;
 mod http_api;
 mod isolation;
 mod manifests;
