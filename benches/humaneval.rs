@@ -54,7 +54,11 @@ fn reference(python: &std::path::Path, workers: usize) -> (Value, Duration) {
         .current_dir(env!("CARGO_TARGET_TMPDIR"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let seconds = v["seconds"].as_f64().unwrap();
     let passed = v["problems"]
@@ -98,7 +102,12 @@ async fn main() {
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
     // Warm-up, then the two in turns.
-    let _ = client.post(&url).header("content-type", "application/json").body(body.clone()).send().await;
+    let _ = client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await;
     for _ in 0..rounds {
         let t = Instant::now();
         let answer: Value = client

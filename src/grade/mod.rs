@@ -483,7 +483,8 @@ impl Executor {
         let started = Instant::now();
         let (plans, cases): (Vec<Plan>, Vec<Vec<Ready>>) = submissions.into_iter().unzip();
         let mut remaining: Vec<usize> = cases.iter().map(Vec::len).collect();
-        let mut per: Vec<Vec<CaseResult>> = remaining.iter().map(|n| Vec::with_capacity(*n)).collect();
+        let mut per: Vec<Vec<CaseResult>> =
+            remaining.iter().map(|n| Vec::with_capacity(*n)).collect();
         let mut finished: Vec<Option<GradeResult>> = (0..plans.len()).map(|_| None).collect();
         // Per submission, the index of its first failed case so far; later
         // cases of it do not start.
@@ -618,7 +619,8 @@ impl Executor {
                         label()
                     )));
                 }
-                if case.expected_stdout.is_some() || case.expected.is_some() || case.input.is_some() {
+                if case.expected_stdout.is_some() || case.expected.is_some() || case.input.is_some()
+                {
                     return Err(ExecError::BadRequest(format!(
                         "{}: in test-code mode the test code judges; expected_stdout, input and expected do not apply",
                         label()
@@ -646,13 +648,14 @@ impl Executor {
                     label()
                 )));
             }
-            if function
-                && let Some(input) = case.input.as_ref().filter(|v| !v.is_null())
-            {
+            if function && let Some(input) = case.input.as_ref().filter(|v| !v.is_null()) {
                 files.insert(INPUT_FILE.into(), FileContent::Text(input.to_string()));
             }
             if let Some(tests) = test_code {
-                files.insert(SUBMISSION_FILE.into(), FileContent::Text(submission.clone()));
+                files.insert(
+                    SUBMISSION_FILE.into(),
+                    FileContent::Text(submission.clone()),
+                );
                 files.insert(TESTS_FILE.into(), FileContent::Text(tests.clone()));
             }
             let exec = ExecRequest {
@@ -769,7 +772,9 @@ impl Executor {
         };
         let failed = |result: &mut CaseResult, why: String| {
             result.verdict = Verdict::Error;
-            result.message = Some(format!("the checker failed (not the submission's fault): {why}"));
+            result.message = Some(format!(
+                "the checker failed (not the submission's fault): {why}"
+            ));
         };
         let out = match self.prepare(&exec) {
             Ok(prepared) => self.run_output(prepared, None).await,

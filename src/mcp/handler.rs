@@ -243,7 +243,24 @@ impl McpHandler {
             .executor
             .run(prepared, progress.is_some().then_some(sink));
         tokio::pin!(run);
+        // Output goes out coalesced: at most one notification per
+        // PROGRESS_INTERVAL, each with all the text since the one before, and
+        // whatever is left once the run ended goes before the result.
+        let mut pending = ProgressText::default();
         let mut sent = 0u32;
+        let mut next_send = tokio::time::Instant::now();
+        let notify = async |pending: &mut ProgressText, sent: &mut u32, last: bool| {
+            if let (Some(token), Some(message)) = (&progress, pending.take(last)) {
+                *sent += 1;
+                let _ = ctx
+                    .peer
+                    .notify_progress(
+                        ProgressNotificationParam::new(token.clone(), f64::from(*sent))
+                            .with_message(message),
+                    )
+                    .await;
+            }
+        };
         // Dropping the run's future on cancellation kills the run's process
         // tree; the pool replaces the worker.
         loop {
@@ -254,23 +271,24 @@ impl McpHandler {
                     return CallToolResult::error(vec![ContentBlock::text("cancelled: the run was killed")]);
                 }
                 Some(chunk) = chunks.recv(), if progress.is_some() => {
-                    if let Some(token) = &progress {
-                        sent += 1;
-                        let stream = match chunk.stream {
-                            OutputStream::Stdout => "stdout",
-                            OutputStream::Stderr => "stderr",
-                        };
-                        let message = format!("[{stream}] {}", String::from_utf8_lossy(&chunk.data));
-                        let _ = ctx
-                            .peer
-                            .notify_progress(
-                                ProgressNotificationParam::new(token.clone(), f64::from(sent))
-                                    .with_message(message),
-                            )
-                            .await;
+                    pending.push(chunk.stream, &chunk.data);
+                    if tokio::time::Instant::now() >= next_send {
+                        notify(&mut pending, &mut sent, false).await;
+                        next_send = tokio::time::Instant::now() + PROGRESS_INTERVAL;
                     }
                 }
-                outcome = &mut run => return match outcome {
+                _ = tokio::time::sleep_until(next_send), if !pending.is_empty() => {
+                    notify(&mut pending, &mut sent, false).await;
+                    next_send = tokio::time::Instant::now() + PROGRESS_INTERVAL;
+                }
+                outcome = &mut run => {
+                    // Every chunk the run sent reaches the client before
+                    // its result.
+                    while let Ok(chunk) = chunks.try_recv() {
+                        pending.push(chunk.stream, &chunk.data);
+                    }
+                    notify(&mut pending, &mut sent, true).await;
+                    return match outcome {
                     Ok(result) => {
                         let mut out = run_result(&result, timeout);
                         let extra = match (&result.session_lost, in_session && result.timed_out) {
@@ -290,7 +308,7 @@ impl McpHandler {
                         out
                     }
                     Err(err) => refusal(err),
-                },
+                }},
             }
         }
     }
@@ -530,6 +548,77 @@ impl ServerHandler for McpHandler {
     }
 }
 
+/// The shortest time between two progress notifications of one run: at
+/// most ten a second, however fast the run prints.
+pub const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Output of a run not yet sent as a progress notification: `[stdout] ...`
+/// and `[stderr] ...` segments, a new one each time the stream changes. A
+/// UTF-8 character split across chunks waits for its tail.
+#[derive(Default)]
+struct ProgressText {
+    text: String,
+    /// The stream the text (and the tail) is of.
+    stream: Option<OutputStream>,
+    /// The next text needs its stream's header (the notification before
+    /// took the text so far).
+    needs_header: bool,
+    /// Bytes of an incomplete character at the end of the last chunk.
+    tail: Vec<u8>,
+}
+
+impl ProgressText {
+    fn push(&mut self, stream: OutputStream, data: &[u8]) {
+        if self.stream != Some(stream) {
+            if !self.tail.is_empty() {
+                let tail = std::mem::take(&mut self.tail);
+                self.text.push_str(&String::from_utf8_lossy(&tail));
+            }
+            if !self.text.is_empty() && !self.text.ends_with('\n') {
+                self.text.push('\n');
+            }
+            self.stream = Some(stream);
+            self.needs_header = true;
+        }
+        if self.needs_header {
+            self.text.push_str(match stream {
+                OutputStream::Stdout => "[stdout] ",
+                OutputStream::Stderr => "[stderr] ",
+            });
+            self.needs_header = false;
+        }
+        self.tail.extend_from_slice(data);
+        let valid = match std::str::from_utf8(&self.tail) {
+            Ok(_) => self.tail.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => self.tail.len(), // invalid, not incomplete: shown lossily
+        };
+        let rest = self.tail.split_off(valid);
+        self.text.push_str(&String::from_utf8_lossy(&self.tail));
+        self.tail = rest;
+    }
+
+    /// Nothing to send yet (an incomplete character waits for its tail).
+    fn is_empty(&self) -> bool {
+        self.text.is_empty()
+    }
+
+    /// The text so far, for one notification (which starts with its
+    /// stream's header); an incomplete character stays for the next one
+    /// unless this is the `last`.
+    fn take(&mut self, last: bool) -> Option<String> {
+        if last && !self.tail.is_empty() {
+            let tail = std::mem::take(&mut self.tail);
+            self.text.push_str(&String::from_utf8_lossy(&tail));
+        }
+        if self.text.is_empty() {
+            return None;
+        }
+        self.needs_header = true;
+        Some(std::mem::take(&mut self.text))
+    }
+}
+
 /// Await `call`; if it panics, log it once and answer JSON-RPC's internal
 /// error.
 async fn guard_panics<T>(
@@ -660,6 +749,22 @@ fn count_calls(route: &mut rmcp::handler::server::router::tool::ToolRoute<McpHan
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_text_keeps_streams_apart_and_characters_whole() {
+        let mut p = ProgressText::default();
+        p.push(OutputStream::Stdout, b"a\n");
+        p.push(OutputStream::Stdout, b"b\n\xc3");
+        assert_eq!(p.take(false).as_deref(), Some("[stdout] a\nb\n"));
+        p.push(OutputStream::Stdout, b"\xa9\n");
+        p.push(OutputStream::Stderr, b"oops");
+        assert_eq!(
+            p.take(true).as_deref(),
+            Some("[stdout] \u{e9}\n[stderr] oops")
+        );
+        assert!(p.is_empty());
+        assert_eq!(p.take(true), None);
+    }
 
     #[tokio::test]
     async fn a_panicking_tool_answers_an_internal_error() {

@@ -86,16 +86,29 @@ async fn humaneval_grades_as_its_own_harness_does() {
         let (status, body) = server
             .post("/grade/batch", humaneval_batch(problems, canonical))
             .await;
-        assert_eq!(status, 200, "{}", &body.to_string()[..500.min(body.to_string().len())]);
+        assert_eq!(
+            status,
+            200,
+            "{}",
+            &body.to_string()[..500.min(body.to_string().len())]
+        );
         let results = body["results"].as_array().unwrap();
         assert_eq!(results.len(), 164);
         let passed = body["passed"].as_u64().unwrap();
-        assert_eq!(passed, if canonical { 164 } else { 0 }, "canonical {canonical}");
+        assert_eq!(
+            passed,
+            if canonical { 164 } else { 0 },
+            "canonical {canonical}"
+        );
         for ((task, p), result) in problems.iter().zip(results) {
             let ours = result["cases"][0]["verdict"] == "ok";
-            let theirs = p[if canonical { "canonical_passed" } else { "none_passed" }]
-                .as_bool()
-                .unwrap();
+            let theirs = p[if canonical {
+                "canonical_passed"
+            } else {
+                "none_passed"
+            }]
+            .as_bool()
+            .unwrap();
             assert_eq!(ours, theirs, "{task}: {result}");
             if !canonical {
                 // Wrong answers name the assertion of the test code.
@@ -137,7 +150,10 @@ async fn test_code_verdicts_keep_the_users_line_numbers() {
     assert!(diff.contains("one and one"), "{diff}");
     assert_eq!(cases[2]["verdict"], "runtime_error", "{body}");
     assert!(
-        cases[2]["stderr"].as_str().unwrap().contains("__tests__.py\", line 1"),
+        cases[2]["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("__tests__.py\", line 1"),
         "{body}"
     );
     // An error in the submission points at the submission's own line.
@@ -150,7 +166,10 @@ async fn test_code_verdicts_keep_the_users_line_numbers() {
     let case = &body["cases"][0];
     assert_eq!(case["verdict"], "runtime_error", "{body}");
     assert!(
-        case["stderr"].as_str().unwrap().contains("__submission__.py\", line 2"),
+        case["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("__submission__.py\", line 2"),
         "{body}"
     );
     // A submission that exits before the tests ran is not a pass.
@@ -170,10 +189,16 @@ async fn test_code_verdicts_keep_the_users_line_numbers() {
         .await;
     assert_eq!(status, 400, "{body}");
     let (status, body) = server
-        .post("/grade", json!({"prompt": "def f():\n", "test_code": "pass"}))
+        .post(
+            "/grade",
+            json!({"prompt": "def f():\n", "test_code": "pass"}),
+        )
         .await;
     assert_eq!(status, 400, "{body}");
-    assert!(error_message(&body).contains("prompt and completion"), "{body}");
+    assert!(
+        error_message(&body).contains("prompt and completion"),
+        "{body}"
+    );
     server.stop().await;
 }
 
@@ -226,7 +251,10 @@ print("9 9 9")
     assert_eq!(body["passed"], 0, "{body}");
     for case in body["cases"].as_array().unwrap() {
         assert_eq!(case["verdict"], "wrong_answer", "{body}");
-        assert!(case["diff"].as_str().unwrap().contains("not a permutation"), "{body}");
+        assert!(
+            case["diff"].as_str().unwrap().contains("not a permutation"),
+            "{body}"
+        );
     }
     // A checker that crashes, or times out, is the grader's fault: `error`.
     for checker in [
@@ -242,7 +270,10 @@ print("9 9 9")
             .await;
         let case = &body["cases"][0];
         assert_eq!(case["verdict"], "error", "{body}");
-        assert!(case["message"].as_str().unwrap().contains("checker"), "{body}");
+        assert!(
+            case["message"].as_str().unwrap().contains("checker"),
+            "{body}"
+        );
     }
     server.stop().await;
 }
@@ -290,7 +321,11 @@ def check(input, expected, output, returned=None):
             json!({"code": "print(input())", "tests": [{"stdin": "a", "expected_stdout": "a\n", "weight": 3}, {"stdin": "b", "expected_stdout": "c\n"}]}),
         )
         .await;
-    assert_eq!((body["score"].as_f64(), body["max_score"].as_f64()), (Some(3.0), Some(4.0)), "{body}");
+    assert_eq!(
+        (body["score"].as_f64(), body["max_score"].as_f64()),
+        (Some(3.0), Some(4.0)),
+        "{body}"
+    );
     let (status, _) = server
         .post("/grade", json!({"code": "pass", "tests": [{"weight": -1}]}))
         .await;
@@ -309,10 +344,17 @@ async fn big_integers_grade_exactly_and_execute_keeps_the_default() {
         )
         .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["cases"][0]["verdict"], "ok", "{}", body["cases"][0]["stderr"]);
+    assert_eq!(
+        body["cases"][0]["verdict"], "ok",
+        "{}",
+        body["cases"][0]["stderr"]
+    );
     // /execute: CPython's own limit unless the request lifts it.
     let body = server.run("print(len(str(2**20000)))").await;
-    assert!(body["stderr"].as_str().unwrap().contains("ValueError"), "{body}");
+    assert!(
+        body["stderr"].as_str().unwrap().contains("ValueError"),
+        "{body}"
+    );
     let (_, body) = server
         .execute(json!({"code": "print(len(str(2**20000)))", "int_max_str_digits": 0}))
         .await;
@@ -385,7 +427,10 @@ async fn a_batch_answers_in_order_and_streams_as_it_goes() {
         .unwrap();
     assert_eq!(text.matches("event: submission").count(), 6, "{text}");
     assert_eq!(text.matches("event: result").count(), 1, "{text}");
-    assert!(text.rfind("event: submission") < text.find("event: result"), "{text}");
+    assert!(
+        text.rfind("event: submission") < text.find("event: result"),
+        "{text}"
+    );
     // A bad submission refuses the whole batch, naming it.
     let (status, body) = server
         .post(
