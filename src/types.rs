@@ -8,8 +8,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::protocol::RunLimits;
 
-/// One execution request (`POST /execute`, MCP `execute_code`).
+/// One execution request (`POST /execute`, MCP `execute_code`: the same
+/// type, so both accept the same fields). An unknown field is refused, so a
+/// misspelt one is reported rather than ignored.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     /// Python source to run, as `python script.py` would run it.
     pub code: String,

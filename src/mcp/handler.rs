@@ -2,7 +2,6 @@
 //! for a model (the default environment, the limits, how to pass files, that
 //! each call starts from a clean state).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -24,64 +23,8 @@ use crate::grade::{GradeRequest, GradeResult};
 use crate::mcp::result::{grade_result, refusal, run_result};
 use crate::mcp::session::{CloseSessionArgs, CreateSessionArgs, ImplicitSession};
 use crate::session::SessionInfo;
-use crate::types::{
-    ArtifactSelection, ExecRequest, ExecResult, FileContent, InstallRequest, InstallResult,
-    PackageInfo,
-};
+use crate::types::{ExecRequest, ExecResult, InstallRequest, InstallResult, PackageInfo};
 use crate::worker::OutputStream;
-
-/// Arguments of `execute_code`: the fields of [`ExecRequest`] a model may
-/// set, converted into one by [`ExecuteCodeArgs::into_request`]. Unknown
-/// fields are refused so that a misspelt argument is reported, not ignored.
-#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ExecuteCodeArgs {
-    /// Python source, run as a script (`python script.py`). Output printed
-    /// to stdout/stderr is returned, and so is the repr of a final bare
-    /// expression (as a notebook cell shows it).
-    pub code: String,
-    /// Environment to run in: a name from `list_environments`. The default
-    /// environment if omitted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub env: Option<String>,
-    /// Wall-clock limit in seconds. The server's default if omitted; capped
-    /// at the server's maximum.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout: Option<f64>,
-    /// Input files, written into the run's working directory before the code
-    /// starts: relative path -> UTF-8 text, or {"base64": "..."} for binary
-    /// content. Example: {"data/in.csv": "a,b\n1,2\n"}.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub files: Option<BTreeMap<String, FileContent>>,
-    /// Text fed to the program's standard input (empty if omitted).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stdin: Option<String>,
-    /// Files the run writes come back (plots as images): true (default) for
-    /// all, false for none, or globs such as ["*.png"].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub artifacts: Option<ArtifactSelection>,
-    /// Run in this session (an id from `create_session`): variables,
-    /// imports, functions and files of earlier calls in it are kept.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session: Option<String>,
-}
-
-impl ExecuteCodeArgs {
-    pub fn into_request(self) -> ExecRequest {
-        ExecRequest {
-            code: self.code,
-            env: self.env,
-            timeout: self.timeout,
-            files: self.files,
-            stdin: self.stdin,
-            session: self.session,
-            artifacts: self.artifacts,
-            stream: None,
-            limits: None,
-            int_max_str_digits: None,
-        }
-    }
-}
 
 /// Arguments of `list_packages`.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -112,11 +55,6 @@ pub struct McpHandler {
     /// Token an HTTP caller of `install_packages` must present; the tool is
     /// not listed without one.
     admin_token: Option<Arc<str>>,
-    /// Default wall-clock limit of a run, seconds: named in the status line
-    /// of a run that timed out without asking for a timeout.
-    default_timeout: f64,
-    /// Largest timeout a run may ask for, seconds (the executor caps at it).
-    max_timeout: f64,
     /// The server's `instructions`: what it is for and the default env.
     instructions: Arc<str>,
     /// The tools, with descriptions naming this server's default environment
@@ -177,8 +115,6 @@ impl McpHandler {
         McpHandler {
             executor,
             admin_token: config.admin_token.as_deref().map(Arc::from),
-            default_timeout: config.timeout,
-            max_timeout: config.max_timeout,
             instructions: instructions.into(),
             tool_router,
             implicit,
@@ -199,19 +135,13 @@ impl McpHandler {
     /// status.
     #[tool(
         output_schema = schema_for_output::<ExecResult>(),
-        annotations(read_only_hint = false, destructive_hint = false, open_world_hint = true)
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = true)
     )]
     async fn execute_code(
         &self,
-        Parameters(args): Parameters<ExecuteCodeArgs>,
+        Parameters(mut request): Parameters<ExecRequest>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        let timeout = args
-            .timeout
-            .filter(|t| t.is_finite() && *t > 0.0)
-            .unwrap_or(self.default_timeout)
-            .min(self.max_timeout);
-        let mut request = args.into_request();
         let mut note = None;
         if request.session.is_none()
             && let Some(implicit) = &self.implicit
@@ -237,6 +167,9 @@ impl McpHandler {
             Ok(prepared) => prepared,
             Err(err) => return refusal(err),
         };
+        // The run's own limit (its env's or session's default, or what it
+        // asked for, capped), named if the run hits it.
+        let timeout = prepared.timeout();
         drop(request);
         let (sink, mut chunks) = tokio::sync::mpsc::unbounded_channel();
         let run = self
@@ -323,7 +256,7 @@ impl McpHandler {
     /// counts.
     #[tool(
         output_schema = schema_for_output::<GradeResult>(),
-        annotations(read_only_hint = false, destructive_hint = false, open_world_hint = true)
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = true)
     )]
     async fn grade_code(
         &self,
@@ -352,7 +285,7 @@ impl McpHandler {
     /// renews it) or with `close_session`.
     #[tool(
         output_schema = schema_for_output::<SessionInfo>(),
-        annotations(read_only_hint = false, destructive_hint = false, open_world_hint = false)
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false)
     )]
     async fn create_session(
         &self,
@@ -379,6 +312,7 @@ impl McpHandler {
     #[tool(annotations(
         read_only_hint = false,
         destructive_hint = true,
+        idempotent_hint = true,
         open_world_hint = false
     ))]
     async fn close_session(
@@ -398,7 +332,7 @@ impl McpHandler {
     /// Python version, which one is the default, and their worker pools.
     #[tool(
         output_schema = schema_for_output::<EnvListing>(),
-        annotations(read_only_hint = true, open_world_hint = false)
+        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
     )]
     async fn list_environments(&self) -> CallToolResult {
         let envs = self.executor.list_envs();
@@ -427,7 +361,7 @@ impl McpHandler {
     /// List the packages installed in an environment (name and version).
     #[tool(
         output_schema = schema_for_output::<PackageListing>(),
-        annotations(read_only_hint = true, open_world_hint = false)
+        annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
     )]
     async fn list_packages(
         &self,
@@ -456,7 +390,7 @@ impl McpHandler {
     /// import them.
     #[tool(
         output_schema = schema_for_output::<InstallResult>(),
-        annotations(read_only_hint = false, destructive_hint = true, open_world_hint = true)
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = false, open_world_hint = true)
     )]
     async fn install_packages(
         &self,

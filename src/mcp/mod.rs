@@ -16,6 +16,6 @@ pub mod result;
 pub mod session;
 pub mod stdio;
 
-pub use handler::{ExecuteCodeArgs, McpHandler};
+pub use handler::McpHandler;
 pub use http::http_service;
 pub use stdio::{StdioError, serve_stdio};
