@@ -167,6 +167,14 @@ pub struct ServeArgs {
     /// without `session` runs in it.
     #[arg(long, env = "CODE_EXECUTOR_MCP_IMPLICIT_SESSION")]
     pub mcp_implicit_session: Option<bool>,
+    /// This replica's name among others behind a load balancer (in /health,
+    /// session ids and the x-replica header); default: the host name.
+    #[arg(long, env = "CODE_EXECUTOR_REPLICA_ID")]
+    pub replica_id: Option<String>,
+    /// Seconds /health answers 503 (draining) after SIGTERM, while the
+    /// server still serves everything, before it stops accepting.
+    #[arg(long, env = "CODE_EXECUTOR_DRAIN_DELAY")]
+    pub drain_delay: Option<f64>,
 }
 
 /// The TOML file's shape; every key is optional.
@@ -235,6 +243,8 @@ pub struct FileConfig {
     pub header_read_timeout_secs: Option<f64>,
     pub body_read_timeout_secs: Option<f64>,
     pub max_connections: Option<usize>,
+    pub replica_id: Option<String>,
+    pub drain_delay_secs: Option<f64>,
     /// `[[envs]]` tables: environments configured one by one.
     #[serde(default)]
     pub envs: Vec<EnvTable>,
@@ -356,6 +366,11 @@ pub struct Config {
     /// Bounds on HTTP connections, so that slow or silent clients hold
     /// nothing for long.
     pub connections: ConnectionLimits,
+    /// This replica's name (see [`crate::replica`]).
+    pub replica_id: String,
+    /// How long readiness is off after SIGTERM before the server stops
+    /// accepting: the time a balancer needs to notice and stop sending.
+    pub drain_delay: Duration,
 }
 
 /// Bounds on the HTTP server's connections.
@@ -443,6 +458,8 @@ impl Default for Config {
                 body_read_timeout: Duration::from_secs(60),
                 max_connections: 4096,
             },
+            replica_id: crate::replica::default_replica_id(),
+            drain_delay: Duration::from_secs(5),
         }
     }
 }
@@ -698,6 +715,17 @@ impl Config {
                     .max_connections
                     .unwrap_or(d.connections.max_connections),
             },
+            replica_id: args
+                .replica_id
+                .clone()
+                .or(file.replica_id)
+                .filter(|id| !id.is_empty())
+                .unwrap_or(d.replica_id),
+            drain_delay: secs(
+                args.drain_delay.or(file.drain_delay_secs),
+                "drain_delay",
+                d.drain_delay,
+            )?,
         };
         config.validate()?;
         // As Jupyter does: beyond loopback, a server nobody gave a token
@@ -779,6 +807,7 @@ impl Config {
                 self.sessions.max_ttl.as_secs_f64()
             )));
         }
+        crate::replica::check_replica_id(&self.replica_id).map_err(ConfigError::Invalid)?;
         if self.envs.iter().filter(|e| e.default).count() > 1 {
             return Err(ConfigError::Invalid(
                 "more than one [[envs]] table says default = true".into(),

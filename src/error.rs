@@ -73,6 +73,9 @@ pub enum ExecError {
     Worker(WorkerError),
     #[error("server is shutting down")]
     ShuttingDown,
+    /// The replica is draining: it refuses what would outlive it.
+    #[error("{0}")]
+    Draining(String),
     #[error("{0}")]
     UnknownSession(String),
     #[error("{0}")]

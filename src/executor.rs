@@ -21,6 +21,7 @@ use crate::error::{ExecError, PoolError, WorkerError};
 use crate::metrics::{EnvMetrics, Metrics, RunOutcome};
 use crate::pool::{EnvPool, PoolConfig, PoolStatus, RestartCause, WorkerBudget, error_chain};
 use crate::protocol::{self, ExecFrame, FileEntry, RunLimits, SessionFrame, WireSelection};
+use crate::replica::Replica;
 use crate::sandbox::{Sandbox, SandboxStatus};
 use crate::session::{ActiveCall, CreateSessionRequest, SessionInfo, Sessions};
 use crate::types::{
@@ -189,8 +190,15 @@ pub struct PoolSummary {
 /// Overall health: `ok` while at least one environment can serve.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Health {
-    /// `ok` or `unavailable`.
+    /// `ok`, `unavailable` (no environment can serve) or `draining` (the
+    /// replica is stopping: it serves what still reaches it, and asks
+    /// balancers to send nothing more).
     pub status: &'static str,
+    /// This replica's id (`--replica-id`, default the host name): the
+    /// replica that answered, and the one its sessions live on.
+    pub replica: String,
+    /// Live sessions on this replica.
+    pub sessions: usize,
     pub envs: BTreeMap<String, PoolStatus>,
     /// Which confinement mechanisms are enforced (never any secret).
     pub sandbox: SandboxStatus,
@@ -229,6 +237,8 @@ pub struct Executor {
     sessions: Arc<Sessions>,
     /// The workers' cgroups, removed at shutdown.
     cgroups: Option<Arc<crate::sandbox::cgroup::CgroupRoot>>,
+    /// This replica's id and whether it is draining (readiness off).
+    replica: Arc<Replica>,
 }
 
 impl Executor {
@@ -325,12 +335,17 @@ impl Executor {
             );
             pending.push((plan, pool, unavailable, vars));
         }
-        let metrics = Arc::new(Metrics::new(
-            pending
-                .iter()
-                .map(|(plan, pool, ..)| (plan.spec.name.clone(), pool.clone()))
-                .collect(),
-        ));
+        let replica = Arc::new(Replica::new(config.replica_id.clone()));
+        let sessions = Sessions::start(config.sessions.clone(), config.grace_period, replica.id());
+        let metrics = Arc::new(
+            Metrics::new(
+                pending
+                    .iter()
+                    .map(|(plan, pool, ..)| (plan.spec.name.clone(), pool.clone()))
+                    .collect(),
+            )
+            .with_replica(replica.clone(), sessions.clone()),
+        );
         for (plan, pool, unavailable, vars) in pending {
             envs.push(EnvEntry {
                 metrics: metrics.env(&plan.spec.name),
@@ -396,8 +411,9 @@ impl Executor {
             max_grade_cases: config.max_grade_cases,
             sandbox,
             request_limits: config.request_limits,
-            sessions: Sessions::start(config.sessions.clone(), config.grace_period),
+            sessions,
             cgroups,
+            replica,
         })
     }
 
@@ -745,8 +761,14 @@ impl Executor {
         &self,
         req: CreateSessionRequest,
     ) -> Result<SessionInfo, ExecError> {
-        if self.closing.load(Ordering::Acquire) {
-            return Err(ExecError::ShuttingDown);
+        if self.closing.load(Ordering::Acquire) || self.replica.is_draining() {
+            // A session made now would end with this replica in seconds:
+            // the client retries (503), and the balancer sends it elsewhere.
+            return Err(ExecError::Draining(format!(
+                "replica {:?} is draining (shutting down) and starts no new session; retry: \
+                 another replica will take it",
+                self.replica.id()
+            )));
         }
         let config = self.sessions.config();
         let entry = self.available_entry(req.env.as_deref())?;
@@ -1096,16 +1118,34 @@ impl Executor {
                 (e.spec.name.clone(), status)
             })
             .collect();
-        let serving = !self.closing.load(Ordering::Acquire)
-            && envs
-                .values()
-                .any(|s| s.size > 0 || s.starting > 0 || s.error.is_none());
+        let serving = envs
+            .values()
+            .any(|s| s.size > 0 || s.starting > 0 || s.error.is_none());
+        let draining = self.replica.is_draining() || self.closing.load(Ordering::Acquire);
         Health {
-            status: if serving { "ok" } else { "unavailable" },
+            status: match (draining, serving) {
+                (true, _) => "draining",
+                (false, true) => "ok",
+                (false, false) => "unavailable",
+            },
+            replica: self.replica.id().to_string(),
+            sessions: self.sessions.live(),
             envs,
             sandbox: self.sandbox.clone(),
             request_limits: self.request_limits,
         }
+    }
+
+    /// Start draining: `/health` answers 503 `draining` so that balancers
+    /// stop sending, new sessions are refused (they would die with the
+    /// replica), and everything else is still served.
+    pub fn drain(&self) {
+        self.replica.drain();
+    }
+
+    /// This replica's id and serving state.
+    pub fn replica(&self) -> &Arc<Replica> {
+        &self.replica
     }
 
     /// Refuse new requests and terminate every idle worker. Workers still

@@ -17,7 +17,10 @@
 //! * [`mcp`]: the MCP server (`rmcp`): tools over the executor, stdio and streamable HTTP.
 //! * [`sandbox`]: the launcher workers start through (namespaces, Landlock,
 //!   `no_new_privs`, `run_as`) and what the host supports.
-//! * [`server`]: serving the HTTP API (and MCP at `/mcp`) with graceful shutdown.
+//! * [`replica`]: this replica behind a load balancer: its id, draining, what a
+//!   session id says about the replica that holds it.
+//! * [`server`]: serving the HTTP API (and MCP at `/mcp`): drain on SIGTERM, then
+//!   graceful shutdown.
 //! * [`error`]: typed errors, one enum per layer.
 //! * [`sys`]: the only `unsafe` code: system calls no safe crate wraps (`close_range`).
 
@@ -33,6 +36,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod pool;
 pub mod protocol;
+pub mod replica;
 pub mod sandbox;
 pub mod server;
 pub mod session;

@@ -56,7 +56,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     "no token was configured, so this one was generated for this run (set CODE_EXECUTOR_TOKEN to choose one); try: curl -H \"Authorization: Bearer {token}\" -d '{{\"code\":\"print(2+2)\"}}' http://127.0.0.1:{port}/execute"
                 );
             }
-            server::run(listener, executor, &config, server::shutdown_signal()).await?;
+            server::run(listener, executor, &config, server::drain_signal()).await?;
             tracing::info!("code-executor stopped");
             Ok(())
         }

@@ -23,6 +23,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::pool::{EnvPool, RestartCause};
+use crate::replica::Replica;
+use crate::session::Sessions;
 
 /// Every metric name starts with this.
 const PREFIX: &str = "code_executor";
@@ -267,6 +269,14 @@ impl Metrics {
         }
     }
 
+    /// With this replica's own gauges: `replica_info{replica}`, `draining`
+    /// and `sessions` (read at scrape time).
+    pub fn with_replica(mut self, replica: Arc<Replica>, sessions: Arc<Sessions>) -> Metrics {
+        self.registry
+            .register_collector(Box::new(ReplicaCollector { replica, sessions }));
+        self
+    }
+
     /// The handles of one environment (every outcome shows from the start,
     /// at 0, so that rates work before the first failure).
     pub fn env(&self, name: &str) -> EnvMetrics {
@@ -376,6 +386,19 @@ impl Collector for PoolCollector {
                 }
             }
         }
+        {
+            let gauge = ConstGauge::new(0i64);
+            let mut family = encoder.encode_descriptor(
+                "requests_waiting",
+                "Requests waiting for a free worker now, by environment (past queue_timeout_secs each is refused with 503 busy)",
+                None,
+                gauge.metric_type(),
+            )?;
+            for ((name, _), status) in self.pools.iter().zip(&statuses) {
+                let labels = [("env", name.as_str())];
+                ConstGauge::new(status.waiting as i64).encode(family.encode_family(&labels)?)?;
+            }
+        }
         let counter = ConstCounter::new(0u64);
         let mut family = encoder.encode_descriptor(
             "worker_restarts",
@@ -389,6 +412,49 @@ impl Collector for PoolCollector {
                 ConstCounter::new(pool.restarts(cause)).encode(family.encode_family(&labels)?)?;
             }
         }
+        Ok(())
+    }
+}
+
+/// This replica's state, read at scrape time: its id (as a label, so that
+/// series of many replicas can be told apart and joined), whether it is
+/// draining (an autoscaler should not count it) and its live sessions.
+struct ReplicaCollector {
+    replica: Arc<Replica>,
+    sessions: Arc<Sessions>,
+}
+
+impl std::fmt::Debug for ReplicaCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaCollector").finish_non_exhaustive()
+    }
+}
+
+impl Collector for ReplicaCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let gauge = ConstGauge::new(1i64);
+        let mut family = encoder.encode_descriptor(
+            "replica_info",
+            "This replica's id (--replica-id, default the host name); always 1",
+            None,
+            gauge.metric_type(),
+        )?;
+        gauge.encode(family.encode_family(&[("replica", self.replica.id())])?)?;
+        drop(family);
+        let draining = ConstGauge::new(i64::from(self.replica.is_draining()));
+        draining.encode(encoder.encode_descriptor(
+            "draining",
+            "1 while this replica drains after SIGTERM (/health answers 503), else 0",
+            None,
+            draining.metric_type(),
+        )?)?;
+        let sessions = ConstGauge::new(self.sessions.live() as i64);
+        sessions.encode(encoder.encode_descriptor(
+            "sessions",
+            "Live sessions on this replica (each holds a worker of its own)",
+            None,
+            sessions.metric_type(),
+        )?)?;
         Ok(())
     }
 }

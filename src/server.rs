@@ -1,4 +1,19 @@
 //! Serving: bind the HTTP front end to a listener and run until shutdown.
+//!
+//! Stopping behind a load balancer (SIGTERM, [`Stop::Drain`]) goes in three
+//! steps, so that no request the balancer sends is lost:
+//! 1. **drain** for `drain_delay`: `/health` (readiness) answers 503
+//!    `draining`, responses carry `connection: close` (no kept-alive
+//!    connection is left for the balancer to reuse later), new sessions are
+//!    refused with a retryable 503; everything else is served as before
+//!    (`/livez` stays 200 until exit);
+//! 2. **stop accepting**, and let in-flight requests finish (at most
+//!    `shutdown_timeout`); MCP event streams end;
+//! 3. **end** every session and terminate every worker. A later call to one
+//!    of its sessions reaches another replica, which answers `404
+//!    unknown_session` naming the replica that held it.
+//!
+//! SIGINT ([`Stop::Now`], a terminal's Ctrl-C) skips the drain delay.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -20,14 +35,32 @@ use crate::http::observe::observe;
 use crate::http::{AppState, require_token, router};
 use crate::mcp;
 
-/// Serve `executor` on `listener` until `shutdown` resolves; then stop
-/// accepting, let in-flight requests finish (at most `shutdown_timeout`) and
-/// terminate every worker.
-pub async fn run(
+/// How a stop was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Drain first: readiness off for `drain_delay` while serving (SIGTERM,
+    /// what orchestrators send).
+    Drain,
+    /// Stop accepting at once (SIGINT).
+    Now,
+}
+
+/// A plain shutdown future asks for a drain.
+impl From<()> for Stop {
+    fn from((): ()) -> Stop {
+        Stop::Drain
+    }
+}
+
+/// Serve `executor` on `listener` until `shutdown` resolves; then drain for
+/// `drain_delay` (unless it asks for [`Stop::Now`]), stop accepting, let
+/// in-flight requests finish (at most `shutdown_timeout`) and terminate
+/// every worker.
+pub async fn run<S: Into<Stop>>(
     listener: TcpListener,
     executor: Arc<Executor>,
     config: &Config,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    shutdown: impl Future<Output = S> + Send + 'static,
 ) -> std::io::Result<()> {
     let state = AppState {
         executor: executor.clone(),
@@ -54,14 +87,31 @@ pub async fn run(
         read_timeout: limits.body_read_timeout,
         max_bytes: config.max_body_bytes,
     };
+    let replica = executor.replica().clone();
     let app = app
         .layer(middleware::from_fn(move |req, next| {
             guard::read_body_within(body, req, next)
         }))
+        .layer(middleware::from_fn(move |req, next| {
+            replica_headers(replica.clone(), req, next)
+        }))
         .layer(guard::catch_panics());
     let drain_limit = config.shutdown_timeout;
     let graceful = GracefulShutdown::new();
-    serve_connections(listener, app, limits, &graceful, shutdown).await;
+    let drain_delay = config.drain_delay;
+    let draining = executor.clone();
+    let stop_accepting = async move {
+        let stop: Stop = shutdown.await.into();
+        draining.drain();
+        if stop == Stop::Drain && !drain_delay.is_zero() {
+            tracing::info!(
+                replica = draining.replica().id(),
+                "draining: /health answers 503 for {drain_delay:?} while requests are still served"
+            );
+            tokio::time::sleep(drain_delay).await;
+        }
+    };
+    serve_connections(listener, app, limits, &graceful, stop_accepting).await;
     tracing::info!("shutting down: finishing in-flight requests");
     mcp_stop.cancel();
     if tokio::time::timeout(drain_limit, graceful.shutdown())
@@ -125,6 +175,32 @@ async fn serve_connections(
     }
 }
 
+/// Every response names the replica that answered (`x-replica`), so that
+/// affinity can be checked from a client; while draining it also asks the
+/// client (a balancer) to close the connection, so that none is left
+/// kept alive for a request to race the replica's stop.
+async fn replica_headers(
+    replica: Arc<crate::replica::Replica>,
+    req: axum::extract::Request,
+    next: middleware::Next,
+) -> axum::response::Response {
+    let mut response = next.run(req).await;
+    let headers = response.headers_mut();
+    if let Ok(id) = axum::http::HeaderValue::from_str(replica.id()) {
+        headers.insert(REPLICA_HEADER, id);
+    }
+    if replica.is_draining() {
+        headers.insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    response
+}
+
+/// The response header naming the replica that answered.
+pub const REPLICA_HEADER: &str = "x-replica";
+
 /// Answer a connection past the cap with a plain `503` and close it.
 async fn refuse(mut tcp: tokio::net::TcpStream, cap: usize) {
     use tokio::io::AsyncWriteExt;
@@ -175,6 +251,16 @@ fn connection_budget(configured: usize) -> usize {
 /// Descriptors kept back from connections: workers' pipes, cgroup files,
 /// installs, logs.
 const DESCRIPTOR_RESERVE: u64 = 512;
+
+/// Resolves on SIGTERM ([`Stop::Drain`]) or SIGINT ([`Stop::Now`]).
+pub async fn drain_signal() -> Stop {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => Stop::Now,
+        _ = term.recv() => Stop::Drain,
+    }
+}
 
 /// Resolves on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {

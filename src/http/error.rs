@@ -78,6 +78,10 @@ impl From<ExecError> for ApiError {
                 retry_after: Some(1),
                 ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
             },
+            ExecError::Draining(_) => ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "draining", message)
+            },
             ExecError::UnknownSession(_) => {
                 ApiError::new(StatusCode::NOT_FOUND, "unknown_session", message)
             }

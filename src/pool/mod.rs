@@ -51,6 +51,9 @@ pub struct PoolStatus {
     pub idle: usize,
     pub busy: usize,
     pub starting: usize,
+    /// Requests waiting for a worker now (each gives up after the queue
+    /// timeout with `503 busy`).
+    pub waiting: usize,
     /// Why the last worker start failed, while no worker is alive.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -538,6 +541,7 @@ impl EnvPool {
             idle: s.available + spares.ready.len(),
             busy: s.size.saturating_sub(s.available),
             starting: spares.starting,
+            waiting: s.waiting,
             error: if size == 0 {
                 self.shared.last_error.lock().clone()
             } else {

@@ -27,6 +27,9 @@ pub struct Sessions {
     inner: Mutex<Inner>,
     /// Set by `shutdown`: no session is created any more.
     closed: AtomicBool,
+    /// This replica's id: every session id names it, so that a call that
+    /// reaches another replica is told where its session lives.
+    replica: Arc<str>,
 }
 
 #[derive(Default)]
@@ -75,13 +78,15 @@ impl Drop for Reservation {
 }
 
 impl Sessions {
-    /// The registry, with its reaper running until shutdown.
-    pub fn start(config: SessionConfig, grace: Duration) -> Arc<Sessions> {
+    /// The registry of replica `replica`, with its reaper running until
+    /// shutdown.
+    pub fn start(config: SessionConfig, grace: Duration, replica: &str) -> Arc<Sessions> {
         let sessions = Arc::new(Sessions {
             config,
             grace,
             inner: Mutex::new(Inner::default()),
             closed: AtomicBool::new(false),
+            replica: Arc::from(replica),
         });
         tokio::spawn(reap(Arc::downgrade(&sessions)));
         sessions
@@ -133,7 +138,7 @@ impl Sessions {
         worker: PooledWorker,
     ) -> Result<SessionInfo, ExecError> {
         let id = match new_id() {
-            Ok(id) => id,
+            Ok(random) => crate::replica::session_id(&random, &self.replica),
             Err(e) => {
                 tokio::spawn(worker.terminate(self.grace));
                 return Err(ExecError::Internal(format!(
@@ -175,7 +180,7 @@ impl Sessions {
                     session: session.clone(),
                 })
             }
-            None => Err(unknown(&inner, id)),
+            None => Err(self.unknown(&inner, id)),
         }
     }
 
@@ -191,7 +196,7 @@ impl Sessions {
         let session = call.session.clone();
         let mut slot = session.worker.lock().await;
         let Some(worker) = slot.as_mut() else {
-            return Err(unknown(&self.inner.lock(), &session.id));
+            return Err(self.unknown(&self.inner.lock(), &session.id));
         };
         if worker.is_poisoned() || !worker.is_alive() {
             let worker = slot.take();
@@ -200,7 +205,7 @@ impl Sessions {
                 worker,
                 "the session process was killed: an earlier call was abandoned mid-run (its client went away) or the process died".into(),
             );
-            return Err(unknown(&self.inner.lock(), &session.id));
+            return Err(self.unknown(&self.inner.lock(), &session.id));
         }
         let outcome = worker.execute(frame, deadline, output).await;
         session.called();
@@ -237,7 +242,7 @@ impl Sessions {
         let session = {
             let mut inner = self.inner.lock();
             let Some(session) = inner.live.remove(id) else {
-                return Err(unknown(&inner, id));
+                return Err(self.unknown(&inner, id));
             };
             inner.remember(id, "it was closed".into());
             session
@@ -310,7 +315,7 @@ impl Sessions {
             let mut inner = self.inner.lock();
             let sessions: Vec<_> = inner.live.drain().map(|(_, s)| s).collect();
             for s in &sessions {
-                inner.remember(&s.id, "the server shut down".into());
+                inner.remember(&s.id, format!("replica {:?} shut down", self.replica));
             }
             sessions
         };
@@ -341,18 +346,32 @@ async fn worker_terminate(worker: Option<PooledWorker>, grace: Duration) {
     }
 }
 
-/// `unknown_session`, saying why the session ended when it is remembered.
-fn unknown(inner: &Inner, id: &str) -> ExecError {
-    let reason = inner
-        .ended
-        .iter()
-        .rev()
-        .find(|(ended, _)| ended == id)
-        .map(|(_, reason)| reason.as_str());
-    ExecError::UnknownSession(match reason {
-        Some(reason) => format!("session {id:?} no longer exists: {reason}"),
-        None => format!("unknown session {id:?}; create one with POST /sessions"),
-    })
+impl Sessions {
+    /// `unknown_session`, saying why the session ended when it is
+    /// remembered, and where it lives when its id names another replica.
+    fn unknown(&self, inner: &Inner, id: &str) -> ExecError {
+        let reason = inner
+            .ended
+            .iter()
+            .rev()
+            .find(|(ended, _)| ended == id)
+            .map(|(_, reason)| reason.as_str());
+        let here = &*self.replica;
+        ExecError::UnknownSession(match (reason, crate::replica::replica_of(id)) {
+            (Some(reason), _) => format!("session {id:?} no longer exists: {reason}"),
+            (None, Some(there)) if there != here => format!(
+                "session {id:?} lives on replica {there:?}, but this call reached replica {here:?}: \
+                 a session stays in the memory of the replica that created it, so every call to it \
+                 must reach that replica (the load balancer's affinity cookie, see docs/scaling.md); \
+                 if that replica was drained or lost, the session ended with it"
+            ),
+            (None, Some(_)) => format!(
+                "session {id:?} is not known to replica {here:?}: it ended or was lost when this \
+                 replica restarted (sessions live in a replica's memory)"
+            ),
+            (None, None) => format!("unknown session {id:?}; create one with POST /sessions"),
+        })
+    }
 }
 
 /// 128 random bits from the kernel, as hex.

@@ -3,10 +3,12 @@
 mod common;
 
 mod adversarial;
+mod balancer;
 mod codec;
 mod concurrency;
 mod container;
 mod crashes;
+mod drain;
 mod envs;
 mod execute;
 mod forking;
@@ -20,6 +22,7 @@ mod mcp_packages;
 mod mcp_python;
 mod mcp_sessions;
 mod ops;
+mod python_client;
 mod readme;
 mod results;
 mod sessions;

@@ -49,7 +49,7 @@ async fn sdk_python() -> &'static Path {
 }
 
 /// Run client.py with `args`; its JSON report.
-async fn run_client(args: Vec<OsString>) -> Value {
+pub(crate) async fn run_client(args: Vec<OsString>) -> Value {
     let sdk = sdk_python().await;
     let run = Command::new(sdk)
         .arg(format!("{CLIENT_DIR}/client.py"))
@@ -71,7 +71,7 @@ async fn run_client(args: Vec<OsString>) -> Value {
         .unwrap_or_else(|e| panic!("client.py printed no JSON report ({e}):\n{stdout}\n{stderr}"))
 }
 
-fn default_env_name() -> String {
+pub(crate) fn default_env_name() -> String {
     EnvSpec::from_interpreter(&python(), None)
         .expect("the test interpreter resolves")
         .name

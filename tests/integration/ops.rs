@@ -457,6 +457,8 @@ async fn spawn_server_bin(
         .args(args)
         .env("TMPDIR", tmp)
         .env("CODE_EXECUTOR_TOKEN", "")
+        // No balancer to wait for (a test that wants one passes --drain-delay).
+        .env("CODE_EXECUTOR_DRAIN_DELAY", "0")
         .env_remove("CODE_EXECUTOR_LOG")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -18,6 +18,7 @@ async fn sigterm_finishes_in_flight_runs_and_leaves_no_worker() {
         .arg(common::python())
         .env("TMPDIR", tmp.path())
         .env("CODE_EXECUTOR_TOKEN", "")
+        .env("CODE_EXECUTOR_DRAIN_DELAY", "0")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true)

@@ -5,6 +5,7 @@ what a client sees, as one JSON object on stdout. The Rust tests
 usage:
   client.py stdio <server-binary> <python> [NAME=VALUE ...]   # env for the server
   client.py http <url> [<bearer-token>]
+  client.py balanced <url>     # one MCP session through a load balancer
 
 Needs the pinned SDK from requirements.txt (installed by setup.sh).
 """
@@ -174,6 +175,28 @@ async def exercise(session, concurrent):
     return report
 
 
+async def balanced(session, http):
+    """initialize, tools/list, 20 execute_code calls and the session tools, as
+    one MCP session; which cookies the SDK's HTTP client kept."""
+    init = await session.initialize()
+    report = {"server_name": init.server_info.name}
+    report["tools"] = [t.name for t in (await session.list_tools()).tools]
+    report["calls"] = [
+        call_report(await session.call_tool("execute_code", {"code": f"print({i} * {i})"}))
+        for i in range(20)
+    ]
+    created = await session.call_tool("create_session", {})
+    sid = (created.structured_content or {}).get("id")
+    report["session"] = {
+        "created": call_report(created),
+        "set": call_report(await session.call_tool("execute_code", {"code": "v = 42", "session": sid})),
+        "read": call_report(await session.call_tool("execute_code", {"code": "print(v)", "session": sid})),
+        "closed": call_report(await session.call_tool("close_session", {"session": sid})),
+    }
+    report["cookies"] = sorted({c.name for c in http.cookies.jar})
+    return report
+
+
 async def main():
     mode = sys.argv[1]
     if mode == "stdio":
@@ -192,6 +215,11 @@ async def main():
             async with streamable_http_client(url, http_client=http) as (read, write):
                 async with ClientSession(read, write) as session:
                     report = await exercise(session, concurrent=10)
+    elif mode == "balanced":
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=120)) as http:
+            async with streamable_http_client(sys.argv[2], http_client=http) as (read, write):
+                async with ClientSession(read, write) as session:
+                    report = await balanced(session, http)
     else:
         sys.exit(f"unknown mode {mode!r}")
     print(json.dumps(report))

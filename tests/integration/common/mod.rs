@@ -5,6 +5,7 @@
 pub mod conda;
 pub mod docker;
 pub mod mcp;
+pub mod cluster;
 pub mod pyenvs;
 
 use std::path::{Path, PathBuf};
@@ -82,6 +83,8 @@ pub fn config() -> Config {
         queue_timeout: Duration::from_secs(10),
         grace_period: Duration::from_millis(500),
         shutdown_timeout: Duration::from_secs(10),
+        // Stop at once: no balancer needs time to notice.
+        drain_delay: Duration::ZERO,
         sandbox: sandbox_config(),
         ..Config::default()
     }
