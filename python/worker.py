@@ -20,7 +20,7 @@ worker -> server
     echo    {t, value, repr}                              answer to an ``echo`` frame
 server -> worker
     exec    {t, id, code, stdin, files, timeout, max_output, limits,
-             int_max_str_digits?}
+             int_max_str_digits?, max_image_pixels?}
             optional ``rusage: true``: reap the run before answering and add
             ``cpu_ms`` and ``peak_rss_kb`` (os.wait4) to its ``result``;
             ``limits.disk_bytes``: kill the run once the scratch filesystem
@@ -630,7 +630,7 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000):
 # Plots: matplotlib figures become PNG files in the run directory
 # ---------------------------------------------------------------------------
 
-_figures = {"dir": None, "count": 0}
+_figures = {"dir": None, "count": 0, "max_pixels": None}
 
 
 def save_figures():
@@ -645,7 +645,15 @@ def save_figures():
                 path = os.path.join(_figures["dir"], "figure-%d.png" % _figures["count"])
                 if not os.path.exists(path):
                     break
-            plt.figure(num).savefig(path, format="png")
+            figure = plt.figure(num)
+            dpi = figure.dpi
+            cap = _figures["max_pixels"]
+            if cap:
+                # At most `cap` pixels: the same figure, at a lower resolution.
+                width, height = figure.get_size_inches()
+                if width * height * dpi * dpi > cap:
+                    dpi = (cap / (width * height)) ** 0.5
+            figure.savefig(path, format="png", dpi=dpi)
         plt.close("all")
     except Exception as exc:
         try:
@@ -989,6 +997,7 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         digits = msg.get("int_max_str_digits")
         if digits is not None and hasattr(sys, "set_int_max_str_digits"):
             sys.set_int_max_str_digits(int(digits))
+        _figures["max_pixels"] = msg.get("max_image_pixels")
         write_files(rundir, msg.get("files"))
         set_stdin(msg.get("stdin"))
         code = msg.get("code") or ""

@@ -240,6 +240,12 @@ pub struct FileConfig {
     pub max_sessions_per_env: Option<usize>,
     pub session_interrupt_grace_secs: Option<f64>,
     pub mcp_implicit_session: Option<bool>,
+    pub artifact_ttl_secs: Option<f64>,
+    pub artifact_store_bytes: Option<u64>,
+    pub artifact_owner_bytes: Option<u64>,
+    pub mcp_max_artifact_bytes: Option<u64>,
+    pub mcp_inline_image_bytes: Option<usize>,
+    pub max_image_pixels: Option<u64>,
     pub header_read_timeout_secs: Option<f64>,
     pub body_read_timeout_secs: Option<f64>,
     pub max_connections: Option<usize>,
@@ -366,6 +372,16 @@ pub struct Config {
     /// Bounds on HTTP connections, so that slow or silent clients hold
     /// nothing for long.
     pub connections: ConnectionLimits,
+    /// How long and how much of MCP runs' artifacts are kept (MCP
+    /// resources, `GET /artifacts`).
+    pub artifacts: crate::artifacts::ArtifactLimits,
+    /// Largest artifact (and all of one run's together) an MCP run keeps.
+    pub mcp_max_artifact_bytes: u64,
+    /// Base64 bytes of images one MCP tool result carries inline (beside
+    /// their `resource_link`s): keeps a result small enough for a model.
+    pub mcp_inline_image_bytes: usize,
+    /// Plots of MCP runs are saved with at most this many pixels.
+    pub max_image_pixels: u64,
     /// This replica's name (see [`crate::replica`]).
     pub replica_id: String,
     /// How long readiness is off after SIGTERM before the server stops
@@ -453,6 +469,10 @@ impl Default for Config {
             },
             sessions: SessionConfig::default(),
             mcp_implicit_session: false,
+            artifacts: crate::artifacts::ArtifactLimits::default(),
+            mcp_max_artifact_bytes: 64 * MIB,
+            mcp_inline_image_bytes: 48 << 10,
+            max_image_pixels: 1 << 20,
             connections: ConnectionLimits {
                 header_read_timeout: Duration::from_secs(10),
                 body_read_timeout: Duration::from_secs(60),
@@ -700,6 +720,20 @@ impl Config {
                 .mcp_implicit_session
                 .or(file.mcp_implicit_session)
                 .unwrap_or(d.mcp_implicit_session),
+            artifacts: crate::artifacts::ArtifactLimits {
+                ttl: secs(file.artifact_ttl_secs, "artifact_ttl_secs", d.artifacts.ttl)?,
+                max_bytes: file.artifact_store_bytes.unwrap_or(d.artifacts.max_bytes),
+                max_owner_bytes: file
+                    .artifact_owner_bytes
+                    .unwrap_or(d.artifacts.max_owner_bytes),
+            },
+            mcp_max_artifact_bytes: file
+                .mcp_max_artifact_bytes
+                .unwrap_or(d.mcp_max_artifact_bytes),
+            mcp_inline_image_bytes: file
+                .mcp_inline_image_bytes
+                .unwrap_or(d.mcp_inline_image_bytes),
+            max_image_pixels: file.max_image_pixels.unwrap_or(d.max_image_pixels),
             connections: ConnectionLimits {
                 header_read_timeout: secs(
                     file.header_read_timeout_secs,

@@ -136,6 +136,12 @@ pub struct RunOptions {
     pub argv: Vec<String>,
     /// Reap the run before answering and report its CPU time and peak RSS.
     pub rusage: bool,
+    /// Caps on the artifacts' content in place of the server's
+    /// `max_artifact_bytes` / `max_artifacts_bytes` (MCP keeps artifacts in
+    /// its store, so it takes larger ones).
+    pub artifacts: Option<ResultLimits>,
+    /// Plots are saved at a resolution of at most this many pixels.
+    pub max_image_pixels: Option<u64>,
 }
 
 /// Caps on what a run returns besides its output.
@@ -239,6 +245,8 @@ pub struct Executor {
     cgroups: Option<Arc<crate::sandbox::cgroup::CgroupRoot>>,
     /// This replica's id and whether it is draining (readiness off).
     replica: Arc<Replica>,
+    /// MCP runs' artifacts, kept for `resources/read` and `GET /artifacts`.
+    artifacts: Arc<crate::artifacts::ArtifactStore>,
 }
 
 impl Executor {
@@ -411,6 +419,7 @@ impl Executor {
             max_grade_cases: config.max_grade_cases,
             sandbox,
             request_limits: config.request_limits,
+            artifacts: Arc::new(crate::artifacts::ArtifactStore::new(config.artifacts)),
             sessions,
             cgroups,
             replica,
@@ -543,8 +552,13 @@ impl Executor {
             limits: &run,
             stream: req.stream.unwrap_or(false),
             artifacts,
-            max_artifact_bytes: self.results.max_artifact_bytes,
-            max_artifacts_bytes: self.results.max_artifacts_bytes,
+            max_artifact_bytes: options
+                .artifacts
+                .map_or(self.results.max_artifact_bytes, |a| a.max_artifact_bytes),
+            max_artifacts_bytes: options
+                .artifacts
+                .map_or(self.results.max_artifacts_bytes, |a| a.max_artifacts_bytes),
+            max_image_pixels: options.max_image_pixels,
             max_result_chars: self.results.max_result_chars,
             rusage: options.rusage,
             int_max_str_digits: req.int_max_str_digits,
@@ -1163,6 +1177,11 @@ impl Executor {
     }
 
     /// The server's metrics (`GET /metrics`).
+    /// The store of MCP runs' artifacts.
+    pub fn artifacts(&self) -> &crate::artifacts::ArtifactStore {
+        &self.artifacts
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
@@ -1304,6 +1323,7 @@ fn shape_result(out: crate::worker::RunOutput) -> ExecResult {
                     .data
                     .map(|d| base64::engine::general_purpose::STANDARD.encode(d)),
                 omitted: a.omitted,
+                uri: None,
             })
             .collect(),
         timed_out: out.timed_out,

@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //!
+//! * [`artifacts`]: the bounded store of run artifacts behind MCP resources and `GET /artifacts`.
 //! * [`config`]: command line, `CODE_EXECUTOR_*` variables and the TOML file.
 //! * [`env`]: what an environment is; resolving the configured one; activation variables.
 //! * [`protocol`]: the length-prefixed msgpack frames spoken with `python/worker.py`.
@@ -26,6 +27,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod artifacts;
 pub mod config;
 pub mod env;
 pub mod error;

@@ -19,6 +19,7 @@
 //! |                  |          | `stream` (send `output` frames), `artifacts` (true/false/globs), |
 //! |                  |          | `max_artifact_bytes`, `max_artifacts_bytes`, `max_result_chars`, |
 //! |                  |          | `int_max_str_digits` (optional: the run's int/str digit limit), |
+//! |                  |          | `max_image_pixels` (optional: the largest plot saved)          |
 //! |                  |          | `rusage` (optional: reap the run first and report its rusage) |
 //! | server -> worker | `session`| `id`, `limits`, `grace` (s): switch the worker to session mode; |
 //! |                  |          | answered by a `result` frame carrying the session child's `pid` |
@@ -105,6 +106,9 @@ pub struct ExecFrame<'a> {
     /// `sys.set_int_max_str_digits` in the run's child (0: no limit).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub int_max_str_digits: Option<u32>,
+    /// Plots are saved at no more than this many pixels.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_image_pixels: Option<u64>,
 }
 
 /// The `session` frame: switch a worker into session mode (see

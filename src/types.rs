@@ -78,6 +78,10 @@ pub struct Artifact {
     /// The file was over the per-artifact or total cap; only listed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub omitted: bool,
+    /// Over MCP: where the file can be read again (`resources/read`, and
+    /// `GET /artifacts/{run}/{path}` over HTTP) until it expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
 }
 
 /// An uncaught exception of the run, with the user's own line numbers.

@@ -677,6 +677,7 @@ impl Executor {
             let options = RunOptions {
                 argv: case.args.clone().unwrap_or_default(),
                 rusage: true,
+                ..RunOptions::default()
             };
             let prepared = self.prepare_with(&exec, &options).map_err(|e| match e {
                 ExecError::BadRequest(m) => ExecError::BadRequest(format!("{}: {m}", label())),

@@ -46,6 +46,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/execute", post(execute))
         .route("/grade", post(grade))
         .route("/grade/batch", post(grade_batch))
+        .route("/artifacts/{run}/{*path}", get(artifact))
         .route("/list-envs", get(list_envs))
         .route("/list-packages", get(list_packages))
         .route("/sessions", post(create_session).get(list_sessions))
@@ -188,7 +189,39 @@ async fn grade_batch(
     if wants_events(&headers) {
         return Ok(stream::grade_batch_stream(state.executor.clone(), batch));
     }
-    Ok(Json::<GradeBatchResult>(state.executor.grade_prepared_batch(batch, None).await).into_response())
+    Ok(
+        Json::<GradeBatchResult>(state.executor.grade_prepared_batch(batch, None).await)
+            .into_response(),
+    )
+}
+
+/// `GET /artifacts/{run}/{path}`: a file an MCP run wrote, while the store
+/// keeps it, to the client that ran it (the same bearer token); 404
+/// otherwise.
+async fn artifact(
+    State(state): State<AppState>,
+    Path((run, path)): Path<(String, String)>,
+    req_headers: axum::http::HeaderMap,
+) -> Result<Response, ApiError> {
+    let token = req_headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let owner = crate::artifacts::owner_of_token(token);
+    let Some(found) = state.executor.artifacts().get(&owner, &run, &path) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!(
+                "no artifact {path:?} of run {run:?}: it expired, was evicted, or belongs to another client"
+            ),
+        ));
+    };
+    let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, &found.base64)
+        .map_err(|e| {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+    })?;
+    Ok(([(header::CONTENT_TYPE, found.mime)], bytes).into_response())
 }
 
 /// Whether the client asked for server-sent events.

@@ -17,8 +17,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::artifacts::{self, StoredArtifact};
 use crate::config::Config;
-use crate::executor::{EnvInfo, Executor};
+use crate::executor::{EnvInfo, Executor, ResultLimits, RunOptions};
 use crate::grade::{GradeRequest, GradeResult};
 use crate::mcp::result::{grade_result, refusal, run_result};
 use crate::mcp::session::{CloseSessionArgs, CreateSessionArgs, ImplicitSession};
@@ -55,6 +56,11 @@ pub struct McpHandler {
     /// Token an HTTP caller of `install_packages` must present; the tool is
     /// not listed without one.
     admin_token: Option<Arc<str>>,
+    /// Base64 bytes of images a tool result carries inline.
+    inline_image_bytes: usize,
+    /// Options of every `execute_code` run: MCP keeps artifacts in the store,
+    /// so its runs may return larger ones; plots are kept to a size.
+    run_options: RunOptions,
     /// The server's `instructions`: what it is for and the default env.
     instructions: Arc<str>,
     /// The tools, with descriptions naming this server's default environment
@@ -115,6 +121,16 @@ impl McpHandler {
         McpHandler {
             executor,
             admin_token: config.admin_token.as_deref().map(Arc::from),
+            inline_image_bytes: config.mcp_inline_image_bytes,
+            run_options: RunOptions {
+                artifacts: Some(ResultLimits {
+                    max_artifact_bytes: config.mcp_max_artifact_bytes,
+                    max_artifacts_bytes: config.mcp_max_artifact_bytes,
+                    max_result_chars: config.results.max_result_chars,
+                }),
+                max_image_pixels: Some(config.max_image_pixels),
+                ..RunOptions::default()
+            },
             instructions: instructions.into(),
             tool_router,
             implicit,
@@ -163,10 +179,11 @@ impl McpHandler {
         // while the run goes on; the final result is the same.
         let progress = ctx.meta.get_progress_token();
         request.stream = Some(progress.is_some());
-        let prepared = match self.executor.prepare(&request) {
+        let prepared = match self.executor.prepare_with(&request, &self.run_options) {
             Ok(prepared) => prepared,
             Err(err) => return refusal(err),
         };
+        let owner = owner_of(&ctx);
         // The run's own limit (its env's or session's default, or what it
         // asked for, capped), named if the run hits it.
         let timeout = prepared.timeout();
@@ -222,8 +239,9 @@ impl McpHandler {
                     }
                     notify(&mut pending, &mut sent, true).await;
                     return match outcome {
-                    Ok(result) => {
-                        let mut out = run_result(&result, timeout);
+                    Ok(mut result) => {
+                        self.keep_artifacts(&owner, &mut result);
+                        let mut out = run_result(&result, timeout, self.inline_image_bytes);
                         let extra = match (&result.session_lost, in_session && result.timed_out) {
                             (Some(lost), _) => Some(format!("[session lost: {lost}]")),
                             (None, true) => Some("[interrupted (KeyboardInterrupt); the session kept its state]".to_string()),
@@ -458,8 +476,113 @@ impl McpHandler {
     }
 }
 
+impl McpHandler {
+    /// Put a run's artifacts in the store (for `owner`) and give each its
+    /// `uri`.
+    fn keep_artifacts(&self, owner: &str, result: &mut ExecResult) {
+        let files: Vec<StoredArtifact> = result
+            .artifacts
+            .iter()
+            .filter_map(|a| {
+                Some(StoredArtifact {
+                    path: a.path.clone(),
+                    mime: a.mime.clone(),
+                    size: a.size,
+                    base64: a.base64.clone()?,
+                })
+            })
+            .collect();
+        if files.is_empty() {
+            return;
+        }
+        let store = self.executor.artifacts();
+        let run = store.put(owner, files);
+        for a in &mut result.artifacts {
+            if a.base64.is_some() && store.get(owner, &run, &a.path).is_some() {
+                a.uri = Some(artifacts::uri(&run, &a.path));
+            }
+        }
+    }
+}
+
+/// Who may read a call's artifacts again: the bearer token's digest over
+/// HTTP (`anonymous` without one), `stdio` for the stdio client.
+fn owner_of(ctx: &RequestContext<RoleServer>) -> String {
+    match ctx.extensions.get::<axum::http::request::Parts>() {
+        Some(parts) => artifacts::owner_of_token(
+            parts
+                .headers
+                .get(axum::http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer ")),
+        ),
+        None => "stdio".into(),
+    }
+}
+
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for McpHandler {
+    /// Every live artifact of the caller's runs.
+    async fn list_resources(
+        &self,
+        _request: Option<rmcp::model::PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourcesResult, rmcp::ErrorData> {
+        let owner = owner_of(&ctx);
+        let resources = self
+            .executor
+            .artifacts()
+            .list(&owner)
+            .into_iter()
+            .map(|(run, a)| {
+                rmcp::model::Resource::new(artifacts::uri(&run, &a.path), a.path)
+                    .with_mime_type(a.mime)
+                    .with_size(a.size)
+            })
+            .collect();
+        Ok(rmcp::model::ListResourcesResult::with_all_items(resources))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<rmcp::model::PaginatedRequestParams>,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourceTemplatesResult, rmcp::ErrorData> {
+        let template = rmcp::model::ResourceTemplate::new("artifact://{run}/{path}", "artifact")
+            .with_description(
+                "A file a run of execute_code wrote, kept for a while after the run (see its \
+                 resource_link)",
+            );
+        Ok(rmcp::model::ListResourceTemplatesResult::with_all_items(
+            vec![template],
+        ))
+    }
+
+    /// An artifact's bytes, as a blob with its MIME type.
+    async fn read_resource(
+        &self,
+        request: rmcp::model::ReadResourceRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ReadResourceResponse, rmcp::ErrorData> {
+        let owner = owner_of(&ctx);
+        let found = artifacts::parse_uri(&request.uri)
+            .and_then(|(run, path)| self.executor.artifacts().get(&owner, run, path));
+        match found {
+            Some(a) => Ok(rmcp::model::ReadResourceResult::new(vec![
+                rmcp::model::ResourceContents::blob(a.base64, request.uri.clone())
+                    .with_mime_type(a.mime),
+            ])
+            .into()),
+            None => Err(rmcp::ErrorData::resource_not_found(
+                format!(
+                    "no artifact {}: it expired, was evicted, or belongs to another client",
+                    request.uri
+                ),
+                None,
+            )),
+        }
+    }
+
     /// The tool router's call, with a panic in a tool answered as an
     /// internal error instead of ending the client's whole MCP session.
     async fn call_tool(
@@ -473,12 +596,17 @@ impl ServerHandler for McpHandler {
     }
 
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new(
-                env!("CARGO_PKG_NAME"),
-                env!("CARGO_PKG_VERSION"),
-            ))
-            .with_instructions(self.instructions.to_string())
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .build(),
+        )
+        .with_server_info(Implementation::new(
+            env!("CARGO_PKG_NAME"),
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .with_instructions(self.instructions.to_string())
     }
 }
 

@@ -14,66 +14,68 @@ use crate::grade::{GradeResult, Verdict};
 use crate::http::ApiError;
 use crate::types::ExecResult;
 
-/// Image bytes (base64 text) one tool result may carry as image content.
-const MAX_IMAGE_CONTENT: usize = 4 << 20;
-/// Text of other artifacts one tool result may embed as resources.
-const MAX_TEXT_CONTENT: usize = 64 << 10;
+/// Text of artifacts one tool result may embed as resources (beside their
+/// links), so that a small CSV or log is read without another request.
+const MAX_TEXT_CONTENT: usize = 16 << 10;
 
 /// The tool result of a run. `timeout` is the effective wall-clock limit of
 /// the run in seconds, named in the status line when the run hit it.
 ///
-/// Image artifacts become image content and small text artifacts embedded
-/// resources, within caps; whatever does not fit is named in the text and
-/// its content left out of `structuredContent` too (`omitted: true`), so a
-/// result never floods a model's context.
-pub fn run_result(result: &ExecResult, timeout: f64) -> CallToolResult {
+/// Every artifact kept in the store (its `uri` set) comes as a
+/// `resource_link`; images also come inline while their base64 fits in
+/// `inline_image_bytes`, and small text files as embedded resources. The
+/// text block lists every artifact, so a client that shows neither links
+/// nor structured content still tells the model what there is.
+/// `structuredContent` carries the same fields as `/execute`, without the
+/// content of artifacts it did not inline (their `uri` says where it is).
+pub fn run_result(result: &ExecResult, timeout: f64, inline_image_bytes: usize) -> CallToolResult {
     let failed = result.exit_code != 0 || result.timed_out;
     let mut result = result.clone();
     let mut text = run_text(&result, timeout);
-    let mut blocks = Vec::new();
+    let mut links = Vec::new();
+    let mut inline = Vec::new();
     let (mut images, mut texts) = (0usize, 0usize);
     for artifact in &mut result.artifacts {
-        let Some(b64) = &artifact.base64 else {
+        let (Some(b64), Some(uri)) = (artifact.base64.take(), artifact.uri.clone()) else {
             text.push_str(&format!(
-                "\n[artifact {} ({} bytes, {}): too large to return]",
+                "\n[artifact {} ({} bytes, {}): too large to return or keep]",
                 artifact.path, artifact.size, artifact.mime
             ));
+            artifact.omitted = true;
             continue;
         };
-        let uri = format!("artifact:///{}", artifact.path);
-        if artifact.mime.starts_with("image/") && images + b64.len() <= MAX_IMAGE_CONTENT {
-            images += b64.len();
-            blocks.push(ContentBlock::image(b64.clone(), artifact.mime.clone()));
-            text.push_str(&format!(
-                "\n[artifact {} ({} bytes, shown as an image)]",
-                artifact.path, artifact.size
-            ));
-            continue;
-        }
-        let decoded = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b64)
-            .ok()
-            .and_then(|bytes| String::from_utf8(bytes).ok());
-        match decoded {
-            Some(content) if texts + content.len() <= MAX_TEXT_CONTENT => {
-                texts += content.len();
-                text.push_str(&format!(
-                    "\n[artifact {} ({} bytes, embedded as {uri})]",
-                    artifact.path, artifact.size
-                ));
-                blocks.push(ContentBlock::embedded_text(uri, content));
+        links.push(ContentBlock::resource_link(
+            rmcp::model::Resource::new(uri.clone(), artifact.path.clone())
+                .with_mime_type(artifact.mime.clone())
+                .with_size(artifact.size),
+        ));
+        let mut shown = "";
+        if artifact.mime.starts_with("image/") {
+            if images + b64.len() <= inline_image_bytes {
+                images += b64.len();
+                inline.push(ContentBlock::image(b64.clone(), artifact.mime.clone()));
+                artifact.base64 = Some(b64);
+                shown = ", shown as an image";
             }
-            _ => {
-                text.push_str(&format!(
-                    "\n[artifact {} ({} bytes, {}): not included; ask for it with a smaller selection]",
-                    artifact.path, artifact.size, artifact.mime
-                ));
-                artifact.base64 = None;
-                artifact.omitted = true;
-            }
+        } else if artifact.size as usize + texts <= MAX_TEXT_CONTENT
+            && let Some(content) =
+                base64::Engine::decode(&base64::engine::general_purpose::STANDARD, &b64)
+                    .ok()
+                    .and_then(|bytes| String::from_utf8(bytes).ok())
+        {
+            texts += content.len();
+            inline.push(ContentBlock::embedded_text(uri.clone(), content));
+            artifact.base64 = Some(b64);
+            shown = ", embedded";
         }
+        text.push_str(&format!(
+            "\n[artifact {} ({} bytes, {}{shown}): {uri}]",
+            artifact.path, artifact.size, artifact.mime
+        ));
     }
     let mut content = vec![ContentBlock::text(text)];
-    content.extend(blocks);
+    content.extend(inline);
+    content.extend(links);
     let mut out = match serde_json::to_value(&result) {
         Ok(value) if failed => CallToolResult::structured_error(value),
         Ok(value) => CallToolResult::structured(value),
@@ -205,12 +207,64 @@ mod tests {
     }
 
     #[test]
+    fn artifacts_come_as_links_with_small_images_inline_and_big_ones_only_linked() {
+        let artifact = |path: &str, mime: &str, size: usize| crate::types::Artifact {
+            path: path.into(),
+            size: size as u64,
+            mime: mime.into(),
+            base64: Some("A".repeat(size)),
+            omitted: false,
+            uri: Some(format!("artifact://r/{path}")),
+        };
+        let run = ExecResult {
+            artifacts: vec![
+                artifact("small.png", "image/png", 100),
+                artifact("big.png", "image/png", 200_000),
+                crate::types::Artifact {
+                    uri: None,
+                    ..artifact("huge.bin", "application/octet-stream", 10)
+                },
+            ],
+            ..ExecResult::default()
+        };
+        let out = run_result(&run, 30.0, 1 << 16);
+        let text = text_of(&out);
+        assert!(text.contains("[artifact small.png (100 bytes, image/png, shown as an image): artifact://r/small.png]"), "{text}");
+        assert!(
+            text.contains("[artifact big.png (200000 bytes, image/png): artifact://r/big.png]"),
+            "{text}"
+        );
+        assert!(
+            text.contains("huge.bin (10 bytes, application/octet-stream): too large"),
+            "{text}"
+        );
+        let kinds: Vec<&str> = out
+            .content
+            .iter()
+            .skip(1)
+            .map(|c| match c {
+                ContentBlock::Image(_) => "image",
+                ContentBlock::ResourceLink(_) => "link",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(kinds, ["image", "link", "link"]);
+        let structured = out.structured_content.unwrap();
+        assert!(structured["artifacts"][0]["base64"].is_string());
+        assert!(
+            structured["artifacts"][1].get("base64").is_none(),
+            "{structured}"
+        );
+        assert_eq!(structured["artifacts"][1]["uri"], "artifact://r/big.png");
+    }
+
+    #[test]
     fn success_is_stdout_then_status() {
         let run = ExecResult {
             stdout: "4\n".into(),
             ..ExecResult::default()
         };
-        let out = run_result(&run, 30.0);
+        let out = run_result(&run, 30.0, 1 << 16);
         assert_eq!(out.is_error, Some(false));
         assert_eq!(text_of(&out), "4\n[exit code 0]");
         assert_eq!(out.structured_content.as_ref().unwrap()["stdout"], "4\n");
@@ -224,7 +278,7 @@ mod tests {
             exit_code: 1,
             ..ExecResult::default()
         };
-        let out = run_result(&run, 30.0);
+        let out = run_result(&run, 30.0, 1 << 16);
         assert_eq!(out.is_error, Some(true));
         assert_eq!(
             text_of(&out),
@@ -260,7 +314,7 @@ mod tests {
             "exit code 0, output truncated"
         );
         assert_eq!(
-            text_of(&run_result(&ExecResult::default(), 1.0)),
+            text_of(&run_result(&ExecResult::default(), 1.0, 1 << 16)),
             "(no output)\n[exit code 0]"
         );
     }

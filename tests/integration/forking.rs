@@ -37,6 +37,7 @@ async fn run(worker: &mut Worker, code: &str, timeout: f64) -> RunOutput {
         max_result_chars: 1000,
         rusage: true,
         int_max_str_digits: None,
+        max_image_pixels: None,
     })
     .unwrap();
     worker

@@ -18,6 +18,7 @@ mod http_api;
 mod isolation;
 mod manifests;
 mod mcp;
+mod mcp_artifacts;
 mod mcp_packages;
 mod mcp_python;
 mod mcp_sessions;
