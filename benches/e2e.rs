@@ -629,6 +629,36 @@ async fn main() {
     drop(fronts);
     drop(rmcp_http);
     drop(rmcp_stdio);
+    // Cold start as an MCP client meets it: spawn `code-executor mcp`,
+    // initialize, call execute_code once; beside spawning `python -c`.
+    let mut cold = Vec::new();
+    let mut spawn = Vec::new();
+    for _ in 0..10 {
+        let t = Instant::now();
+        let (client, mut child) = mcp_client::connect_stdio(
+            Path::new(env!("CARGO_BIN_EXE_code-executor")),
+            &["--python", python.to_str().unwrap(), "--pool-size", &pool],
+            &[],
+        )
+        .await;
+        let out = mcp_client::execute_code(&client, json!({ "code": code }))
+            .await
+            .expect("first call answered");
+        cold.push(t.elapsed());
+        assert_eq!(mcp_client::text(&out), "4\n[exit code 0]");
+        drop(client);
+        let _ = child.kill().await;
+        let t = Instant::now();
+        let out = std::process::Command::new(&python)
+            .args(["-c", code])
+            .output()
+            .unwrap();
+        spawn.push(t.elapsed());
+        assert_eq!(out.stdout, b"4\n");
+    }
+    cold.sort();
+    spawn.sort();
+    let cold_start = (cold[cold.len() / 2], spawn[spawn.len() / 2]);
     drop(server);
     if !mcp_only {
         other_scenarios(&python, &pool, code, seconds, spawns, &mut rows).await;
@@ -636,6 +666,12 @@ async fn main() {
     println!(
         "\ninterpreter: {}; pool size {pool_size}; {seconds} s per scenario",
         python.display()
+    );
+    println!(
+        "MCP stdio cold start (spawn, initialize, first execute_code; median of 10): {:.1} ms; \
+         python -c spawn: {:.1} ms",
+        cold_start.0.as_secs_f64() * 1e3,
+        cold_start.1.as_secs_f64() * 1e3
     );
     println!(
         "| scenario                                     |   c |  p50 (ms) |  p99 (ms) |    runs/s |"

@@ -255,6 +255,18 @@ impl Executor {
     /// start their pools on first use. Fails only when the default
     /// environment cannot start a worker.
     pub async fn start(config: &Config) -> anyhow::Result<Executor> {
+        Self::start_with(config, true).await
+    }
+
+    /// [`Executor::start`] that returns before the pools are warm: they
+    /// fill in the background, and a request meanwhile waits for its pool's
+    /// first worker. What a client that starts its server per session (MCP
+    /// over stdio) waits for is then one worker's start, not the whole pool's.
+    pub async fn start_warming(config: &Config) -> anyhow::Result<Executor> {
+        Self::start_with(config, false).await
+    }
+
+    async fn start_with(config: &Config, wait_for_warm: bool) -> anyhow::Result<Executor> {
         let registry = Registry::build(config).await?;
         let networks: Vec<_> = registry.envs.iter().map(|p| p.settings.network).collect();
         let sandbox = Sandbox::probe(&config.sandbox, &networks).await?;
@@ -377,7 +389,27 @@ impl Executor {
                 "starting worker pool"
             );
         }
-        let results = futures_util::future::join_all(warm.iter().map(|e| e.pool.prewarm())).await;
+        if !wait_for_warm {
+            // Serve at once (an MCP client waits for `initialize`); each
+            // pool fills in the background, and the first request waits for
+            // its first worker, not for all of them.
+            for e in &warm {
+                let (pool, name) = (e.pool.clone(), e.spec.name.clone());
+                tokio::spawn(async move {
+                    if let Err(err) = pool.prewarm().await {
+                        tracing::error!(
+                            "environment {name:?} cannot start workers: {}",
+                            error_chain(&err)
+                        );
+                    }
+                });
+            }
+        }
+        let prewarm = warm
+            .iter()
+            .filter(|_| wait_for_warm)
+            .map(|e| e.pool.prewarm());
+        let results = futures_util::future::join_all(prewarm).await;
         for (e, result) in warm.iter().zip(results) {
             if let Err(err) = result {
                 let message = format!(

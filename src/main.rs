@@ -63,7 +63,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Mcp(args) => {
             let config = Config::load(&args)?;
             init_logging(config.log_format);
-            let executor = Arc::new(Executor::start(&config).await?);
+            let executor = Arc::new(Executor::start_warming(&config).await?);
             code_executor::mcp::serve_stdio(executor, &config, server::shutdown_signal()).await?;
             Ok(())
         }

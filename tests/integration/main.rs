@@ -19,6 +19,7 @@ mod isolation;
 mod manifests;
 mod mcp;
 mod mcp_artifacts;
+mod mcp_protocol;
 mod mcp_packages;
 mod mcp_python;
 mod mcp_sessions;
