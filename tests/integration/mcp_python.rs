@@ -268,3 +268,59 @@ async fn python_sdk_over_streamable_http() {
     assert_eq!(pool["busy"], 0, "{pool}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn every_output_chunk_reaches_the_python_sdk_coalesced_and_in_order() {
+    let report = run_client(vec![
+        "progress".into(),
+        env!("CARGO_BIN_EXE_code-executor").into(),
+        python().into(),
+    ])
+    .await;
+    // Five quick lines, twenty times: all five arrive, in order, before the
+    // result, however the server groups them.
+    let want: String = (0..5).map(|i| format!("line {i}\n")).collect();
+    for (round, messages) in report["quick"].as_array().unwrap().iter().enumerate() {
+        let got: String = messages
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                m.as_str()
+                    .unwrap()
+                    .strip_prefix("[stdout] ")
+                    .unwrap_or_else(|| panic!("round {round}: {m}"))
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(got, want, "round {round}: {messages}");
+    }
+    // A flood: at most one notification per 100 ms of the call (plus the
+    // last), and no text lost.
+    let flood = &report["flood"];
+    let messages = flood["messages"].as_array().unwrap();
+    let seconds = flood["seconds"].as_f64().unwrap();
+    let bound = (seconds / 0.1).ceil() as usize + 2;
+    assert!(
+        messages.len() <= bound,
+        "{} notifications in {seconds} s (bound {bound})",
+        messages.len()
+    );
+    let text: String = messages
+        .iter()
+        .map(|m| {
+            m.as_str()
+                .unwrap()
+                .strip_prefix("[stdout] ")
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let want: String = (0..100_000).map(|i| format!("{i}\n")).collect();
+    assert_eq!(text.len(), want.len());
+    assert!(
+        text == want,
+        "the flood's text differs from what was printed"
+    );
+    assert_eq!(flood["structured_stdout_len"], want.len());
+}

@@ -6,6 +6,7 @@ usage:
   client.py stdio <server-binary> <python> [NAME=VALUE ...]   # env for the server
   client.py http <url> [<bearer-token>]
   client.py balanced <url>     # one MCP session through a load balancer
+  client.py progress <server-binary> <python>   # progress notifications over stdio
 
 Needs the pinned SDK from requirements.txt (installed by setup.sh).
 """
@@ -197,6 +198,36 @@ async def balanced(session, http):
     return report
 
 
+async def progress_runs(session):
+    """Output as progress notifications: five quick lines, twenty times, and
+    a flood of 100,000 prints; what arrived, in order."""
+    report = {"quick": [], "flood": {}}
+    for _ in range(20):
+        messages = []
+
+        async def on_progress(value, total, message, messages=messages):
+            messages.append(message)
+
+        code = "for i in range(5):\n    print('line', i)"
+        await session.call_tool("execute_code", {"code": code}, progress_callback=on_progress)
+        report["quick"].append(messages)
+    messages = []
+
+    async def on_flood(value, total, message):
+        messages.append(message)
+
+    started = time.monotonic()
+    result = await session.call_tool(
+        "execute_code", {"code": "for i in range(100000):\n    print(i)"}, progress_callback=on_flood
+    )
+    report["flood"] = {
+        "messages": messages,
+        "seconds": time.monotonic() - started,
+        "structured_stdout_len": len((result.structured_content or {}).get("stdout", "")),
+    }
+    return report
+
+
 async def main():
     mode = sys.argv[1]
     if mode == "stdio":
@@ -215,6 +246,15 @@ async def main():
             async with streamable_http_client(url, http_client=http) as (read, write):
                 async with ClientSession(read, write) as session:
                     report = await exercise(session, concurrent=10)
+    elif mode == "progress":
+        binary, python = sys.argv[2], sys.argv[3]
+        params = StdioServerParameters(
+            command=binary, args=["mcp", "--python", python, "--pool-size", "2"], env={}
+        )
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                report = await progress_runs(session)
     elif mode == "balanced":
         async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=120)) as http:
             async with streamable_http_client(sys.argv[2], http_client=http) as (read, write):
