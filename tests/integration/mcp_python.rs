@@ -324,3 +324,114 @@ async fn every_output_chunk_reaches_the_python_sdk_coalesced_and_in_order() {
     );
     assert_eq!(flood["structured_stdout_len"], want.len());
 }
+
+/// The venv interpreter with the last 1.x SDK (`requirements-v1.txt`).
+async fn sdk_v1_python() -> &'static Path {
+    static SDK: OnceCell<PathBuf> = OnceCell::const_new();
+    SDK.get_or_init(|| async {
+        let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mcp-v1-venv");
+        let out = Command::new("bash")
+            .arg(format!("{CLIENT_DIR}/setup.sh"))
+            .arg(&venv)
+            .arg(format!("{CLIENT_DIR}/requirements-v1.txt"))
+            .env("MCP_TEST_PYTHON", python())
+            .env("MCP_IMPORT_CHECK", "import mcp.client.streamable_http")
+            .output()
+            .await
+            .expect("bash runs tests/mcp_client/setup.sh");
+        assert!(
+            out.status.success(),
+            "installing the 1.x Python MCP SDK failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .last()
+                .unwrap()
+                .trim(),
+        )
+    })
+    .await
+}
+
+#[tokio::test]
+async fn the_last_1x_python_sdk_works_over_stdio_and_http() {
+    let sdk = sdk_v1_python().await;
+    let mut server_config = config();
+    server_config.token = Some("v1-token".into());
+    let server = TestServer::with_config(server_config).await;
+    let script = format!("{CLIENT_DIR}/client_v1.py");
+    for args in [
+        vec![
+            "stdio".to_string(),
+            env!("CARGO_BIN_EXE_code-executor").to_string(),
+            python().display().to_string(),
+        ],
+        vec![
+            "http".into(),
+            format!("{}/mcp", server.url),
+            "v1-token".into(),
+        ],
+    ] {
+        let out = Command::new(sdk)
+            .arg(&script)
+            .args(&args)
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(Duration::from_secs(90), out)
+            .await
+            .expect("the 1.x client finishes within 90 s")
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap())
+                .unwrap();
+        assert_eq!(report["server_name"], "code-executor", "{report}");
+        assert!(
+            report["tools"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("execute_code")),
+            "{report}"
+        );
+        assert_eq!(report["text"], "4\n[exit code 0]", "{report}");
+        assert_eq!(report["structured_stdout"], "4\n");
+        let progress: String = report["progress"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                m.as_str()
+                    .unwrap()
+                    .trim_start_matches("[stdout] ")
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(
+            progress, "line 0\nline 1\nline 2\nline 3\nline 4\n",
+            "{report}"
+        );
+        let link = report["links"][0].as_str().unwrap();
+        assert!(link.starts_with("artifact://"), "{report}");
+        assert_eq!(report["read"]["mime"], "image/png");
+        assert!(
+            report["read"]["blob"]
+                .as_str()
+                .unwrap()
+                .starts_with("iVBORw0KGgo")
+        );
+        assert!(
+            report["resources"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(link))
+        );
+    }
+    server.stop().await;
+}
