@@ -261,3 +261,47 @@ async fn balancer_carries_a_whole_mcp_session_on_one_replica() {
     assert!(busy[0].1 >= 24.0, "{served:?}");
     balancer.stop().await;
 }
+
+#[tokio::test]
+async fn the_shipped_haproxy_config_is_valid_and_fits_long_runs_and_draining() {
+    let haproxy = cluster::haproxy().await;
+    let out = std::process::Command::new(&haproxy)
+        .args(["-c", "-f", cluster::HAPROXY_CFG])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(cluster::HAPROXY_CFG).unwrap();
+    let value = |key: &str| -> String {
+        text.lines()
+            .map(str::trim)
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key}"))
+            .trim()
+            .to_string()
+    };
+    // Readiness is /health, and a draining replica is out before its
+    // default drain delay ends: fastinter + (fall - 1) checks.
+    assert_eq!(value("http-check send"), "meth GET uri /health");
+    assert!(text.contains("inter 1s fastinter 500ms") && text.contains("fall 2"));
+    let default_delay = code_executor::Config::default().drain_delay;
+    assert!(Duration::from_millis(1000 + 500) < default_delay);
+    // The longest run (max_timeout) fits the inactivity timeouts.
+    let max_timeout = code_executor::Config::default().max_timeout;
+    for key in ["timeout client", "timeout server"] {
+        let secs: f64 = value(key).trim_end_matches('s').parse().unwrap();
+        assert!(
+            secs > max_timeout,
+            "{key} {secs} s <= max_timeout {max_timeout} s"
+        );
+    }
+    assert_eq!(
+        value("cookie"),
+        "CE_REPLICA insert indirect nocache httponly"
+    );
+    assert!(text.contains("option redispatch"));
+}

@@ -71,6 +71,38 @@ async fn the_manifests_validate_against_the_kubernetes_schemas_offline() {
             );
         }
     }
+    // The routing and the custom-metric autoscaler, against the same schemas.
+    for (file, resources) in [
+        (
+            "deploy/kubernetes/routing.yaml",
+            &["ingress/code-executor", "service/code-executor-replicas"][..],
+        ),
+        (
+            "deploy/kubernetes/autoscaling-custom-metrics.yaml",
+            &["horizontalpodautoscaler/code-executor"][..],
+        ),
+    ] {
+        for version in ["1.25.0", "1.37.0"] {
+            let out = std::process::Command::new(&validate)
+                .args(["--strict", "-k", version])
+                .arg(repo(file))
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{file} {version}:\n{text}");
+            assert!(
+                !text.contains("WARN") && !text.contains("ERROR"),
+                "{file} {version}:\n{text}"
+            );
+            for resource in resources {
+                assert!(
+                    text.contains(&format!("passed for resource {resource}")),
+                    "{resource} of {file} not validated against {version}:\n{text}"
+                );
+            }
+        }
+    }
     // And the validator does catch a misspelt field.
     let dir = tempfile::tempdir().unwrap();
     let broken = dir.path().join("broken.yaml");
@@ -303,5 +335,123 @@ async fn the_probes_and_the_scrape_mean_what_they_say_against_a_real_server() {
         .await
         .unwrap();
     assert_eq!(resp.text().await.unwrap(), "ok\n");
+    server.stop().await;
+}
+
+#[test]
+fn the_routing_pins_sessions_by_the_cookie_haproxy_uses_and_reaches_every_ready_pod() {
+    let base = documents("deploy/kubernetes/code-executor.yaml");
+    let deployment = kind(&base, "Deployment");
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let service = kind(&base, "Service");
+    let routing = documents("deploy/kubernetes/routing.yaml");
+    let ingress = kind(&routing, "Ingress");
+    let notes = &ingress["metadata"]["annotations"];
+    assert_eq!(notes["nginx.ingress.kubernetes.io/affinity"], "cookie");
+    // balanced (the default) moves pinned clients on scale-up.
+    assert_eq!(
+        notes["nginx.ingress.kubernetes.io/affinity-mode"],
+        "persistent"
+    );
+    let cookie = notes["nginx.ingress.kubernetes.io/session-cookie-name"]
+        .as_str()
+        .unwrap();
+    assert_eq!(cookie, crate::common::cluster::AFFINITY_COOKIE);
+    let haproxy = std::fs::read_to_string(repo("deploy/haproxy/haproxy.cfg")).unwrap();
+    assert!(
+        haproxy.contains(&format!("cookie {cookie} insert indirect nocache")),
+        "HAProxy and the Ingress pin with the same cookie"
+    );
+    // Streams unbuffered, and the longest run (max_timeout 300 s) fits.
+    assert_eq!(notes["nginx.ingress.kubernetes.io/proxy-buffering"], "off");
+    let read: u64 = notes["nginx.ingress.kubernetes.io/proxy-read-timeout"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(read > 300, "{read}");
+    let backend = &ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"];
+    assert_eq!(backend["name"], service["metadata"]["name"]);
+    assert_eq!(backend["port"]["name"], service["spec"]["ports"][0]["name"]);
+    // The headless Service lists the ready pods only, by their own port.
+    let headless = kind(&routing, "Service");
+    assert_eq!(headless["spec"]["clusterIP"], "None");
+    assert_eq!(headless["spec"]["publishNotReadyAddresses"], false);
+    assert_eq!(headless["spec"]["selector"], *labels);
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        headless["spec"]["ports"][0]["targetPort"],
+        container["ports"][0]["name"]
+    );
+    // The pod drains before it stops, within its grace period.
+    let delay: u64 = env_entry(container, "CODE_EXECUTOR_DRAIN_DELAY")["value"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .unwrap();
+    let shutdown = code_executor::Config::default().shutdown_timeout.as_secs();
+    assert!(
+        delay > 0 && grace > delay + shutdown,
+        "grace {grace} s must cover the drain delay {delay} s and shutdown_timeout {shutdown} s"
+    );
+}
+
+#[tokio::test]
+async fn the_custom_metric_autoscaler_reads_metrics_the_server_exports() {
+    let docs = documents("deploy/kubernetes/autoscaling-custom-metrics.yaml");
+    let hpa = kind(&docs, "HorizontalPodAutoscaler");
+    let base = documents("deploy/kubernetes/code-executor.yaml");
+    assert_eq!(
+        hpa["metadata"]["name"],
+        kind(&base, "HorizontalPodAutoscaler")["metadata"]["name"],
+        "it replaces the CPU HPA, never beside it"
+    );
+    assert_eq!(
+        hpa["spec"]["scaleTargetRef"]["name"],
+        kind(&base, "Deployment")["metadata"]["name"]
+    );
+    let metric = &hpa["spec"]["metrics"][0]["pods"]["metric"]["name"];
+    assert_eq!(metric, "code_executor_worker_demand");
+    // The adapter rule (in the file's comment and in docs/scaling.md) makes
+    // that metric from series a real server exports.
+    let text =
+        std::fs::read_to_string(repo("deploy/kubernetes/autoscaling-custom-metrics.yaml")).unwrap();
+    let docs_text = std::fs::read_to_string(repo("docs/scaling.md")).unwrap();
+    let server = TestServer::with_config(code_executor::Config {
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    let (_, scraped) = crate::ops::scrape(&server, None).await;
+    for series in [
+        "code_executor_workers{",
+        "code_executor_requests_waiting{",
+        "code_executor_runs_total{",
+        "code_executor_draining ",
+        "code_executor_sessions ",
+        "code_executor_replica_info{",
+    ] {
+        assert!(
+            scraped.contains(series),
+            "{series} not exported:\n{scraped}"
+        );
+    }
+    for needed in [
+        "as: code_executor_worker_demand",
+        "code_executor_requests_waiting{<<.LabelMatchers>>}",
+        "state=\"busy\"",
+    ] {
+        assert!(
+            text.contains(needed),
+            "{needed} missing from the adapter rule"
+        );
+        assert!(
+            docs_text.contains(needed),
+            "{needed} missing from docs/scaling.md"
+        );
+    }
     server.stop().await;
 }
