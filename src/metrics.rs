@@ -432,15 +432,16 @@ impl std::fmt::Debug for ReplicaCollector {
 
 impl Collector for ReplicaCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let gauge = ConstGauge::new(1i64);
-        let mut family = encoder.encode_descriptor(
-            "replica_info",
-            "This replica's id (--replica-id, default the host name); always 1",
-            None,
-            gauge.metric_type(),
-        )?;
-        gauge.encode(family.encode_family(&[("replica", self.replica.id())])?)?;
-        drop(family);
+        {
+            let gauge = ConstGauge::new(1i64);
+            let mut family = encoder.encode_descriptor(
+                "replica_info",
+                "This replica's id (--replica-id, default the host name); always 1",
+                None,
+                gauge.metric_type(),
+            )?;
+            gauge.encode(family.encode_family(&[("replica", self.replica.id())])?)?;
+        }
         let draining = ConstGauge::new(i64::from(self.replica.is_draining()));
         draining.encode(encoder.encode_descriptor(
             "draining",

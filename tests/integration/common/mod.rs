@@ -2,10 +2,10 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod conda;
 pub mod docker;
 pub mod mcp;
-pub mod cluster;
 pub mod pyenvs;
 
 use std::path::{Path, PathBuf};
