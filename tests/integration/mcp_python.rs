@@ -435,3 +435,77 @@ async fn the_last_1x_python_sdk_works_over_stdio_and_http() {
     }
     server.stop().await;
 }
+
+/// `mcp-inspector` of the pinned MCP Inspector (npm), installed once per
+/// machine under the target directory (a file lock keeps nextest's processes
+/// from installing it together). A failed install fails the test.
+fn inspector() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mcp-inspector");
+    let script = format!(
+        r#"set -euo pipefail
+mkdir -p "{dir}"; exec 9>"{dir}.lock"; flock 9
+bin="{dir}/node_modules/.bin/mcp-inspector"
+if [ -x "$bin" ]; then exit 0; fi
+cd "{dir}" && npm install --no-audit --no-fund --silent @modelcontextprotocol/inspector@2.12.0 >&2
+"#,
+        dir = dir.display()
+    );
+    let out = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .output()
+        .expect("bash runs");
+    assert!(
+        out.status.success(),
+        "installing the MCP Inspector failed (npm is needed):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir.join("node_modules/.bin/mcp-inspector")
+}
+
+#[tokio::test]
+async fn the_mcp_inspector_cli_lists_tools_and_resources_and_runs_code() {
+    let inspector = inspector();
+    let run = |method: &[&str]| {
+        let out = std::process::Command::new(&inspector)
+            .arg("--cli")
+            .arg(env!("CARGO_BIN_EXE_code-executor"))
+            .args(["mcp", "--python"])
+            .arg(python())
+            .args(["--pool-size", "1", "--method"])
+            .args(method)
+            .env("CODE_EXECUTOR_LOG", "warn")
+            .output()
+            .expect("the inspector runs");
+        assert!(
+            out.status.success(),
+            "{method:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout)
+            .unwrap_or_else(|e| panic!("{method:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+    };
+    let tools = run(&["tools/list"]);
+    let names: Vec<&str> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"execute_code"), "{names:?}");
+    let resources = run(&["resources/list"]);
+    assert_eq!(resources["resources"], json!([]), "{resources}");
+    let templates = run(&["resources/templates/list"]);
+    assert_eq!(
+        templates["resourceTemplates"][0]["uriTemplate"], "artifact://{run}/{path}",
+        "{templates}"
+    );
+    let called = run(&[
+        "tools/call",
+        "--tool-name",
+        "execute_code",
+        "--tool-arg",
+        "code=print(2+2)",
+    ]);
+    assert_eq!(called["content"][0]["text"], "4\n[exit code 0]", "{called}");
+    assert_eq!(called["structuredContent"]["stdout"], "4\n");
+}
