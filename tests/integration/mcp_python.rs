@@ -22,30 +22,50 @@ const CLIENT_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client"
 /// reused across runs). A failed install fails the test.
 async fn sdk_python() -> &'static Path {
     static SDK: OnceCell<PathBuf> = OnceCell::const_new();
-    SDK.get_or_init(|| async {
-        let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mcp-venv");
-        let out = Command::new("bash")
-            .arg(format!("{CLIENT_DIR}/setup.sh"))
-            .arg(&venv)
-            .env("MCP_TEST_PYTHON", python())
-            .output()
-            .await
-            .expect("bash runs tests/mcp_client/setup.sh");
-        assert!(
-            out.status.success(),
-            "installing the Python MCP SDK failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        PathBuf::from(
-            stdout
-                .lines()
-                .last()
-                .expect("setup.sh prints the venv python"),
+    SDK.get_or_init(|| sdk_venv("mcp-venv", "requirements.txt", "import mcp, httpx2"))
+        .await
+}
+
+/// The venv interpreter with the last 1.x SDK (`requirements-v1.txt`).
+async fn sdk_v1_python() -> &'static Path {
+    static SDK: OnceCell<PathBuf> = OnceCell::const_new();
+    SDK.get_or_init(|| {
+        sdk_venv(
+            "mcp-v1-venv",
+            "requirements-v1.txt",
+            "import mcp.client.streamable_http",
         )
     })
     .await
+}
+
+/// `setup.sh` for the venv `name` with `requirements`, which must `import`
+/// as `check` says; its interpreter.
+async fn sdk_venv(name: &str, requirements: &str, check: &str) -> PathBuf {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let out = Command::new("bash")
+        .arg(format!("{CLIENT_DIR}/setup.sh"))
+        .arg(&venv)
+        .arg(format!("{CLIENT_DIR}/{requirements}"))
+        .env("MCP_TEST_PYTHON", python())
+        .env("MCP_IMPORT_CHECK", check)
+        .output()
+        .await
+        .expect("bash runs tests/mcp_client/setup.sh");
+    assert!(
+        out.status.success(),
+        "installing the Python MCP SDK ({requirements}) failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    PathBuf::from(
+        stdout
+            .lines()
+            .last()
+            .expect("setup.sh prints the venv python")
+            .trim(),
+    )
 }
 
 /// Run client.py with `args`; its JSON report.
@@ -323,37 +343,6 @@ async fn every_output_chunk_reaches_the_python_sdk_coalesced_and_in_order() {
         "the flood's text differs from what was printed"
     );
     assert_eq!(flood["structured_stdout_len"], want.len());
-}
-
-/// The venv interpreter with the last 1.x SDK (`requirements-v1.txt`).
-async fn sdk_v1_python() -> &'static Path {
-    static SDK: OnceCell<PathBuf> = OnceCell::const_new();
-    SDK.get_or_init(|| async {
-        let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mcp-v1-venv");
-        let out = Command::new("bash")
-            .arg(format!("{CLIENT_DIR}/setup.sh"))
-            .arg(&venv)
-            .arg(format!("{CLIENT_DIR}/requirements-v1.txt"))
-            .env("MCP_TEST_PYTHON", python())
-            .env("MCP_IMPORT_CHECK", "import mcp.client.streamable_http")
-            .output()
-            .await
-            .expect("bash runs tests/mcp_client/setup.sh");
-        assert!(
-            out.status.success(),
-            "installing the 1.x Python MCP SDK failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .last()
-                .unwrap()
-                .trim(),
-        )
-    })
-    .await
 }
 
 #[tokio::test]
