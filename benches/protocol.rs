@@ -58,7 +58,7 @@ fn encode(c: &mut Criterion) {
                     max_result_chars: 10_000,
                     rusage: false,
                     int_max_str_digits: None,
-        max_image_pixels: None,
+                    max_image_pixels: None,
                 };
                 black_box(encode_frame(black_box(&frame)).unwrap())
             })
