@@ -396,6 +396,12 @@ impl Executor {
             for e in &warm {
                 let (pool, name) = (e.pool.clone(), e.spec.name.clone());
                 tokio::spawn(async move {
+                    // One worker first, alone on the CPU (starting them all
+                    // at once would make the first call wait for the
+                    // slowest of them to share the cores), then the rest.
+                    if let Ok(first) = pool.get().await {
+                        pool.put(first);
+                    }
                     if let Err(err) = pool.prewarm().await {
                         tracing::error!(
                             "environment {name:?} cannot start workers: {}",
