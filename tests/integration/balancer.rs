@@ -215,6 +215,10 @@ async fn balancer_carries_a_whole_mcp_session_on_one_replica() {
         format!("{}/mcp", balancer.url).into(),
     ])
     .await;
+    eprintln!(
+        "MCP session through HAProxy: {} s of calls, {} s to close",
+        report["exercised_s"], report["closed_s"]
+    );
     assert_eq!(report["server_name"], "code-executor");
     let tools = report["tools"].as_array().expect("tools");
     for tool in ["execute_code", "create_session", "close_session"] {

@@ -179,6 +179,7 @@ async def exercise(session, concurrent):
 async def balanced(session, http):
     """initialize, tools/list, 20 execute_code calls and the session tools, as
     one MCP session; which cookies the SDK's HTTP client kept."""
+    started = time.monotonic()
     init = await session.initialize()
     report = {"server_name": init.server_info.name}
     report["tools"] = [t.name for t in (await session.list_tools()).tools]
@@ -195,6 +196,7 @@ async def balanced(session, http):
         "closed": call_report(await session.call_tool("close_session", {"session": sid})),
     }
     report["cookies"] = sorted({c.name for c in http.cookies.jar})
+    report["exercised_s"] = time.monotonic() - started
     return report
 
 
@@ -260,6 +262,8 @@ async def main():
             async with streamable_http_client(sys.argv[2], http_client=http) as (read, write):
                 async with ClientSession(read, write) as session:
                     report = await balanced(session, http)
+                closing = time.monotonic()
+            report["closed_s"] = time.monotonic() - closing
     else:
         sys.exit(f"unknown mode {mode!r}")
     print(json.dumps(report))
