@@ -309,3 +309,74 @@ async fn the_shipped_haproxy_config_is_valid_and_fits_long_runs_and_draining() {
     );
     assert!(text.contains("option redispatch"));
 }
+
+#[tokio::test]
+async fn the_stateless_mcp_revision_spreads_and_sessions_follow_the_cookie() {
+    use crate::mcp_protocol::stateless_at;
+    let (replicas, balancer) = three_replicas(&["--pool-size", "2"]).await;
+    let url = format!("{}/mcp", balancer.url);
+    // Without a cookie, stateless calls go anywhere and all answer.
+    for i in 0..30u64 {
+        let (answer, _) = stateless_at(
+            &url,
+            None,
+            i,
+            "tools/call",
+            serde_json::json!({"name": "execute_code", "arguments": {"code": format!("print({i} * 2)")}}),
+        )
+        .await;
+        assert_eq!(
+            answer["result"]["structuredContent"]["stdout"],
+            format!("{}\n", i * 2),
+            "{answer}"
+        );
+    }
+    let served: Vec<f64> = futures_util::future::join_all(replicas.iter().map(|r| r.metrics()))
+        .await
+        .iter()
+        .map(|m| {
+            m.iter()
+                .filter(|(k, _)| k.starts_with("code_executor_mcp_tool_calls_total"))
+                .map(|(_, v)| v)
+                .sum()
+        })
+        .collect();
+    assert!(
+        served.iter().filter(|n| **n > 0.0).count() >= 2,
+        "{served:?}"
+    );
+    // A session is created on one replica; the balancer's cookie from that
+    // answer brings every later call back to it.
+    let (created, cookie) = stateless_at(
+        &url,
+        None,
+        100,
+        "tools/call",
+        serde_json::json!({"name": "create_session", "arguments": {}}),
+    )
+    .await;
+    let id = created["result"]["structuredContent"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_string();
+    let cookie = cookie.expect("the balancer sets its cookie");
+    for (n, code) in ["v = 7", "v += 1", "print(v)"].iter().enumerate() {
+        let (answer, _) = stateless_at(
+            &url,
+            Some(&cookie),
+            101 + n as u64,
+            "tools/call",
+            serde_json::json!({"name": "execute_code", "arguments": {"code": code, "session": id}}),
+        )
+        .await;
+        if n == 2 {
+            assert_eq!(
+                answer["result"]["structuredContent"]["stdout"], "8\n",
+                "{answer}"
+            );
+        } else {
+            assert_ne!(answer["result"]["isError"], true, "{answer}");
+        }
+    }
+    balancer.stop().await;
+}

@@ -13,18 +13,35 @@ use crate::mcp::{marked_sleeper, unique_marker, wait_for_process, wait_until_gon
 const STATELESS: &str = "2026-07-28";
 
 /// One stateless request on a connection of its own; the JSON-RPC answer.
-async fn stateless(server: &TestServer, id: u64, method: &str, mut params: Value) -> Value {
+async fn stateless(server: &TestServer, id: u64, method: &str, params: Value) -> Value {
+    stateless_at(&format!("{}/mcp", server.url), None, id, method, params)
+        .await
+        .0
+}
+
+/// A stateless request to the MCP endpoint `url`, with `cookie` if given;
+/// the JSON-RPC answer and the `Set-Cookie` header of the response.
+pub(crate) async fn stateless_at(
+    url: &str,
+    cookie: Option<&str>,
+    id: u64,
+    method: &str,
+    mut params: Value,
+) -> (Value, Option<String>) {
     params["_meta"] = json!({
         "io.modelcontextprotocol/protocolVersion": STATELESS,
         "io.modelcontextprotocol/clientCapabilities": {},
     });
     let mut req = reqwest::Client::new()
-        .post(format!("{}/mcp", server.url))
+        .post(url)
         .header("accept", "application/json, text/event-stream")
         .header("MCP-Protocol-Version", STATELESS)
         .header("Mcp-Method", method);
     if let Some(name) = params["name"].as_str() {
         req = req.header("Mcp-Name", name);
+    }
+    if let Some(cookie) = cookie {
+        req = req.header("cookie", cookie);
     }
     let resp = req
         .json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
@@ -32,13 +49,18 @@ async fn stateless(server: &TestServer, id: u64, method: &str, mut params: Value
         .await
         .unwrap();
     assert_eq!(resp.status(), 200, "{method}");
+    let set_cookie = resp
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(';').next().unwrap_or(v).to_string());
     let body = resp.text().await.unwrap();
     let data = body
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
         .find(|l| l.contains("\"id\""))
         .unwrap_or_else(|| panic!("no answer in {body}"));
-    serde_json::from_str(data).unwrap()
+    (serde_json::from_str(data).unwrap(), set_cookie)
 }
 
 #[tokio::test]
