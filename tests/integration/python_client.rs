@@ -118,7 +118,10 @@ async fn client_executes_streams_grades_and_pins_sessions_over_two_replicas() {
     // output is the chunks together, the first of them "a".
     let first = &events[0];
     assert_eq!(first["kind"], "stdout", "{events:?}");
-    assert!(first["data"].as_str().unwrap().starts_with('a'), "{events:?}");
+    assert!(
+        first["data"].as_str().unwrap().starts_with('a'),
+        "{events:?}"
+    );
     let streamed: String = events
         .iter()
         .filter(|e| e["kind"] == "stdout")
