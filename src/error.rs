@@ -6,6 +6,18 @@ use std::time::Duration;
 
 use crate::protocol::FrameError;
 
+/// `err` and its sources, joined: the full reason in one line.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 /// A worker process failed to start, broke the protocol or died.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -55,7 +67,12 @@ pub enum PoolError {
 }
 
 /// Why the executor could not run a request. Front ends map each variant to
-/// their own error shape (HTTP status and code, MCP tool error).
+/// their own error shape with [`ExecError::code`] and [`ExecError::status`]
+/// (the HTTP status and error code, the MCP tool error).
+///
+/// `BadRequest`, `TooLarge` and `UnknownSession` carry the sentence the
+/// client reads: it is composed where the facts are (the field, the limit
+/// and its setting, why a session is gone, which replica holds it).
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
     #[error("{0}")]
@@ -70,18 +87,117 @@ pub enum ExecError {
     #[error("environment {env:?} is unavailable: {reason}")]
     EnvUnavailable { env: String, reason: String },
     #[error(transparent)]
-    Worker(WorkerError),
+    Worker(#[from] WorkerError),
     #[error("server is shutting down")]
     ShuttingDown,
     /// The replica is draining: it refuses what would outlive it.
-    #[error("{0}")]
-    Draining(String),
+    #[error(
+        "replica {replica:?} is draining (shutting down) and starts no new session; retry: another replica will take it"
+    )]
+    Draining { replica: String },
     #[error("{0}")]
     UnknownSession(String),
-    #[error("{0}")]
-    TooManySessions(String),
-    #[error("{0}")]
-    Internal(String),
+    /// A cap on live sessions is reached: the server's (`env` is `None`)
+    /// or one environment's.
+    #[error("{}", too_many_sessions(env.as_deref(), *limit))]
+    TooManySessions { env: Option<String>, limit: usize },
+    /// The worker's pids cgroup could not be set for the run or session.
+    #[error("cannot cap the run's processes in the worker's cgroup")]
+    Cgroup(#[source] io::Error),
+    #[error("error encoding the request for the worker")]
+    Encode(#[source] FrameError),
+    #[error("error drawing a session id")]
+    SessionId(#[source] io::Error),
+    #[error("error running the installer")]
+    Installer(#[source] io::Error),
+}
+
+fn too_many_sessions(env: Option<&str>, limit: usize) -> String {
+    let whose = match env {
+        None => "the server".to_string(),
+        Some(env) => format!("environment {env:?}"),
+    };
+    format!(
+        "{whose} already runs its maximum of {limit} sessions; close one (DELETE /sessions/{{id}}) or wait for one to expire"
+    )
+}
+
+impl ExecError {
+    /// The error's code in an HTTP error body and an MCP error result.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ExecError::BadRequest(_) => "bad_request",
+            ExecError::TooLarge(_) => "too_large",
+            ExecError::UnknownEnv { .. } => "unknown_env",
+            ExecError::Busy(_) => "busy",
+            ExecError::EnvUnavailable { .. } => "env_unavailable",
+            ExecError::ShuttingDown => "unavailable",
+            ExecError::Draining { .. } => "draining",
+            ExecError::UnknownSession(_) => "unknown_session",
+            ExecError::TooManySessions { .. } => "too_many_sessions",
+            ExecError::Worker(_)
+            | ExecError::Cgroup(_)
+            | ExecError::Encode(_)
+            | ExecError::SessionId(_)
+            | ExecError::Installer(_) => "internal",
+        }
+    }
+
+    /// The HTTP status the error is answered with.
+    pub fn status(&self) -> u16 {
+        match self {
+            ExecError::BadRequest(_) => 400,
+            ExecError::TooLarge(_) => 413,
+            ExecError::UnknownEnv { .. } | ExecError::UnknownSession(_) => 404,
+            ExecError::TooManySessions { .. } => 429,
+            ExecError::Busy(_)
+            | ExecError::EnvUnavailable { .. }
+            | ExecError::ShuttingDown
+            | ExecError::Draining { .. } => 503,
+            ExecError::Worker(_)
+            | ExecError::Cgroup(_)
+            | ExecError::Encode(_)
+            | ExecError::SessionId(_)
+            | ExecError::Installer(_) => 500,
+        }
+    }
+
+    /// Seconds after which a retry may succeed, when one may.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            ExecError::Busy(PoolError::Busy(wait)) => Some(wait.as_secs().clamp(1, 60)),
+            ExecError::ShuttingDown | ExecError::Draining { .. } => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The request was refused before or without running (not a server fault).
+    pub fn is_client_error(&self) -> bool {
+        self.status() < 500
+    }
+}
+
+/// The executor could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
+    #[error("error preparing the server's temporary directory")]
+    TempDir(#[source] io::Error),
+    #[error("error writing the worker bootstrap to {path}")]
+    Bootstrap {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("environment {env:?} cannot start workers")]
+    DefaultEnv {
+        env: String,
+        #[source]
+        source: WorkerError,
+    },
 }
 
 /// A configuration that cannot be used.

@@ -27,6 +27,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod api;
 pub mod artifacts;
 pub mod config;
 pub mod env;
@@ -34,8 +35,10 @@ pub mod error;
 pub mod executor;
 pub mod grade;
 pub mod http;
+pub mod limits;
 pub mod mcp;
 pub mod metrics;
+pub mod outcome;
 pub mod pool;
 pub mod protocol;
 pub mod replica;
@@ -43,7 +46,6 @@ pub mod sandbox;
 pub mod server;
 pub mod session;
 pub mod sys;
-pub mod types;
 pub mod worker;
 
 pub use config::Config;

@@ -30,9 +30,9 @@ async fn serve(cli: Cli) {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(serve) => {
-            let config = Config::load(&serve.args)?;
+            let config = Config::load(&serve.options)?;
             if serve.check_config {
-                let registry = code_executor::env::Registry::build(&config).await?;
+                let registry = code_executor::env::Registry::build(&config.registry()).await?;
                 println!("configuration is valid");
                 print!("{}", registry.describe().await);
                 return Ok(());
@@ -70,7 +70,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Envs(args) => {
             let config = Config::load(&args)?;
             init_logging(config.log_format);
-            let registry = code_executor::env::Registry::build(&config).await?;
+            let registry = code_executor::env::Registry::build(&config.registry()).await?;
             print!("{}", registry.describe().await);
             Ok(())
         }

@@ -22,6 +22,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::outcome::Outcome;
 use crate::pool::{EnvPool, RestartCause};
 use crate::replica::Replica;
 use crate::session::Sessions;
@@ -68,13 +69,13 @@ impl RunOutcome {
         }
     }
 
-    /// The outcome of a run that completed on a worker.
-    pub fn of(result: &crate::worker::RunOutput) -> RunOutcome {
+    /// The label of a run that completed on a worker.
+    pub fn of(result: &crate::worker::RunOutput, outcome: &Outcome) -> RunOutcome {
         if result.timed_out {
             RunOutcome::Timeout
-        } else if crate::executor::limit_of(result).is_some() {
+        } else if outcome.limit.is_some() {
             RunOutcome::Limit
-        } else if result.exit_code != 0 || result.error.is_some() {
+        } else if outcome.failed {
             RunOutcome::Error
         } else {
             RunOutcome::Ok

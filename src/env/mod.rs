@@ -8,6 +8,7 @@
 
 pub mod activate;
 pub mod discover;
+pub mod install;
 pub mod packages;
 pub mod registry;
 
@@ -20,7 +21,7 @@ use serde::Serialize;
 
 use crate::error::ConfigError;
 
-pub use registry::{EnvPlan, EnvSettings, Registry};
+pub use registry::{EnvConfig, EnvPlan, EnvSettings, Registry, RegistryConfig};
 
 /// What kind of prefix an environment is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

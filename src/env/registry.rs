@@ -10,9 +10,10 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
+use std::time::Duration;
+
 use super::discover::{Discovered, discover, find_conda};
-use super::{EnvChoice, EnvSpec, name_of};
-use crate::config::Config;
+use super::{EnvChoice, EnvSpec, HostEnv, name_of};
 use crate::error::ConfigError;
 use crate::protocol::RunLimits;
 
@@ -32,6 +33,36 @@ pub struct EnvSettings {
     pub network: crate::sandbox::Network,
     /// Size of each worker's scratch tmpfs.
     pub disk_bytes: u64,
+}
+
+/// An environment configured by an `[[envs]]` table, resolved.
+#[derive(Debug, Clone)]
+pub struct EnvConfig {
+    /// Name in requests; derived from the prefix when absent.
+    pub name: Option<String>,
+    pub location: EnvChoice,
+    /// The environment used when a request names none.
+    pub default: bool,
+    pub settings: EnvSettings,
+}
+
+/// What building the registry reads from the configuration.
+#[derive(Debug, Clone)]
+pub struct RegistryConfig<'a> {
+    /// What discovery reads from the server's environment.
+    pub host: &'a HostEnv,
+    /// Whether Conda environments are discovered.
+    pub discover: bool,
+    /// Bound on each Conda query during discovery.
+    pub query_timeout: Duration,
+    /// The default environment the flags, variables or file chose.
+    pub env: &'a EnvChoice,
+    /// Settings of the default environment (and of discovered ones).
+    pub defaults: EnvSettings,
+    /// The `[[envs]]` tables.
+    pub envs: &'a [EnvConfig],
+    /// Cap on live workers across all pools.
+    pub max_workers: usize,
 }
 
 /// One environment the server will serve.
@@ -57,10 +88,10 @@ pub struct Registry {
 impl Registry {
     /// Discover (unless disabled), resolve the configured environments and
     /// name everything. Fails when a configured environment cannot be found.
-    pub async fn build(config: &Config) -> Result<Registry, ConfigError> {
-        let host = &config.host_env;
+    pub async fn build(config: &RegistryConfig<'_>) -> Result<Registry, ConfigError> {
+        let host = config.host;
         let found = if config.discover {
-            discover(host, config.activation_timeout).await
+            discover(host, config.query_timeout).await
         } else {
             Discovered {
                 conda: find_conda(host),
@@ -93,40 +124,24 @@ impl Registry {
                             })?;
                     EnvSpec::from_prefix(prefix, Some(name.unwrap_or(wanted)))
                 }
-                EnvChoice::Default => auto_default(config, &candidates),
+                EnvChoice::Default => auto_default(host, &candidates),
             }
         };
 
-        let global = EnvSettings {
-            pool_size: config.pool_size,
-            preload: config.preload.clone(),
-            timeout: config.timeout,
-            max_timeout: config.max_timeout,
-            run_limits: config.run_limits.clone(),
-            network: config.sandbox.network,
-            disk_bytes: config.sandbox.disk_bytes,
-        };
+        let global = config.defaults.clone();
         let mut envs = Vec::new();
-        if config.env != EnvChoice::Default || config.envs.is_empty() {
+        if *config.env != EnvChoice::Default || config.envs.is_empty() {
             envs.push(EnvPlan {
-                spec: resolve(&config.env, None)?,
+                spec: resolve(config.env, None)?,
                 settings: global.clone(),
                 configured: true,
             });
         }
         let flagged = envs.len();
-        for table in &config.envs {
+        for table in config.envs {
             envs.push(EnvPlan {
                 spec: resolve(&table.location, table.name.as_deref())?,
-                settings: EnvSettings {
-                    pool_size: table.pool_size,
-                    preload: table.preload.clone(),
-                    timeout: table.timeout,
-                    max_timeout: table.max_timeout,
-                    run_limits: table.run_limits.clone(),
-                    network: table.network,
-                    disk_bytes: table.disk_bytes,
-                },
+                settings: table.settings.clone(),
                 configured: true,
             });
         }
@@ -259,8 +274,7 @@ async fn probe_version(python: &Path) -> Option<String> {
 
 /// With nothing configured: the active Conda env, else Conda's base env,
 /// else `python3` on `PATH` (named `default`).
-fn auto_default(config: &Config, candidates: &[(String, PathBuf)]) -> Result<EnvSpec, ConfigError> {
-    let host = &config.host_env;
+fn auto_default(host: &HostEnv, candidates: &[(String, PathBuf)]) -> Result<EnvSpec, ConfigError> {
     if let Some(active) = &host.conda_prefix {
         let canonical = active.canonicalize().unwrap_or_else(|_| active.clone());
         let name = candidates

@@ -19,11 +19,12 @@ use serde_json::Value;
 
 pub use compare::Compare;
 
+use crate::api::{ArtifactSelection, ExecRequest, FileContent, RunError};
 use crate::error::ExecError;
-use crate::executor::{Executor, PreparedRun, RunOptions};
-use crate::pool::error_chain;
+use crate::error::error_chain;
+use crate::executor::{Executor, PreparedRun, RunOptions, RunReport};
+use crate::outcome::{Limit, Outcome};
 use crate::protocol::RunLimits;
-use crate::types::{ArtifactSelection, ExecRequest, FileContent, RunError};
 use crate::worker::RunOutput;
 
 /// Bytes of stdout and of stderr kept per case in a grading result.
@@ -44,10 +45,6 @@ const TESTS_FILE: &str = "__tests__.py";
 /// The checker's arguments and answer.
 const CHECKER_ARGS_FILE: &str = "__checker_args__.json";
 const CHECKER_RESULT_FILE: &str = "__checker_result__.json";
-
-/// A peak resident set at least this fraction of the memory limit makes a
-/// run killed by a crash signal a `memory_limit` verdict.
-const NEAR_LIMIT: f64 = 0.5;
 
 /// `POST /grade`, MCP `grade_code`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
@@ -262,6 +259,9 @@ pub struct CaseResult {
     pub exit_code: Option<i32>,
     /// Name of the signal that killed the run, if any.
     pub signal: Option<String>,
+    /// Which limit stopped the run, as `/execute` reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<Limit>,
     /// User + system CPU time of the run's process, from the OS.
     pub cpu_ms: Option<f64>,
     /// Wall time of the run inside the worker.
@@ -297,6 +297,7 @@ impl CaseResult {
             verdict,
             exit_code: None,
             signal: None,
+            limit: None,
             cpu_ms: None,
             wall_ms: None,
             peak_rss_kb: None,
@@ -713,13 +714,13 @@ impl Executor {
         let memory_limit = prepared.memory_bytes();
         let timeout = prepared.timeout();
         let mut result = match self.run_output(prepared, None).await {
-            Ok(out) => {
+            Ok(report) => {
                 // The checker sees the whole output, not the capped copy.
                 let output = plan
                     .checker
                     .as_ref()
-                    .map(|_| String::from_utf8_lossy(&out.stdout).into_owned());
-                let mut result = judge(plan, &case, out, memory_limit, timeout);
+                    .map(|_| String::from_utf8_lossy(&report.output.stdout).into_owned());
+                let mut result = judge(plan, &case, report, memory_limit, timeout);
                 if let (Some(checker), Some(output), Verdict::Ok) =
                     (&plan.checker, output, result.verdict)
                 {
@@ -782,7 +783,7 @@ impl Executor {
             Err(e) => Err(e),
         };
         let mut out = match out {
-            Ok(out) => out,
+            Ok(report) => report.output,
             Err(e) => return failed(result, error_chain(&e)),
         };
         if out.timed_out {
@@ -864,11 +865,15 @@ fn shape(
 fn judge(
     plan: &Plan,
     case: &Expect,
-    mut out: RunOutput,
+    report: RunReport,
     memory_limit: Option<u64>,
     timeout: f64,
 ) -> CaseResult {
-    let (mut verdict, mut message) = match limit_verdict(&out, memory_limit, timeout) {
+    let RunReport {
+        output: mut out,
+        outcome,
+    } = report;
+    let (mut verdict, mut message) = match limit_verdict(&out, &outcome, memory_limit, timeout) {
         Some((verdict, message)) => (Some(verdict), Some(message)),
         None => (None, None),
     };
@@ -939,6 +944,7 @@ fn judge(
         verdict: verdict.unwrap_or(Verdict::Error),
         exit_code: Some(out.exit_code),
         signal: out.signal,
+        limit: outcome.limit,
         cpu_ms: out.cpu_ms.map(round3),
         wall_ms: Some(round3(out.duration_ms)),
         peak_rss_kb: out.peak_rss_kb,
@@ -997,75 +1003,57 @@ fn tests_verdict(out: &mut RunOutput) -> (Option<Verdict>, Option<String>, Optio
     }
 }
 
-/// The verdict of a run that did not end cleanly, before any comparison:
-/// timeout, memory, output cap, then runtime error.
-///
-/// Memory: the run's address space is limited (`RLIMIT_AS`), so going over
-/// it makes allocations fail. Python raises `MemoryError` (or a subclass
-/// such as numpy's `_ArrayMemoryError`); when even reporting it failed, the
-/// last line of stderr still names it; C code that does not check its
-/// allocations dies of SIGSEGV or SIGABRT instead, and a kernel OOM or cgroup
-/// kill is SIGKILL. An OOM kill the worker's memory cgroup counted during the
-/// run is `memory_limit`. Otherwise a crash by one of those signals counts as
-/// `memory_limit` only when the run's peak resident set reached half the
-/// limit (the address space holds more than the resident pages, so a run
-/// near its limit never shows an RSS equal to it); below that it is a
-/// `runtime_error`.
+/// The verdict of a run that did not end cleanly, before any comparison,
+/// from how it ended ([`Outcome`]): the wall clock or the CPU-time limit is
+/// `timeout`, the memory limit `memory_limit`, the output cap
+/// `output_limit`; any other failure is `runtime_error`, naming the limit
+/// that stopped it if one did (processes, file size, disk).
 fn limit_verdict(
     out: &RunOutput,
+    outcome: &Outcome,
     memory_limit: Option<u64>,
     timeout: f64,
 ) -> Option<(Verdict, String)> {
-    if out.timed_out {
-        return Some((
-            Verdict::Timeout,
-            format!("killed after the timeout of {timeout} s"),
-        ));
+    match outcome.limit {
+        Some(Limit::Timeout) => {
+            return Some((
+                Verdict::Timeout,
+                format!("killed after the timeout of {timeout} s"),
+            ));
+        }
+        Some(Limit::Cpu) => {
+            return Some((Verdict::Timeout, "killed at its CPU-time limit".into()));
+        }
+        Some(Limit::Memory) => {
+            let limit = memory_limit
+                .map(|b| format!(" of {b} bytes"))
+                .unwrap_or_default();
+            return Some((
+                Verdict::MemoryLimit,
+                format!("ran out of memory under the limit{limit}"),
+            ));
+        }
+        Some(Limit::Output) => {
+            return Some((
+                Verdict::OutputLimit,
+                "output went over the server's per-stream cap".into(),
+            ));
+        }
+        _ => {}
     }
-    let signal = out.signal.as_deref();
-    if signal == Some("SIGXCPU") {
-        return Some((Verdict::Timeout, "killed at its CPU-time limit".into()));
+    if !outcome.failed {
+        return None;
     }
-    let memory_error = out
-        .error
-        .as_ref()
-        .is_some_and(|e| e.kind == "MemoryError" || e.kind.ends_with("MemoryError"))
-        || (out.error.is_none()
-            && out.exit_code != 0
-            && String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .is_some_and(|l| l.starts_with("MemoryError")));
-    let near_limit = match (memory_limit, out.peak_rss_kb) {
-        (Some(limit), Some(rss)) => (rss as f64) * 1024.0 >= limit as f64 * NEAR_LIMIT,
-        _ => false,
+    let message = match (&out.error, &out.signal) {
+        (Some(e), _) => format!("{}: {}", e.kind, e.message),
+        (None, Some(sig)) => format!("killed by {sig}"),
+        (None, None) => format!("exit code {}", out.exit_code),
     };
-    let crash = matches!(signal, Some("SIGKILL" | "SIGSEGV" | "SIGABRT" | "SIGBUS"));
-    if memory_error || out.cgroup.oom_kill || (crash && near_limit) {
-        let limit = memory_limit
-            .map(|b| format!(" of {b} bytes"))
-            .unwrap_or_default();
-        return Some((
-            Verdict::MemoryLimit,
-            format!("ran out of memory under the limit{limit}"),
-        ));
-    }
-    if out.stdout_truncated || out.stderr_truncated {
-        return Some((
-            Verdict::OutputLimit,
-            "output went over the server's per-stream cap".into(),
-        ));
-    }
-    if out.error.is_some() || out.exit_code != 0 || signal.is_some() {
-        let message = match (&out.error, signal) {
-            (Some(e), _) => format!("{}: {}", e.kind, e.message),
-            (None, Some(sig)) => format!("killed by {sig}"),
-            (None, None) => format!("exit code {}", out.exit_code),
-        };
-        return Some((Verdict::RuntimeError, message));
-    }
-    None
+    let message = match outcome.limit {
+        Some(limit) => format!("{message} (stopped at its {limit} limit)"),
+        None => message,
+    };
+    Some((Verdict::RuntimeError, message))
 }
 
 /// The JSON a grading harness wrote to `path` in the run's directory (an
@@ -1263,7 +1251,7 @@ mod tests {
     }
 
     fn verdict(out: &RunOutput, limit: Option<u64>) -> Option<Verdict> {
-        limit_verdict(out, limit, 1.0).map(|(v, _)| v)
+        limit_verdict(out, &Outcome::of(out, limit), limit, 1.0).map(|(v, _)| v)
     }
 
     #[test]
@@ -1277,6 +1265,7 @@ mod tests {
         let mut out = output(1);
         out.error = Some(WireError {
             kind: "numpy.core._exceptions._ArrayMemoryError".into(),
+            errno: Some(nix::errno::Errno::ENOMEM as i32),
             ..WireError::default()
         });
         assert_eq!(verdict(&out, None), Some(Verdict::MemoryLimit));
@@ -1303,6 +1292,22 @@ mod tests {
         let mut out = output(-24);
         out.signal = Some("SIGXCPU".into());
         assert_eq!(verdict(&out, None), Some(Verdict::Timeout));
+        // Other limits are runtime errors that name the limit, as /execute does.
+        let mut out = output(1);
+        out.error = Some(WireError {
+            kind: "OSError".into(),
+            message: "[Errno 27] File too large".into(),
+            errno: Some(nix::errno::Errno::EFBIG as i32),
+            ..WireError::default()
+        });
+        let outcome = Outcome::of(&out, None);
+        assert_eq!(outcome.limit, Some(Limit::FileSize));
+        let (verdict, message) = limit_verdict(&out, &outcome, None, 1.0).unwrap();
+        assert_eq!(verdict, Verdict::RuntimeError);
+        assert!(
+            message.ends_with("(stopped at its file_size limit)"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -5,8 +5,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::error::{ExecError, PoolError};
-use crate::pool::error_chain;
+use crate::error::ExecError;
+use crate::error::error_chain;
 
 /// An error answered to an HTTP client.
 #[derive(Debug)]
@@ -57,40 +57,11 @@ impl IntoResponse for ApiError {
 
 impl From<ExecError> for ApiError {
     fn from(err: ExecError) -> Self {
-        let message = error_chain(&err);
-        match err {
-            ExecError::BadRequest(_) => ApiError::bad_request(message),
-            ExecError::TooLarge(_) => {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
-            }
-            ExecError::UnknownEnv { .. } => {
-                ApiError::new(StatusCode::NOT_FOUND, "unknown_env", message)
-            }
-            ExecError::Busy(PoolError::Busy(wait)) => ApiError {
-                retry_after: Some(wait.as_secs().clamp(1, 60)),
-                ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message)
-            },
-            ExecError::Busy(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", message),
-            ExecError::EnvUnavailable { .. } => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "env_unavailable", message)
-            }
-            ExecError::ShuttingDown => ApiError {
-                retry_after: Some(1),
-                ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
-            },
-            ExecError::Draining(_) => ApiError {
-                retry_after: Some(1),
-                ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "draining", message)
-            },
-            ExecError::UnknownSession(_) => {
-                ApiError::new(StatusCode::NOT_FOUND, "unknown_session", message)
-            }
-            ExecError::TooManySessions(_) => {
-                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_sessions", message)
-            }
-            ExecError::Worker(_) | ExecError::Internal(_) => {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
-            }
+        ApiError {
+            status: StatusCode::from_u16(err.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            code: err.code(),
+            message: error_chain(&err),
+            retry_after: err.retry_after(),
         }
     }
 }

@@ -22,10 +22,10 @@ use subtle::ConstantTimeEq;
 
 pub use error::ApiError;
 
+use crate::api::{ExecRequest, ExecResult, InstallRequest, InstallResult};
 use crate::executor::Executor;
 use crate::grade::{GradeBatchRequest, GradeBatchResult, GradeRequest, GradeResult};
 use crate::session::{CreateSessionRequest, SessionInfo};
-use crate::types::{ExecRequest, ExecResult, InstallRequest, InstallResult};
 
 /// What every handler shares.
 #[derive(Clone)]
@@ -316,8 +316,8 @@ async fn livez() -> &'static str {
     path = "/health",
     tag = "meta",
     responses(
-        (status = 200, description = "Serving", body = crate::executor::Health),
-        (status = 503, description = "No environment can serve, or shutting down", body = crate::executor::Health),
+        (status = 200, description = "Serving", body = crate::api::Health),
+        (status = 503, description = "No environment can serve, or shutting down", body = crate::api::Health),
     )
 )]
 async fn health(State(state): State<AppState>) -> Response {

@@ -13,8 +13,8 @@ use serde::Serialize;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
-use crate::executor::EnvInfo;
-use crate::types::PackageInfo;
+use crate::api::EnvInfo;
+use crate::api::PackageInfo;
 
 #[derive(OpenApi)]
 #[openapi(

@@ -12,9 +12,9 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc;
 
 use super::ApiError;
+use crate::api::ExecRequest;
 use crate::executor::Executor;
 use crate::grade::PreparedBatch;
-use crate::types::ExecRequest;
 use crate::worker::{OutputChunk, OutputStream};
 
 /// Events buffered towards a slow client before the run waits for it.

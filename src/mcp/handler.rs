@@ -17,14 +17,16 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::api::EnvInfo;
+use crate::api::{ExecRequest, ExecResult, InstallRequest, InstallResult, PackageInfo};
 use crate::artifacts::{self, StoredArtifact};
 use crate::config::Config;
-use crate::executor::{EnvInfo, Executor, ResultLimits, RunOptions};
+use crate::executor::{Executor, RunOptions};
 use crate::grade::{GradeRequest, GradeResult};
+use crate::limits::ResultLimits;
 use crate::mcp::result::{grade_result, refusal, run_result};
 use crate::mcp::session::{CloseSessionArgs, CreateSessionArgs, ImplicitSession};
 use crate::session::SessionInfo;
-use crate::types::{ExecRequest, ExecResult, InstallRequest, InstallResult, PackageInfo};
 use crate::worker::OutputStream;
 
 /// Arguments of `list_packages`.

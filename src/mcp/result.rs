@@ -9,10 +9,10 @@
 
 use rmcp::model::{CallToolResult, ContentBlock};
 
-use crate::error::ExecError;
+use crate::api::ExecResult;
+use crate::error::{ExecError, error_chain};
 use crate::grade::{GradeResult, Verdict};
-use crate::http::ApiError;
-use crate::types::ExecResult;
+use crate::outcome::Limit;
 
 /// Text of artifacts one tool result may embed as resources (beside their
 /// links), so that a small CSV or log is read without another request.
@@ -90,13 +90,13 @@ pub fn run_result(result: &ExecResult, timeout: f64, inline_image_bytes: usize) 
 
 /// The tool result of a request the executor refused or could not run.
 pub fn refusal(err: ExecError) -> CallToolResult {
-    let api = ApiError::from(err);
-    if api.status.is_server_error() {
-        tracing::error!(code = api.code, "execute_code failed: {}", api.message);
+    let message = error_chain(&err);
+    if err.status() >= 500 {
+        tracing::error!(code = err.code(), "execute_code failed: {message}");
     }
     CallToolResult::error(vec![ContentBlock::text(format!(
-        "error ({}): {}",
-        api.code, api.message
+        "error ({}): {message}",
+        err.code()
     ))])
 }
 
@@ -136,8 +136,8 @@ pub fn status_line(result: &ExecResult, timeout: f64) -> String {
     let mut line = if result.timed_out {
         format!("timed out after {timeout} s")
     } else if let Some(signal) = &result.signal {
-        match result.limit.as_deref() {
-            Some(limit) if limit != "output" => format!("killed by {signal} ({limit} limit)"),
+        match result.limit {
+            Some(limit) if limit != Limit::Output => format!("killed by {signal} ({limit} limit)"),
             _ => format!("killed by {signal}"),
         }
     } else {
@@ -208,7 +208,7 @@ mod tests {
 
     #[test]
     fn artifacts_come_as_links_with_small_images_inline_and_big_ones_only_linked() {
-        let artifact = |path: &str, mime: &str, size: usize| crate::types::Artifact {
+        let artifact = |path: &str, mime: &str, size: usize| crate::api::Artifact {
             path: path.into(),
             size: size as u64,
             mime: mime.into(),
@@ -220,7 +220,7 @@ mod tests {
             artifacts: vec![
                 artifact("small.png", "image/png", 100),
                 artifact("big.png", "image/png", 200_000),
-                crate::types::Artifact {
+                crate::api::Artifact {
                     uri: None,
                     ..artifact("huge.bin", "application/octet-stream", 10)
                 },
@@ -300,13 +300,13 @@ mod tests {
         let cpu = ExecResult {
             exit_code: -24,
             signal: Some("SIGXCPU".into()),
-            limit: Some("cpu".into()),
+            limit: Some(Limit::Cpu),
             ..ExecResult::default()
         };
         assert_eq!(status_line(&cpu, 5.0), "killed by SIGXCPU (cpu limit)");
         let truncated = ExecResult {
             truncated: true,
-            limit: Some("output".into()),
+            limit: Some(Limit::Output),
             ..ExecResult::default()
         };
         assert_eq!(

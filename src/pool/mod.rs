@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::error::{PoolError, WorkerError};
+use crate::error::{PoolError, WorkerError, error_chain};
 use crate::worker::{Worker, WorkerSpec};
 
 /// Sizing and timing of one pool.
@@ -591,16 +591,4 @@ async fn supervise(pool: EnvPool, mut exited: mpsc::UnboundedReceiver<u32>) {
         drop(removed);
         pool.refill();
     }
-}
-
-/// `err` and its sources, joined: the full reason in one line.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }

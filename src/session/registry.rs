@@ -13,7 +13,8 @@ use parking_lot::Mutex;
 use super::live::{ActiveCall, Session};
 use super::{SessionConfig, SessionInfo};
 use crate::error::ExecError;
-use crate::pool::{PooledWorker, error_chain};
+use crate::error::error_chain;
+use crate::pool::PooledWorker;
 use crate::worker::{OutputSink, RunOutput, kill_process_tree};
 
 /// Ended sessions remembered for their 404 message.
@@ -110,16 +111,16 @@ impl Sessions {
         let mut inner = self.inner.lock();
         let (total, in_env) = inner.count(env);
         if total >= self.config.max_sessions {
-            return Err(ExecError::TooManySessions(format!(
-                "the server already runs its maximum of {} sessions; close one (DELETE /sessions/{{id}}) or wait for one to expire",
-                self.config.max_sessions
-            )));
+            return Err(ExecError::TooManySessions {
+                env: None,
+                limit: self.config.max_sessions,
+            });
         }
         if in_env >= self.config.max_sessions_per_env {
-            return Err(ExecError::TooManySessions(format!(
-                "environment {env_name:?} already runs its maximum of {} sessions; close one (DELETE /sessions/{{id}}) or wait for one to expire",
-                self.config.max_sessions_per_env
-            )));
+            return Err(ExecError::TooManySessions {
+                env: Some(env_name.to_string()),
+                limit: self.config.max_sessions_per_env,
+            });
         }
         *inner.starting.entry(env).or_default() += 1;
         Ok(Reservation {
@@ -141,9 +142,7 @@ impl Sessions {
             Ok(random) => crate::replica::session_id(&random, &self.replica),
             Err(e) => {
                 tokio::spawn(worker.terminate(self.grace));
-                return Err(ExecError::Internal(format!(
-                    "cannot draw a session id: {e}"
-                )));
+                return Err(ExecError::SessionId(e));
             }
         };
         let session = Arc::new(Session::new(

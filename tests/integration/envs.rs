@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use code_executor::config::{Config, FileConfig, ServeArgs};
+use code_executor::config::{Config, Options};
 use code_executor::env::EnvChoice;
 use serde_json::{Value, json};
 
@@ -202,7 +202,7 @@ async fn flags_and_envs_tables_choose_name_and_configure_environments() {
         .unwrap();
     assert!(out.status.success(), "venv: {out:?}");
 
-    let file: FileConfig = toml::from_str(&format!(
+    let file: Options = toml::from_str(&format!(
         r#"
         conda_env = "base"
         [[envs]]
@@ -220,9 +220,9 @@ async fn flags_and_envs_tables_choose_name_and_configure_environments() {
     ))
     .unwrap();
     // --conda-env ml wins over the file's conda_env.
-    let args = ServeArgs {
+    let args = Options {
         conda_env: Some("ml".into()),
-        ..ServeArgs::default()
+        ..Options::default()
     };
     let config = Config {
         host_env: fixture.host_env(),

@@ -668,7 +668,7 @@ fn the_config_reference_lists_every_option() {
     let text = std::fs::read_to_string(repo("examples/config.toml")).unwrap();
     let file = code_executor::config::parse_file(&text).unwrap();
     let config =
-        code_executor::Config::merge(&code_executor::config::ServeArgs::default(), file).unwrap();
+        code_executor::Config::merge(&code_executor::config::Options::default(), file).unwrap();
     assert_eq!(config.envs.len(), 1);
     assert!(config.envs[0].default);
 }

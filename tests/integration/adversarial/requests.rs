@@ -60,7 +60,7 @@ async fn a_50_mb_body_is_a_413_naming_the_limit() {
 #[tokio::test]
 async fn code_and_files_over_their_limits_are_413s_naming_the_limit() {
     let arena = Arena::with_config(code_executor::Config {
-        request_limits: code_executor::config::RequestLimits {
+        request_limits: code_executor::limits::RequestLimits {
             max_code_bytes: 1000,
             max_files: 3,
             max_files_bytes: 100,
@@ -234,22 +234,22 @@ async fn listening_beyond_loopback_without_a_token_makes_one_and_prints_it_once(
 #[test]
 fn only_insecure_no_auth_serves_beyond_loopback_without_a_token() {
     let host = code_executor::env::HostEnv::default();
-    let merge = |args: &code_executor::config::ServeArgs| {
+    let merge = |args: &code_executor::config::Options| {
         code_executor::Config::merge_with(args, Default::default(), host.clone()).unwrap()
     };
-    let args = code_executor::config::ServeArgs {
+    let args = code_executor::config::Options {
         host: Some("0.0.0.0".parse().unwrap()),
         ..Default::default()
     };
     let generated = merge(&args);
     assert!(generated.token_generated && generated.token.is_some());
-    let with_token = code_executor::config::ServeArgs {
+    let with_token = code_executor::config::Options {
         token: Some("t".into()),
         ..args.clone()
     };
     assert_eq!(merge(&with_token).token.as_deref(), Some("t"));
-    let opted_out = code_executor::config::ServeArgs {
-        insecure_no_auth: true,
+    let opted_out = code_executor::config::Options {
+        insecure_no_auth: Some(true),
         ..args
     };
     assert_eq!(merge(&opted_out).token, None);

@@ -6,7 +6,11 @@ use base64::Engine;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::limits::RequestLimits;
+use crate::outcome::Limit;
+use crate::pool::PoolStatus;
 use crate::protocol::RunLimits;
+use crate::sandbox::SandboxStatus;
 
 /// One execution request (`POST /execute`, MCP `execute_code`: the same
 /// type, so both accept the same fields). An unknown field is refused, so a
@@ -148,7 +152,7 @@ pub struct ExecResult {
     pub error: Option<RunError>,
     /// Which limit stopped the run: `"timeout"`, `"cpu"`, `"memory"`,
     /// `"processes"`, `"file_size"`, `"disk"`, `"output"`.
-    pub limit: Option<String>,
+    pub limit: Option<Limit>,
     /// Session calls only: the session process died or was killed during
     /// this call, and why. The session is gone; later calls get 404.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -208,6 +212,47 @@ pub struct PackageInfo {
 
 /// Validate a relative path from `files`: no absolute paths, no `..`, no
 /// empty or NUL-containing names.
+/// An environment as `/list-envs` and MCP `list_environments` show it.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema, utoipa::ToSchema)]
+pub struct EnvInfo {
+    pub name: String,
+    pub prefix: String,
+    pub kind: String,
+    pub python_version: Option<String>,
+    pub default: bool,
+    pub pool: PoolSummary,
+    /// Why the environment cannot run code (absent when it can).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Pool counts of one environment.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema, utoipa::ToSchema)]
+pub struct PoolSummary {
+    pub size: usize,
+    pub idle: usize,
+    pub busy: usize,
+}
+
+/// Overall health: `ok` while at least one environment can serve.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// `ok`, `unavailable` (no environment can serve) or `draining` (the
+    /// replica is stopping: it serves what still reaches it, and asks
+    /// balancers to send nothing more).
+    pub status: &'static str,
+    /// This replica's id (`--replica-id`, default the host name): the
+    /// replica that answered, and the one its sessions live on.
+    pub replica: String,
+    /// Live sessions on this replica.
+    pub sessions: usize,
+    pub envs: BTreeMap<String, PoolStatus>,
+    /// Which confinement mechanisms are enforced (never any secret).
+    pub sandbox: SandboxStatus,
+    /// Caps on a request's code and files (413 above them).
+    pub request_limits: RequestLimits,
+}
+
 pub fn check_file_path(path: &str) -> Result<(), String> {
     if path.is_empty() || path.contains('\0') {
         return Err(format!("file path {path:?} is empty or contains NUL"));

@@ -23,9 +23,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
-use crate::env::{EnvChoice, EnvVars, HostEnv};
+use crate::env::{EnvChoice, EnvConfig, EnvSettings, EnvVars, HostEnv, RegistryConfig};
 use crate::error::ConfigError;
-use crate::executor::ResultLimits;
+use crate::limits::{RequestLimits, ResultLimits};
 use crate::protocol::RunLimits;
 use crate::sandbox::{Network, SandboxConfig};
 use crate::session::SessionConfig;
@@ -34,6 +34,10 @@ const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 /// Smallest scratch quota: room for the worker's own directories and a run's files.
 const MIN_DISK_BYTES: u64 = MIB;
+
+mod options;
+
+pub use options::{OptionDoc, Options, Seconds, option_docs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -51,9 +55,9 @@ pub enum Command {
     /// Serve the HTTP API (and MCP over streamable HTTP at /mcp).
     Serve(ServeCommand),
     /// Serve MCP over stdin/stdout (for MCP clients that launch servers).
-    Mcp(ServeArgs),
+    Mcp(Options),
     /// Print the environments this server can see.
-    Envs(ServeArgs),
+    Envs(Options),
     /// Internal: start a program inside the worker sandbox (see `sandbox::launch`).
     #[command(hide = true)]
     SandboxExec(crate::sandbox::launch::LaunchArgs),
@@ -63,7 +67,7 @@ pub enum Command {
 #[derive(Debug, Clone, Default, Args)]
 pub struct ServeCommand {
     #[command(flatten)]
-    pub args: ServeArgs,
+    pub options: Options,
     /// Validate the configuration, print the environments it resolves to
     /// and exit (0 when valid) without serving.
     #[arg(long)]
@@ -81,181 +85,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// Options shared by every subcommand that starts workers.
-#[derive(Debug, Clone, Default, Args)]
-pub struct ServeArgs {
-    /// Address to listen on.
-    #[arg(long, env = "CODE_EXECUTOR_HOST")]
-    pub host: Option<IpAddr>,
-    /// Port to listen on (0 picks a free one).
-    #[arg(long, env = "CODE_EXECUTOR_PORT")]
-    pub port: Option<u16>,
-    /// TOML configuration file.
-    #[arg(long, env = "CODE_EXECUTOR_CONFIG")]
-    pub config: Option<PathBuf>,
-    // The three env-choosing flags read no variable here: their variables
-    // (and CONDA_ENV_NAME) rank below every flag and are read in
-    // `Config::merge_with` from `HostEnv`, so that an image's variable and a
-    // user's flag never make a clap conflict.
-    /// Name of the Conda environment to run code in by default; wins over
-    /// the variables CODE_EXECUTOR_CONDA_ENV and CONDA_ENV_NAME.
-    #[arg(long, conflicts_with_all = ["conda_prefix", "python"])]
-    pub conda_env: Option<String>,
-    /// Prefix of the Conda environment to run code in by default; wins over
-    /// the variable CODE_EXECUTOR_CONDA_PREFIX.
-    #[arg(long, conflicts_with = "python")]
-    pub conda_prefix: Option<PathBuf>,
-    /// Python interpreter (any prefix or venv) to run code with; wins over
-    /// the variable CODE_EXECUTOR_PYTHON.
-    #[arg(long)]
-    pub python: Option<PathBuf>,
-    /// Default wall-clock timeout of a run, in seconds.
-    #[arg(long, env = "CODE_EXECUTOR_TIMEOUT")]
-    pub timeout: Option<f64>,
-    /// Warm workers kept per environment.
-    #[arg(long, env = "CODE_EXECUTOR_POOL_SIZE")]
-    pub pool_size: Option<usize>,
-    /// Modules every worker imports before it serves (comma-separated).
-    #[arg(long, env = "CODE_EXECUTOR_PRELOAD", value_delimiter = ',')]
-    pub preload: Option<Vec<String>>,
-    /// Bearer token required by /execute, /list-envs and /list-packages.
-    #[arg(long, env = "CODE_EXECUTOR_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    /// Bearer token required by admin endpoints (/install); without it
-    /// installs are disabled.
-    #[arg(long, env = "CODE_EXECUTOR_ADMIN_TOKEN", hide_env_values = true)]
-    pub admin_token: Option<String>,
-    /// Cap on live workers across all environments.
-    #[arg(long, env = "CODE_EXECUTOR_MAX_WORKERS")]
-    pub max_workers: Option<usize>,
-    /// Seconds after which an idle, unconfigured environment's workers stop.
-    #[arg(long, env = "CODE_EXECUTOR_IDLE_TIMEOUT")]
-    pub idle_timeout: Option<f64>,
-    /// Bound on one /install run, in seconds.
-    #[arg(long, env = "CODE_EXECUTOR_INSTALL_TIMEOUT")]
-    pub install_timeout: Option<f64>,
-    /// Bearer token for GET /metrics; without it /metrics takes the API
-    /// token (--token), and is open when there is none.
-    #[arg(long, env = "CODE_EXECUTOR_METRICS_TOKEN", hide_env_values = true)]
-    pub metrics_token: Option<String>,
-    /// Log line format: text (default) or json.
-    #[arg(long, env = "CODE_EXECUTOR_LOG_FORMAT", value_enum)]
-    pub log_format: Option<LogFormat>,
-    /// Most test cases one /grade request may carry.
-    #[arg(long, env = "CODE_EXECUTOR_MAX_GRADE_CASES")]
-    pub max_grade_cases: Option<usize>,
-    /// Network of workers: `isolated` (own namespace, loopback only) or `host`.
-    #[arg(long, env = "CODE_EXECUTOR_NETWORK")]
-    pub network: Option<Network>,
-    /// User (name or uid) workers run as, e.g. `nobody`.
-    #[arg(long, env = "CODE_EXECUTOR_RUN_AS")]
-    pub run_as: Option<String>,
-    /// Sandbox tier: `auto` (namespaces where the host can make them, else
-    /// the container tier), `namespaces` or `container`.
-    #[arg(long, env = "CODE_EXECUTOR_SANDBOX_TIER")]
-    pub sandbox_tier: Option<crate::sandbox::TierChoice>,
-    /// Allow listening on a non-loopback address without a token.
-    #[arg(long, env = "CODE_EXECUTOR_INSECURE_NO_AUTH")]
-    pub insecure_no_auth: bool,
-    /// Idle time to live of a session, in seconds (renewed by each call).
-    #[arg(long, env = "CODE_EXECUTOR_SESSION_TTL")]
-    pub session_ttl: Option<f64>,
-    /// Cap on live sessions across all environments.
-    #[arg(long, env = "CODE_EXECUTOR_MAX_SESSIONS")]
-    pub max_sessions: Option<usize>,
-    /// Give every MCP connection one implicit session: `execute_code`
-    /// without `session` runs in it.
-    #[arg(long, env = "CODE_EXECUTOR_MCP_IMPLICIT_SESSION")]
-    pub mcp_implicit_session: Option<bool>,
-    /// This replica's name among others behind a load balancer (in /health,
-    /// session ids and the x-replica header); default: the host name.
-    #[arg(long, env = "CODE_EXECUTOR_REPLICA_ID")]
-    pub replica_id: Option<String>,
-    /// Seconds /health answers 503 (draining) after SIGTERM, while the
-    /// server still serves everything, before it stops accepting.
-    #[arg(long, env = "CODE_EXECUTOR_DRAIN_DELAY")]
-    pub drain_delay: Option<f64>,
-}
-
-/// The TOML file's shape; every key is optional.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    pub host: Option<IpAddr>,
-    pub port: Option<u16>,
-    pub conda_env: Option<String>,
-    pub conda_prefix: Option<PathBuf>,
-    pub python: Option<PathBuf>,
-    pub timeout: Option<f64>,
-    pub max_timeout: Option<f64>,
-    pub pool_size: Option<usize>,
-    pub preload: Option<Vec<String>>,
-    pub token: Option<String>,
-    pub admin_token: Option<String>,
-    pub queue_timeout_secs: Option<f64>,
-    pub max_runs: Option<u64>,
-    pub max_output_bytes: Option<u64>,
-    pub max_artifact_bytes: Option<u64>,
-    pub max_artifacts_bytes: Option<u64>,
-    pub max_result_chars: Option<u64>,
-    pub max_body_bytes: Option<usize>,
-    pub worker_start_timeout_secs: Option<f64>,
-    pub grace_period_secs: Option<f64>,
-    pub shutdown_timeout_secs: Option<f64>,
-    pub memory_bytes: Option<u64>,
-    pub open_files: Option<u64>,
-    pub file_size_bytes: Option<u64>,
-    /// Size of each worker's scratch tmpfs: all its runs' files at once.
-    pub disk_bytes: Option<u64>,
-    /// Bootstrap script to run instead of the embedded one (testing aid).
-    pub worker_script: Option<PathBuf>,
-    /// Look for Conda environments (default true).
-    pub discover: Option<bool>,
-    pub max_workers: Option<usize>,
-    pub idle_timeout_secs: Option<f64>,
-    pub install_timeout_secs: Option<f64>,
-    pub activation_timeout_secs: Option<f64>,
-    pub metrics_token: Option<String>,
-    pub log_format: Option<LogFormat>,
-    pub max_grade_cases: Option<usize>,
-    /// `isolated` (default) or `host`.
-    pub network: Option<Network>,
-    /// Start workers through the sandbox launcher (default true).
-    pub sandbox: Option<bool>,
-    /// Binary with the `sandbox-exec` subcommand (default: this one).
-    pub launcher: Option<PathBuf>,
-    /// Confine workers' filesystem access with Landlock (default true).
-    pub landlock: Option<bool>,
-    pub run_as: Option<String>,
-    pub run_as_group: Option<String>,
-    /// `auto` (default), `namespaces` or `container`.
-    pub sandbox_tier: Option<crate::sandbox::TierChoice>,
-    pub insecure_no_auth: Option<bool>,
-    pub max_code_bytes: Option<usize>,
-    pub max_files: Option<usize>,
-    pub max_files_bytes: Option<usize>,
-    pub session_ttl_secs: Option<f64>,
-    pub max_session_ttl_secs: Option<f64>,
-    pub max_sessions: Option<usize>,
-    pub max_sessions_per_env: Option<usize>,
-    pub session_interrupt_grace_secs: Option<f64>,
-    pub mcp_implicit_session: Option<bool>,
-    pub artifact_ttl_secs: Option<f64>,
-    pub artifact_store_bytes: Option<u64>,
-    pub artifact_owner_bytes: Option<u64>,
-    pub mcp_max_artifact_bytes: Option<u64>,
-    pub mcp_inline_image_bytes: Option<usize>,
-    pub max_image_pixels: Option<u64>,
-    pub header_read_timeout_secs: Option<f64>,
-    pub body_read_timeout_secs: Option<f64>,
-    pub max_connections: Option<usize>,
-    pub replica_id: Option<String>,
-    pub drain_delay_secs: Option<f64>,
-    /// `[[envs]]` tables: environments configured one by one.
-    #[serde(default)]
-    pub envs: Vec<EnvTable>,
-}
-
 /// One `[[envs]]` table. `prefix` or `python` locate the environment; with
 /// neither, `name` names a discovered Conda environment. The other keys
 /// override the global settings for this environment.
@@ -270,8 +99,8 @@ pub struct EnvTable {
     pub default: bool,
     pub pool_size: Option<usize>,
     pub preload: Option<Vec<String>>,
-    pub timeout: Option<f64>,
-    pub max_timeout: Option<f64>,
+    pub timeout: Option<Seconds>,
+    pub max_timeout: Option<Seconds>,
     pub memory_bytes: Option<u64>,
     pub open_files: Option<u64>,
     pub file_size_bytes: Option<u64>,
@@ -281,23 +110,6 @@ pub struct EnvTable {
     pub network: Option<Network>,
     /// Size of this env's workers' scratch tmpfs; the global one when absent.
     pub disk_bytes: Option<u64>,
-}
-
-/// A resolved `[[envs]]` table.
-#[derive(Debug, Clone)]
-pub struct EnvConfig {
-    /// Name in requests; derived from the prefix when absent.
-    pub name: Option<String>,
-    pub location: EnvChoice,
-    pub default: bool,
-    pub pool_size: usize,
-    pub preload: Vec<String>,
-    pub timeout: f64,
-    pub max_timeout: f64,
-    pub run_limits: RunLimits,
-    pub network: Network,
-    /// Size of each worker's scratch tmpfs.
-    pub disk_bytes: u64,
 }
 
 /// The resolved configuration.
@@ -403,18 +215,6 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
 }
 
-/// Caps on what one request may carry (the body as a whole is capped by
-/// `max_body_bytes`).
-#[derive(Debug, Clone, Copy, serde::Serialize, utoipa::ToSchema)]
-pub struct RequestLimits {
-    /// Bytes of `code`.
-    pub max_code_bytes: usize,
-    /// Entries in `files`.
-    pub max_files: usize,
-    /// Decoded bytes of all `files` together.
-    pub max_files_bytes: usize,
-}
-
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -487,73 +287,61 @@ impl Default for Config {
 impl Config {
     /// Merge flags, the process's variables, the config file and the
     /// defaults (see the module docs for the order).
-    pub fn load(args: &ServeArgs) -> Result<Config, ConfigError> {
+    pub fn load(args: &Options) -> Result<Config, ConfigError> {
         Config::load_with(args, HostEnv::from_process())
     }
 
     /// [`Config::load`] with `host` standing for the process's environment:
     /// the config file is `--config`, else `host.system_config` when it
     /// exists, laid over `host.defaults_file`.
-    pub fn load_with(args: &ServeArgs, host: HostEnv) -> Result<Config, ConfigError> {
+    pub fn load_with(args: &Options, host: HostEnv) -> Result<Config, ConfigError> {
         let path = args
             .config
             .clone()
             .or_else(|| host.system_config.clone().filter(|p| p.exists()));
-        let mut table = match &host.defaults_file {
-            Some(defaults) => read_table(defaults)?,
-            None => toml::Table::new(),
+        let defaults = match &host.defaults_file {
+            Some(defaults) => read_file(defaults)?,
+            None => Options::default(),
         };
-        if let Some(path) = &path {
-            // Key by key: the file's keys replace the defaults' (`envs` whole).
-            table.extend(read_table(path)?);
-        }
-        let file: FileConfig =
-            toml::Value::Table(table)
-                .try_into()
-                .map_err(|e: toml::de::Error| ConfigError::Parse {
-                    path: path.or(host.defaults_file.clone()).unwrap_or_default(),
-                    message: e.message().trim_end().to_string(),
-                })?;
+        let file = match &path {
+            Some(path) => read_file(path)?.or(defaults),
+            None => defaults,
+        };
         Config::merge_with(args, file, host)
     }
 
     /// Merge flags, `file` and the defaults, with the process's variables.
-    pub fn merge(args: &ServeArgs, file: FileConfig) -> Result<Config, ConfigError> {
+    pub fn merge(args: &Options, file: Options) -> Result<Config, ConfigError> {
         Config::merge_with(args, file, HostEnv::from_process())
     }
 
-    /// Merge flags, the variables of `host`, `file` and the defaults.
+    /// Merge flags (and the variables clap read into them), the variables
+    /// of `host` that choose the default environment, `file` and the
+    /// defaults.
     pub fn merge_with(
-        args: &ServeArgs,
-        mut file: FileConfig,
+        args: &Options,
+        mut file: Options,
         host: HostEnv,
     ) -> Result<Config, ConfigError> {
         let d = Config::default();
-        let secs =
-            |v: Option<f64>, name: &str, default: Duration| -> Result<Duration, ConfigError> {
-                match v {
-                    None => Ok(default),
-                    Some(s) if s.is_finite() && s >= 0.0 => Duration::try_from_secs_f64(s)
-                        .map_err(|_| ConfigError::Invalid(format!("{name} = {s} is too long"))),
-                    Some(s) => Err(ConfigError::Invalid(format!(
-                        "{name} = {s} is not a duration"
-                    ))),
-                }
-            };
+        let secs = |v: Option<Seconds>, default: Duration| v.map_or(default, Seconds::duration);
         let env = choose_env(args, &host.env_vars, &mut file)?;
-        let timeout = args.timeout.or(file.timeout).unwrap_or(d.timeout);
-        let max_timeout = file.max_timeout.unwrap_or(d.max_timeout);
-        let pool_size = args.pool_size.or(file.pool_size).unwrap_or(d.pool_size);
-        let preload = args.preload.clone().or(file.preload).unwrap_or_default();
+        let o = args.clone().or(file);
+        let timeout = o.timeout.map_or(d.timeout, Seconds::get);
+        let max_timeout = o.max_timeout.map_or(d.max_timeout, Seconds::get);
+        let pool_size = o.pool_size.unwrap_or(d.pool_size);
+        let preload = o.preload.unwrap_or_default();
         let run_limits = RunLimits {
-            memory_bytes: file.memory_bytes.or(d.run_limits.memory_bytes),
-            file_size_bytes: file.file_size_bytes.or(d.run_limits.file_size_bytes),
-            open_files: file.open_files.or(d.run_limits.open_files),
-            ..d.run_limits
+            memory_bytes: o.memory_bytes.or(d.run_limits.memory_bytes),
+            file_size_bytes: o.file_size_bytes.or(d.run_limits.file_size_bytes),
+            open_files: o.open_files.or(d.run_limits.open_files),
+            cpu_seconds: o.cpu_seconds.or(d.run_limits.cpu_seconds),
+            processes: o.processes.or(d.run_limits.processes),
+            disk_bytes: None,
         };
-        let network = args.network.or(file.network).unwrap_or_default();
-        let disk_bytes = file.disk_bytes.unwrap_or(d.sandbox.disk_bytes);
-        let envs = file
+        let network = o.network.unwrap_or_default();
+        let disk_bytes = o.disk_bytes.unwrap_or(d.sandbox.disk_bytes);
+        let envs = o
             .envs
             .into_iter()
             .map(|t| {
@@ -578,188 +366,114 @@ impl Config {
                     name: t.name,
                     location,
                     default: t.default,
-                    pool_size: t.pool_size.unwrap_or(pool_size),
-                    preload: t.preload.unwrap_or_else(|| preload.clone()),
-                    timeout: t.timeout.unwrap_or(timeout),
-                    max_timeout: t.max_timeout.unwrap_or(max_timeout),
-                    run_limits: RunLimits {
-                        memory_bytes: t.memory_bytes.or(run_limits.memory_bytes),
-                        file_size_bytes: t.file_size_bytes.or(run_limits.file_size_bytes),
-                        open_files: t.open_files.or(run_limits.open_files),
-                        cpu_seconds: t.cpu_seconds.or(run_limits.cpu_seconds),
-                        processes: t.processes.or(run_limits.processes),
-                        disk_bytes: None,
+                    settings: EnvSettings {
+                        pool_size: t.pool_size.unwrap_or(pool_size),
+                        preload: t.preload.unwrap_or_else(|| preload.clone()),
+                        timeout: t.timeout.map_or(timeout, Seconds::get),
+                        max_timeout: t.max_timeout.map_or(max_timeout, Seconds::get),
+                        run_limits: RunLimits {
+                            memory_bytes: t.memory_bytes.or(run_limits.memory_bytes),
+                            file_size_bytes: t.file_size_bytes.or(run_limits.file_size_bytes),
+                            open_files: t.open_files.or(run_limits.open_files),
+                            cpu_seconds: t.cpu_seconds.or(run_limits.cpu_seconds),
+                            processes: t.processes.or(run_limits.processes),
+                            disk_bytes: None,
+                        },
+                        network: t.network.unwrap_or(network),
+                        disk_bytes: t.disk_bytes.unwrap_or(disk_bytes),
                     },
-                    network: t.network.unwrap_or(network),
-                    disk_bytes: t.disk_bytes.unwrap_or(disk_bytes),
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let token = |t: Option<String>| t.filter(|t| !t.is_empty());
         let mut config = Config {
-            host: args.host.or(file.host).unwrap_or(d.host),
-            port: args.port.or(file.port).unwrap_or(d.port),
+            host: o.host.unwrap_or(d.host),
+            port: o.port.unwrap_or(d.port),
             env,
             timeout,
             max_timeout,
             pool_size,
             preload,
-            token: args.token.clone().or(file.token).filter(|t| !t.is_empty()),
+            token: token(o.token),
             token_generated: false,
-            admin_token: args
-                .admin_token
-                .clone()
-                .or(file.admin_token)
-                .filter(|t| !t.is_empty()),
-            queue_timeout: secs(
-                file.queue_timeout_secs,
-                "queue_timeout_secs",
-                d.queue_timeout,
-            )?,
-            max_runs: file.max_runs.unwrap_or(d.max_runs),
-            max_output_bytes: file.max_output_bytes.unwrap_or(d.max_output_bytes),
+            admin_token: token(o.admin_token),
+            queue_timeout: secs(o.queue_timeout_secs, d.queue_timeout),
+            max_runs: o.max_runs.unwrap_or(d.max_runs),
+            max_output_bytes: o.max_output_bytes.unwrap_or(d.max_output_bytes),
             results: ResultLimits {
-                max_artifact_bytes: file
-                    .max_artifact_bytes
-                    .unwrap_or(d.results.max_artifact_bytes),
-                max_artifacts_bytes: file
+                max_artifact_bytes: o.max_artifact_bytes.unwrap_or(d.results.max_artifact_bytes),
+                max_artifacts_bytes: o
                     .max_artifacts_bytes
                     .unwrap_or(d.results.max_artifacts_bytes),
-                max_result_chars: file.max_result_chars.unwrap_or(d.results.max_result_chars),
+                max_result_chars: o.max_result_chars.unwrap_or(d.results.max_result_chars),
             },
-            max_body_bytes: file.max_body_bytes.unwrap_or(d.max_body_bytes),
-            worker_start_timeout: secs(
-                file.worker_start_timeout_secs,
-                "worker_start_timeout_secs",
-                d.worker_start_timeout,
-            )?,
-            grace_period: secs(file.grace_period_secs, "grace_period_secs", d.grace_period)?,
-            shutdown_timeout: secs(
-                file.shutdown_timeout_secs,
-                "shutdown_timeout_secs",
-                d.shutdown_timeout,
-            )?,
+            max_body_bytes: o.max_body_bytes.unwrap_or(d.max_body_bytes),
+            worker_start_timeout: secs(o.worker_start_timeout_secs, d.worker_start_timeout),
+            grace_period: secs(o.grace_period_secs, d.grace_period),
+            shutdown_timeout: secs(o.shutdown_timeout_secs, d.shutdown_timeout),
             run_limits,
             sandbox: SandboxConfig {
-                enabled: file.sandbox.unwrap_or(d.sandbox.enabled),
-                launcher: file.launcher,
+                enabled: o.sandbox.unwrap_or(d.sandbox.enabled),
+                launcher: o.launcher,
                 network,
-                landlock: file.landlock.unwrap_or(d.sandbox.landlock),
-                run_as: args.run_as.clone().or(file.run_as),
-                run_as_group: file.run_as_group,
+                landlock: o.landlock.unwrap_or(d.sandbox.landlock),
+                run_as: o.run_as,
+                run_as_group: o.run_as_group,
                 disk_bytes,
-                tier: args.sandbox_tier.or(file.sandbox_tier).unwrap_or_default(),
+                tier: o.sandbox_tier.unwrap_or_default(),
             },
-            insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
+            insecure_no_auth: o.insecure_no_auth.unwrap_or(false),
             request_limits: RequestLimits {
-                max_code_bytes: file
-                    .max_code_bytes
-                    .unwrap_or(d.request_limits.max_code_bytes),
-                max_files: file.max_files.unwrap_or(d.request_limits.max_files),
-                max_files_bytes: file
+                max_code_bytes: o.max_code_bytes.unwrap_or(d.request_limits.max_code_bytes),
+                max_files: o.max_files.unwrap_or(d.request_limits.max_files),
+                max_files_bytes: o
                     .max_files_bytes
                     .unwrap_or(d.request_limits.max_files_bytes),
             },
-            worker_script: file.worker_script,
+            worker_script: o.worker_script,
             envs,
-            discover: file.discover.unwrap_or(d.discover),
-            max_workers: args
-                .max_workers
-                .or(file.max_workers)
-                .unwrap_or(d.max_workers),
-            idle_timeout: secs(
-                args.idle_timeout.or(file.idle_timeout_secs),
-                "idle_timeout",
-                d.idle_timeout,
-            )?,
-            install_timeout: secs(
-                args.install_timeout.or(file.install_timeout_secs),
-                "install_timeout",
-                d.install_timeout,
-            )?,
-            activation_timeout: secs(
-                file.activation_timeout_secs,
-                "activation_timeout_secs",
-                d.activation_timeout,
-            )?,
+            discover: o.discover.unwrap_or(d.discover),
+            max_workers: o.max_workers.unwrap_or(d.max_workers),
+            idle_timeout: secs(o.idle_timeout_secs, d.idle_timeout),
+            install_timeout: secs(o.install_timeout_secs, d.install_timeout),
+            activation_timeout: secs(o.activation_timeout_secs, d.activation_timeout),
             host_env: host,
-            metrics_token: args
-                .metrics_token
-                .clone()
-                .or(file.metrics_token)
-                .filter(|t| !t.is_empty()),
-            log_format: args.log_format.or(file.log_format).unwrap_or(d.log_format),
-            max_grade_cases: args
-                .max_grade_cases
-                .or(file.max_grade_cases)
-                .unwrap_or(d.max_grade_cases),
+            metrics_token: token(o.metrics_token),
+            log_format: o.log_format.unwrap_or(d.log_format),
+            max_grade_cases: o.max_grade_cases.unwrap_or(d.max_grade_cases),
             sessions: SessionConfig {
-                ttl: secs(
-                    args.session_ttl.or(file.session_ttl_secs),
-                    "session_ttl",
-                    d.sessions.ttl,
-                )?,
-                max_ttl: secs(
-                    file.max_session_ttl_secs,
-                    "max_session_ttl_secs",
-                    d.sessions.max_ttl,
-                )?,
-                max_sessions: args
-                    .max_sessions
-                    .or(file.max_sessions)
-                    .unwrap_or(d.sessions.max_sessions),
-                max_sessions_per_env: file
+                ttl: secs(o.session_ttl_secs, d.sessions.ttl),
+                max_ttl: secs(o.max_session_ttl_secs, d.sessions.max_ttl),
+                max_sessions: o.max_sessions.unwrap_or(d.sessions.max_sessions),
+                max_sessions_per_env: o
                     .max_sessions_per_env
                     .unwrap_or(d.sessions.max_sessions_per_env),
-                interrupt_grace: secs(
-                    file.session_interrupt_grace_secs,
-                    "session_interrupt_grace_secs",
-                    d.sessions.interrupt_grace,
-                )?,
+                interrupt_grace: secs(o.session_interrupt_grace_secs, d.sessions.interrupt_grace),
             },
-            mcp_implicit_session: args
-                .mcp_implicit_session
-                .or(file.mcp_implicit_session)
-                .unwrap_or(d.mcp_implicit_session),
+            mcp_implicit_session: o.mcp_implicit_session.unwrap_or(d.mcp_implicit_session),
             artifacts: crate::artifacts::ArtifactLimits {
-                ttl: secs(file.artifact_ttl_secs, "artifact_ttl_secs", d.artifacts.ttl)?,
-                max_bytes: file.artifact_store_bytes.unwrap_or(d.artifacts.max_bytes),
-                max_owner_bytes: file
+                ttl: secs(o.artifact_ttl_secs, d.artifacts.ttl),
+                max_bytes: o.artifact_store_bytes.unwrap_or(d.artifacts.max_bytes),
+                max_owner_bytes: o
                     .artifact_owner_bytes
                     .unwrap_or(d.artifacts.max_owner_bytes),
             },
-            mcp_max_artifact_bytes: file
-                .mcp_max_artifact_bytes
-                .unwrap_or(d.mcp_max_artifact_bytes),
-            mcp_inline_image_bytes: file
-                .mcp_inline_image_bytes
-                .unwrap_or(d.mcp_inline_image_bytes),
-            max_image_pixels: file.max_image_pixels.unwrap_or(d.max_image_pixels),
+            mcp_max_artifact_bytes: o.mcp_max_artifact_bytes.unwrap_or(d.mcp_max_artifact_bytes),
+            mcp_inline_image_bytes: o.mcp_inline_image_bytes.unwrap_or(d.mcp_inline_image_bytes),
+            max_image_pixels: o.max_image_pixels.unwrap_or(d.max_image_pixels),
             connections: ConnectionLimits {
                 header_read_timeout: secs(
-                    file.header_read_timeout_secs,
-                    "header_read_timeout_secs",
+                    o.header_read_timeout_secs,
                     d.connections.header_read_timeout,
-                )?,
-                body_read_timeout: secs(
-                    file.body_read_timeout_secs,
-                    "body_read_timeout_secs",
-                    d.connections.body_read_timeout,
-                )?,
-                max_connections: file
-                    .max_connections
-                    .unwrap_or(d.connections.max_connections),
+                ),
+                body_read_timeout: secs(o.body_read_timeout_secs, d.connections.body_read_timeout),
+                max_connections: o.max_connections.unwrap_or(d.connections.max_connections),
             },
-            replica_id: args
+            replica_id: o
                 .replica_id
-                .clone()
-                .or(file.replica_id)
                 .filter(|id| !id.is_empty())
                 .unwrap_or(d.replica_id),
-            drain_delay: secs(
-                args.drain_delay.or(file.drain_delay_secs),
-                "drain_delay",
-                d.drain_delay,
-            )?,
+            drain_delay: secs(o.drain_delay_secs, d.drain_delay),
         };
         config.validate()?;
         // As Jupyter does: beyond loopback, a server nobody gave a token
@@ -770,6 +484,32 @@ impl Config {
             config.token_generated = true;
         }
         Ok(config)
+    }
+
+    /// The defaults every environment starts from: the global settings.
+    pub fn env_defaults(&self) -> EnvSettings {
+        EnvSettings {
+            pool_size: self.pool_size,
+            preload: self.preload.clone(),
+            timeout: self.timeout,
+            max_timeout: self.max_timeout,
+            run_limits: self.run_limits.clone(),
+            network: self.sandbox.network,
+            disk_bytes: self.sandbox.disk_bytes,
+        }
+    }
+
+    /// What building the environment registry reads.
+    pub fn registry(&self) -> RegistryConfig<'_> {
+        RegistryConfig {
+            host: &self.host_env,
+            discover: self.discover,
+            query_timeout: self.activation_timeout,
+            env: &self.env,
+            defaults: self.env_defaults(),
+            envs: &self.envs,
+            max_workers: self.max_workers,
+        }
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -819,17 +559,18 @@ impl Config {
         }
         for env in &self.envs {
             let name = env.name.as_deref().unwrap_or("(unnamed)");
-            if env.disk_bytes < MIN_DISK_BYTES {
+            let settings = &env.settings;
+            if settings.disk_bytes < MIN_DISK_BYTES {
                 return Err(ConfigError::Invalid(format!(
                     "[[envs]] {name}: disk_bytes must be at least {MIN_DISK_BYTES} (1 MiB)"
                 )));
             }
-            if env.pool_size == 0 {
+            if settings.pool_size == 0 {
                 return Err(ConfigError::Invalid(format!(
                     "[[envs]] {name}: pool_size must be at least 1"
                 )));
             }
-            if !(env.timeout.is_finite() && env.timeout > 0.0 && env.timeout <= env.max_timeout) {
+            if !(settings.timeout > 0.0 && settings.timeout <= settings.max_timeout) {
                 return Err(ConfigError::Invalid(format!(
                     "[[envs]] {name}: timeout must be positive and at most max_timeout"
                 )));
@@ -855,9 +596,9 @@ impl Config {
 /// `CODE_EXECUTOR_*` variables (the most specific first), `CONDA_ENV_NAME`,
 /// the file; else [`EnvChoice::Default`].
 fn choose_env(
-    args: &ServeArgs,
+    args: &Options,
     vars: &EnvVars,
-    file: &mut FileConfig,
+    file: &mut Options,
 ) -> Result<EnvChoice, ConfigError> {
     fn one(
         name: Option<String>,
@@ -875,7 +616,7 @@ fn choose_env(
             ))),
         }
     }
-    // clap refuses two flags already; a ServeArgs built in code is checked too.
+    // clap refuses two flags already; options built in code are checked too.
     let flagged = one(
         args.conda_env.clone(),
         args.conda_prefix.clone(),
@@ -909,25 +650,21 @@ fn random_token() -> std::io::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// A TOML file as a table, checked against [`FileConfig`] (so that an error
-/// names its file, line and column).
-fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
+/// A TOML config file's options; an error names its file, line and column.
+fn read_file(path: &Path) -> Result<Options, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    let parse_error = |message| ConfigError::Parse {
+    parse_file(&text).map_err(|message| ConfigError::Parse {
         path: path.to_path_buf(),
         message,
-    };
-    parse_file(&text).map_err(parse_error)?;
-    text.parse::<toml::Table>()
-        .map_err(|e| parse_error(e.message().trim_end().to_string()))
+    })
 }
 
 /// Parse a TOML config; an error names its line and column
 /// (`line 3, column 1: unknown field ...`).
-pub fn parse_file(text: &str) -> Result<FileConfig, String> {
+pub fn parse_file(text: &str) -> Result<Options, String> {
     toml::from_str(text).map_err(|e| {
         let what = e.message().trim_end().to_string();
         match e.span() {
@@ -947,14 +684,14 @@ mod tests {
     use super::*;
 
     /// Merge with a host that sets no variable and has no config files.
-    fn merge(args: &ServeArgs, file: FileConfig) -> Result<Config, ConfigError> {
+    fn merge(args: &Options, file: Options) -> Result<Config, ConfigError> {
         Config::merge_with(args, file, HostEnv::default())
     }
 
     #[test]
     fn flags_win_over_the_file() {
-        let file: FileConfig = toml::from_str("port = 9000\npool_size = 3\ntimeout = 5").unwrap();
-        let args = ServeArgs {
+        let file: Options = toml::from_str("port = 9000\npool_size = 3\ntimeout = 5").unwrap();
+        let args = Options {
             port: Some(9100),
             ..Default::default()
         };
@@ -967,7 +704,7 @@ mod tests {
 
     #[test]
     fn envs_tables_inherit_global_settings() {
-        let file: FileConfig = toml::from_str(
+        let file: Options = toml::from_str(
             r#"
             pool_size = 3
             timeout = 5
@@ -982,47 +719,47 @@ mod tests {
             "#,
         )
         .unwrap();
-        let c = merge(&ServeArgs::default(), file).unwrap();
+        let c = merge(&Options::default(), file).unwrap();
         assert_eq!(c.envs.len(), 2);
         assert_eq!(c.envs[0].location, EnvChoice::CondaEnv("ml".into()));
-        assert_eq!(c.envs[0].pool_size, 1);
-        assert_eq!(c.envs[0].preload, vec!["json".to_string()]);
-        assert_eq!(c.envs[0].run_limits.memory_bytes, Some(1024));
-        assert_eq!(c.envs[0].timeout, 5.0);
-        assert_eq!(c.envs[1].pool_size, 3);
+        assert_eq!(c.envs[0].settings.pool_size, 1);
+        assert_eq!(c.envs[0].settings.preload, vec!["json".to_string()]);
+        assert_eq!(c.envs[0].settings.run_limits.memory_bytes, Some(1024));
+        assert_eq!(c.envs[0].settings.timeout, 5.0);
+        assert_eq!(c.envs[1].settings.pool_size, 3);
         assert!(c.envs[1].default);
         assert_eq!(
             c.envs[1].location,
             EnvChoice::CondaPrefix("/opt/envs/tools".into())
         );
-        let bad: FileConfig = toml::from_str("[[envs]]\npool_size = 2").unwrap();
-        assert!(merge(&ServeArgs::default(), bad).is_err());
-        assert!(toml::from_str::<FileConfig>("[[envs]]\nname = 'x'\nsize = 2").is_err());
+        let bad: Options = toml::from_str("[[envs]]\npool_size = 2").unwrap();
+        assert!(merge(&Options::default(), bad).is_err());
+        assert!(toml::from_str::<Options>("[[envs]]\nname = 'x'\nsize = 2").is_err());
     }
 
     #[test]
     fn the_disk_quota_is_global_or_per_env() {
-        let c = merge(&ServeArgs::default(), FileConfig::default()).unwrap();
+        let c = merge(&Options::default(), Options::default()).unwrap();
         assert_eq!(c.sandbox.disk_bytes, 256 << 20);
-        let file: FileConfig = toml::from_str(
+        let file: Options = toml::from_str(
             "disk_bytes = 67108864\n[[envs]]\nname = 'a'\n[[envs]]\nname = 'b'\ndisk_bytes = 2097152",
         )
         .unwrap();
-        let c = merge(&ServeArgs::default(), file).unwrap();
+        let c = merge(&Options::default(), file).unwrap();
         assert_eq!(c.sandbox.disk_bytes, 64 << 20);
-        assert_eq!(c.envs[0].disk_bytes, 64 << 20);
-        assert_eq!(c.envs[1].disk_bytes, 2 << 20);
+        assert_eq!(c.envs[0].settings.disk_bytes, 64 << 20);
+        assert_eq!(c.envs[1].settings.disk_bytes, 2 << 20);
         for text in ["disk_bytes = 1000", "[[envs]]\nname = 'a'\ndisk_bytes = 0"] {
-            let file: FileConfig = toml::from_str(text).unwrap();
-            let err = merge(&ServeArgs::default(), file).unwrap_err();
+            let file: Options = toml::from_str(text).unwrap();
+            let err = merge(&Options::default(), file).unwrap_err();
             assert!(err.to_string().contains("disk_bytes"), "{err}");
         }
     }
 
     #[test]
     fn an_env_flag_replaces_the_files_choice() {
-        let file: FileConfig = toml::from_str("python = '/usr/bin/python3'").unwrap();
-        let args = ServeArgs {
+        let file: Options = toml::from_str("python = '/usr/bin/python3'").unwrap();
+        let args = Options {
             conda_env: Some("ml".into()),
             ..Default::default()
         };
@@ -1041,15 +778,15 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_bad_values_are_errors() {
-        assert!(toml::from_str::<FileConfig>("prot = 1").is_err());
-        let file: FileConfig = toml::from_str("pool_size = 0").unwrap();
-        let err = merge(&ServeArgs::default(), file).unwrap_err();
+        assert!(toml::from_str::<Options>("prot = 1").is_err());
+        let file: Options = toml::from_str("pool_size = 0").unwrap();
+        let err = merge(&Options::default(), file).unwrap_err();
         assert!(err.to_string().contains("pool_size"), "{err}");
     }
 
     #[test]
     fn the_default_env_comes_from_the_highest_source_that_names_one() {
-        let file = || -> FileConfig { toml::from_str("conda_prefix = '/from/file'").unwrap() };
+        let file = || -> Options { toml::from_str("conda_prefix = '/from/file'").unwrap() };
         let host = |vars: EnvVars| HostEnv {
             env_vars: vars,
             ..HostEnv::default()
@@ -1060,10 +797,10 @@ mod tests {
             python: Some("/var/python".into()),
             conda_env_name: Some("seed-env".into()),
         };
-        let choice = |args: &ServeArgs, vars: EnvVars| {
+        let choice = |args: &Options, vars: EnvVars| {
             Config::merge_with(args, file(), host(vars)).unwrap().env
         };
-        let flag = ServeArgs {
+        let flag = Options {
             python: Some("/flag/python".into()),
             ..Default::default()
         };
@@ -1072,7 +809,7 @@ mod tests {
             choice(&flag, all_vars.clone()),
             EnvChoice::Python("/flag/python".into())
         );
-        let none = ServeArgs::default();
+        let none = Options::default();
         // 2. CODE_EXECUTOR_* variables, the most specific first.
         assert_eq!(
             choice(&none, all_vars.clone()),
@@ -1109,17 +846,17 @@ mod tests {
             choice(&none, EnvVars::default()),
             EnvChoice::CondaPrefix("/from/file".into())
         );
-        let c = Config::merge_with(&none, FileConfig::default(), HostEnv::default()).unwrap();
+        let c = Config::merge_with(&none, Options::default(), HostEnv::default()).unwrap();
         assert_eq!(c.env, EnvChoice::Default);
         // Two keys of one file, or two flags built in code, stay an error.
-        let two: FileConfig = toml::from_str("conda_env = 'a'\npython = '/b'").unwrap();
+        let two: Options = toml::from_str("conda_env = 'a'\npython = '/b'").unwrap();
         let err = merge(&none, two).unwrap_err().to_string();
         assert!(err.contains("conda_env, conda_prefix and python"), "{err}");
-        let two_flags = ServeArgs {
+        let two_flags = Options {
             conda_env: Some("a".into()),
             ..flag
         };
-        let err = merge(&two_flags, FileConfig::default())
+        let err = merge(&two_flags, Options::default())
             .unwrap_err()
             .to_string();
         assert!(
@@ -1169,10 +906,10 @@ mod tests {
             system_config: Some(system),
             ..HostEnv::default()
         };
-        let c = Config::load_with(&ServeArgs::default(), host.clone()).unwrap();
+        let c = Config::load_with(&Options::default(), host.clone()).unwrap();
         assert_eq!((c.pool_size, c.timeout), (3, 7.0));
         // --config (or CODE_EXECUTOR_CONFIG) replaces it.
-        let args = ServeArgs {
+        let args = Options {
             config: Some(named),
             ..Default::default()
         };
@@ -1183,10 +920,10 @@ mod tests {
             system_config: Some(dir.path().join("missing.toml")),
             ..HostEnv::default()
         };
-        let c = Config::load_with(&ServeArgs::default(), host).unwrap();
+        let c = Config::load_with(&Options::default(), host).unwrap();
         assert_eq!(c.pool_size, 4);
         // A named file that is missing is one.
-        let args = ServeArgs {
+        let args = Options {
             config: Some(dir.path().join("missing.toml")),
             ..Default::default()
         };
@@ -1211,8 +948,8 @@ mod tests {
             defaults_file: Some(defaults),
             ..HostEnv::default()
         };
-        let args = ServeArgs {
-            timeout: Some(1.5),
+        let args = Options {
+            timeout: Some("1.5".parse().unwrap()),
             ..Default::default()
         };
         let c = Config::load_with(&args, host.clone()).unwrap();
@@ -1231,12 +968,12 @@ mod tests {
 
     #[test]
     fn beyond_loopback_without_a_token_one_is_generated() {
-        let wide = ServeArgs {
+        let wide = Options {
             host: Some("0.0.0.0".parse().unwrap()),
             ..Default::default()
         };
-        let a = merge(&wide, FileConfig::default()).unwrap();
-        let b = merge(&wide, FileConfig::default()).unwrap();
+        let a = merge(&wide, Options::default()).unwrap();
+        let b = merge(&wide, Options::default()).unwrap();
         assert!(a.token_generated);
         let token = a.token.as_deref().unwrap();
         assert_eq!(token.len(), 64, "32 bytes in hex: {token}");
@@ -1247,22 +984,22 @@ mod tests {
         );
         assert_ne!(a.token, b.token, "every start makes a new one");
         // A configured token, --insecure-no-auth or loopback: none generated.
-        let given = ServeArgs {
+        let given = Options {
             token: Some("mine".into()),
             ..wide.clone()
         };
-        let c = merge(&given, FileConfig::default()).unwrap();
+        let c = merge(&given, Options::default()).unwrap();
         assert_eq!(
             (c.token.as_deref(), c.token_generated),
             (Some("mine"), false)
         );
-        let open = ServeArgs {
-            insecure_no_auth: true,
+        let open = Options {
+            insecure_no_auth: Some(true),
             ..wide
         };
-        let c = merge(&open, FileConfig::default()).unwrap();
+        let c = merge(&open, Options::default()).unwrap();
         assert_eq!((c.token, c.token_generated), (None, false));
-        let c = merge(&ServeArgs::default(), FileConfig::default()).unwrap();
+        let c = merge(&Options::default(), Options::default()).unwrap();
         assert_eq!((c.token, c.token_generated), (None, false));
     }
 }

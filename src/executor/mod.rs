@@ -1,0 +1,337 @@
+//! The one service every front end calls: validates requests, picks the
+//! environment's pool, runs the code on a worker and shapes the result.
+//!
+//! * [`start`]: finding and activating environments, starting their pools;
+//! * [`prepare`]: validating a request into a run (no worker involved);
+//! * [`run`]: running a prepared request on a worker and shaping its result;
+//! * [`sessions`]: starting and ending sessions.
+//!
+//! Package listing and installs live in [`crate::env::install`].
+
+mod prepare;
+mod run;
+mod sessions;
+mod start;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::api::{EnvInfo, Health, InstallRequest, InstallResult, PackageInfo, PoolSummary};
+use crate::env::install::{EnvCommands, check_install, run_bounded};
+use crate::env::{EnvSettings, EnvSpec};
+use crate::error::{ExecError, PoolError};
+use crate::limits::{RequestLimits, ResultLimits};
+use crate::metrics::{EnvMetrics, Metrics};
+use crate::pool::{EnvPool, WorkerBudget};
+use crate::replica::Replica;
+use crate::sandbox::SandboxStatus;
+use crate::session::Sessions;
+
+pub use prepare::{PreparedRun, RunOptions};
+pub use run::RunReport;
+pub use start::WORKER_SCRIPT;
+
+/// One environment and its pool.
+struct EnvEntry {
+    spec: EnvSpec,
+    settings: EnvSettings,
+    pool: EnvPool,
+    /// Why the environment cannot serve (its activation failed), if so.
+    unavailable: Option<String>,
+    /// The activated environment (scripts included) workers, package
+    /// listings and installs run with; built from scratch.
+    vars: HashMap<String, String>,
+    /// Installs into one environment run one at a time.
+    install_lock: tokio::sync::Mutex<()>,
+    /// This environment's run counters and histograms, resolved once.
+    metrics: EnvMetrics,
+}
+
+/// Runs code in environments' worker pools.
+pub struct Executor {
+    envs: Vec<EnvEntry>,
+    /// Index into `envs` of the environment used when a request names none.
+    default: usize,
+    /// The Conda front end `manager: "conda"` installs run.
+    conda: Option<PathBuf>,
+    /// The cap on live workers shared by all pools.
+    budget: Arc<WorkerBudget>,
+    /// Bound on one install run.
+    install_timeout: Duration,
+    max_output_bytes: u64,
+    results: ResultLimits,
+    /// Holds the bootstrap script and every worker's scratch root; removed
+    /// when the executor is dropped.
+    base_dir: tempfile::TempDir,
+    next_id: AtomicU64,
+    /// Set by `shutdown`: new requests are refused.
+    closing: AtomicBool,
+    /// What `GET /metrics` shows; shared with the front ends.
+    metrics: Arc<Metrics>,
+    /// Most test cases one grading request may carry.
+    max_grade_cases: usize,
+    /// What the sandbox enforces on this host, for `/health`.
+    sandbox: SandboxStatus,
+    /// Caps on a request's code and files.
+    request_limits: RequestLimits,
+    /// Live sessions, their caps and TTL reaper.
+    sessions: Arc<Sessions>,
+    /// The workers' cgroups, removed at shutdown.
+    cgroups: Option<Arc<crate::sandbox::cgroup::CgroupRoot>>,
+    /// This replica's id and whether it is draining (readiness off).
+    replica: Arc<Replica>,
+    /// MCP runs' artifacts, kept for `resources/read` and `GET /artifacts`.
+    artifacts: Arc<crate::artifacts::ArtifactStore>,
+}
+
+/// Why no worker could be had from an environment's pool, for the caller.
+fn pool_refusal(entry: &EnvEntry, e: PoolError) -> ExecError {
+    match e {
+        PoolError::Busy(_) => ExecError::Busy(e),
+        PoolError::Closed => ExecError::ShuttingDown,
+        PoolError::Unavailable(reason) => ExecError::EnvUnavailable {
+            env: entry.spec.name.clone(),
+            reason,
+        },
+    }
+}
+
+impl Executor {
+    fn index_of(&self, entry: &EnvEntry) -> usize {
+        self.envs
+            .iter()
+            .position(|e| std::ptr::eq(e, entry))
+            .expect("the entry is one of ours")
+    }
+
+    /// The environment a request names (by name or prefix path), or the
+    /// default one.
+    fn env_entry(&self, name: Option<&str>) -> Result<&EnvEntry, ExecError> {
+        let Some(name) = name.filter(|n| !n.is_empty()) else {
+            return Ok(&self.envs[self.default]);
+        };
+        if let Some(entry) = self.envs.iter().find(|e| e.spec.name == name) {
+            return Ok(entry);
+        }
+        if name.contains('/') {
+            let wanted = Path::new(name)
+                .canonicalize()
+                .unwrap_or_else(|_| PathBuf::from(name));
+            if let Some(entry) = self.envs.iter().find(|e| e.spec.prefix == wanted) {
+                return Ok(entry);
+            }
+        }
+        Err(ExecError::UnknownEnv {
+            name: name.to_string(),
+            known: self
+                .envs
+                .iter()
+                .map(|e| e.spec.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+
+    /// Like [`Executor::env_entry`], refusing an environment that cannot
+    /// run code.
+    fn available_entry(&self, name: Option<&str>) -> Result<&EnvEntry, ExecError> {
+        let entry = self.env_entry(name)?;
+        match &entry.unavailable {
+            Some(reason) => Err(ExecError::EnvUnavailable {
+                env: entry.spec.name.clone(),
+                reason: reason.clone(),
+            }),
+            None => Ok(entry),
+        }
+    }
+
+    /// Every environment with its pool's counts.
+    pub fn list_envs(&self) -> Vec<EnvInfo> {
+        self.envs
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let status = e.pool.status();
+                EnvInfo {
+                    name: e.spec.name.clone(),
+                    prefix: e.spec.prefix.display().to_string(),
+                    kind: e.spec.kind.as_str().into(),
+                    python_version: e
+                        .pool
+                        .python_version()
+                        .or_else(|| e.spec.python_version_hint()),
+                    default: i == self.default,
+                    pool: PoolSummary {
+                        size: status.size,
+                        idle: status.idle,
+                        busy: status.busy,
+                    },
+                    error: e.unavailable.clone().or(status.error),
+                }
+            })
+            .collect()
+    }
+
+    /// Warm workers the environment a request names keeps: how many runs of
+    /// one request may go at once without queueing on each other.
+    pub fn pool_size(&self, env: Option<&str>) -> Result<usize, ExecError> {
+        Ok(self.available_entry(env)?.settings.pool_size.max(1))
+    }
+
+    /// Most test cases one grading request may carry.
+    pub fn max_grade_cases(&self) -> usize {
+        self.max_grade_cases
+    }
+
+    /// Name of the environment used when a request names none.
+    pub fn default_env(&self) -> &str {
+        &self.envs[self.default].spec.name
+    }
+
+    /// Workers alive now across all environments, and the cap.
+    pub fn live_workers(&self) -> (usize, usize) {
+        (self.budget.live(), self.budget.max())
+    }
+
+    /// Overall health: every environment's pool, the sandbox, the caps.
+    pub fn health(&self) -> Health {
+        let envs: BTreeMap<_, _> = self
+            .envs
+            .iter()
+            .map(|e| {
+                let mut status = e.pool.status();
+                if let Some(reason) = &e.unavailable {
+                    status.error = Some(reason.clone());
+                }
+                (e.spec.name.clone(), status)
+            })
+            .collect();
+        let serving = envs
+            .values()
+            .any(|s| s.size > 0 || s.starting > 0 || s.error.is_none());
+        let draining = self.replica.is_draining() || self.closing.load(Ordering::Acquire);
+        Health {
+            status: match (draining, serving) {
+                (true, _) => "draining",
+                (false, true) => "ok",
+                (false, false) => "unavailable",
+            },
+            replica: self.replica.id().to_string(),
+            sessions: self.sessions.live(),
+            envs,
+            sandbox: self.sandbox.clone(),
+            request_limits: self.request_limits,
+        }
+    }
+
+    /// Start draining: `/health` answers 503 `draining` so that balancers
+    /// stop sending, new sessions are refused (they would die with the
+    /// replica), and everything else is still served.
+    pub fn drain(&self) {
+        self.replica.drain();
+    }
+
+    /// This replica's id and serving state.
+    pub fn replica(&self) -> &Arc<Replica> {
+        &self.replica
+    }
+
+    /// Refuse new requests and terminate every idle worker. Workers still
+    /// running a request are terminated when they are returned.
+    pub async fn shutdown(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.sessions.shutdown().await;
+        futures_util::future::join_all(self.envs.iter().map(|e| e.pool.close())).await;
+        if let Some(cgroups) = self.cgroups.clone() {
+            let _ = tokio::task::spawn_blocking(move || {
+                cgroups.remove_all(std::time::Duration::from_secs(3))
+            })
+            .await;
+        }
+    }
+
+    /// The store of MCP runs' artifacts.
+    pub fn artifacts(&self) -> &crate::artifacts::ArtifactStore {
+        &self.artifacts
+    }
+
+    /// The server's metrics (`GET /metrics`).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Directory holding the bootstrap and the workers' scratch roots.
+    pub fn base_dir(&self) -> &Path {
+        self.base_dir.path()
+    }
+}
+
+impl Executor {
+    /// Where commands of `entry`'s environment run.
+    fn commands<'a>(&'a self, entry: &'a EnvEntry) -> EnvCommands<'a> {
+        EnvCommands {
+            spec: &entry.spec,
+            vars: &entry.vars,
+            base_dir: self.base_dir.path(),
+        }
+    }
+
+    /// Installed distributions of an environment (name, version), sorted by
+    /// name (see [`EnvCommands::packages`]).
+    pub async fn list_packages(&self, env: Option<&str>) -> Result<Vec<PackageInfo>, ExecError> {
+        if self.closing.load(Ordering::Acquire) {
+            return Err(ExecError::ShuttingDown);
+        }
+        let entry = self.available_entry(env)?;
+        self.commands(entry)
+            .packages()
+            .await
+            .map_err(|reason| ExecError::EnvUnavailable {
+                env: entry.spec.name.clone(),
+                reason,
+            })
+    }
+
+    /// Install packages into an environment with pip or Conda. Specs are
+    /// checked first (an option or an invalid requirement refuses the whole
+    /// request, nothing runs) and passed as argv items. Installs into one
+    /// env are serialized; runs keep using the current workers meanwhile,
+    /// and after a successful install the env's workers are replaced so the
+    /// next run sees the new packages.
+    pub async fn install(&self, req: InstallRequest) -> Result<InstallResult, ExecError> {
+        if self.closing.load(Ordering::Acquire) {
+            return Err(ExecError::ShuttingDown);
+        }
+        check_install(&req)?;
+        let entry = self.available_entry(req.env.as_deref())?;
+        let commands = self.commands(entry);
+        let cmd = commands.installer(&req, self.conda.as_deref())?;
+        let _serialized = entry.install_lock.lock().await;
+        let before = commands.packages().await.unwrap_or_default();
+        tracing::info!(env = %entry.spec.name, manager = ?req.manager, packages = ?req.packages, "installing");
+        let out = run_bounded(cmd, self.install_timeout)
+            .await
+            .map_err(ExecError::Installer)?;
+        let mut installed = Vec::new();
+        if out.exit_code == 0 && !out.timed_out {
+            entry.pool.replace();
+            let after = commands.packages().await.unwrap_or_default();
+            installed = after
+                .into_iter()
+                .filter(|p| !before.contains(p))
+                .map(|p| format!("{}=={}", p.name, p.version))
+                .collect();
+        }
+        Ok(InstallResult {
+            env: entry.spec.name.clone(),
+            exit_code: out.exit_code,
+            stdout: out.stdout,
+            stderr: out.stderr,
+            installed,
+            timed_out: out.timed_out,
+        })
+    }
+}

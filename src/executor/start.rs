@@ -1,0 +1,314 @@
+//! Starting the executor: find the environments, activate each once, start
+//! the pools of the configured ones.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::Duration;
+
+use super::{EnvEntry, Executor};
+use crate::config::Config;
+use crate::env::{Registry, activate::activate};
+use crate::error::StartError;
+use crate::error::error_chain;
+use crate::metrics::Metrics;
+use crate::pool::{EnvPool, PoolConfig, WorkerBudget};
+use crate::replica::Replica;
+use crate::sandbox::{Sandbox, SandboxStatus};
+use crate::session::Sessions;
+use crate::worker::{WorkerSpec, worker_env};
+
+/// The bootstrap every worker runs, embedded in the binary.
+pub const WORKER_SCRIPT: &str = include_str!("../../python/worker.py");
+
+/// Remove what servers killed without a chance to clean up (SIGKILL, a
+/// crash) left in `tmp`: their bootstrap and workers' scratch roots. Only
+/// directories of this pid namespace's servers that are gone are touched.
+fn remove_stale_base_dirs(tmp: &Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let stale = entry
+            .file_name()
+            .to_str()
+            .is_some_and(crate::sandbox::cgroup::is_stale_server_dir);
+        if stale && entry.file_type().is_ok_and(|t| t.is_dir()) {
+            match std::fs::remove_dir_all(entry.path()) {
+                Ok(()) => {
+                    tracing::info!(dir = %entry.path().display(), "removed the temporary directory of a server that is gone")
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %entry.path().display(), "cannot remove the temporary directory of a server that is gone: {e}")
+                }
+            }
+        }
+    }
+}
+
+/// Lazy pools unused for `idle` stop their workers; checked a few times
+/// per idle period, until every pool is closed.
+async fn shrink_idle_pools(pools: Vec<EnvPool>, idle: Duration) {
+    let tick = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+    loop {
+        tokio::time::sleep(tick).await;
+        if pools.iter().all(EnvPool::is_closed) {
+            return;
+        }
+        for pool in &pools {
+            pool.shrink_if_idle(idle);
+        }
+    }
+}
+
+/// `/health`'s account of the sandbox: what is enforced, the rlimits
+/// every run gets and each env's scratch quota.
+fn sandbox_status(sandbox: Option<&Sandbox>, envs: &[EnvEntry]) -> SandboxStatus {
+    let mut status = sandbox.map(|s| s.status.clone()).unwrap_or_default();
+    if sandbox.is_none() {
+        status.memory = "rlimit_as";
+    }
+    if status.disk_quota {
+        status.disk_bytes = envs
+            .iter()
+            .map(|e| (e.spec.name.clone(), e.settings.disk_bytes))
+            .collect();
+    }
+    status.rlimits = ["cpu", "memory", "file_size", "open_files", "processes"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    status
+}
+
+/// Processes and threads of one run when the config sets no limit.
+const DEFAULT_PROCESSES: u64 = 256;
+
+/// Memory of a worker besides its run's, in its memory cgroup: the
+/// interpreter and its preloads, the warm next child, the launcher, the
+/// private `/dev/shm` (64 MiB at most) and kernel memory.
+const WORKER_MEMORY: u64 = 256 << 20;
+
+impl Executor {
+    /// Find the environments, activate each once, start the pools of the
+    /// configured ones and wait until they are warm. Discovered environments
+    /// start their pools on first use. Fails only when the default
+    /// environment cannot start a worker.
+    pub async fn start(config: &Config) -> Result<Executor, StartError> {
+        Self::start_with(config, true).await
+    }
+
+    /// [`Executor::start`] that returns before the pools are warm: they
+    /// fill in the background, and a request meanwhile waits for its pool's
+    /// first worker. What a client that starts its server per session (MCP
+    /// over stdio) waits for is then one worker's start, not the whole pool's.
+    pub async fn start_warming(config: &Config) -> Result<Executor, StartError> {
+        Self::start_with(config, false).await
+    }
+
+    async fn start_with(config: &Config, wait_for_warm: bool) -> Result<Executor, StartError> {
+        let registry = Registry::build(&config.registry()).await?;
+        let networks: Vec<_> = registry.envs.iter().map(|p| p.settings.network).collect();
+        let sandbox = Sandbox::probe(&config.sandbox, &networks).await?;
+        remove_stale_base_dirs(&std::env::temp_dir());
+        let base_dir = tempfile::Builder::new()
+            .prefix(&format!(
+                "{}.",
+                crate::sandbox::cgroup::own_server_dir_name()
+            ))
+            .tempdir()
+            .map_err(StartError::TempDir)?;
+        if sandbox.as_ref().and_then(Sandbox::owner).is_some() {
+            // Workers running as another user must reach their scratch roots
+            // (each is theirs alone) and read the bootstrap.
+            std::fs::set_permissions(base_dir.path(), std::fs::Permissions::from_mode(0o711))
+                .map_err(StartError::TempDir)?;
+        }
+        let script = match &config.worker_script {
+            Some(path) => path.clone(),
+            None => {
+                let path = base_dir.path().join("worker.py");
+                std::fs::write(&path, WORKER_SCRIPT).map_err(|source| StartError::Bootstrap {
+                    path: path.clone(),
+                    source,
+                })?;
+                path
+            }
+        };
+        let budget = WorkerBudget::new(config.max_workers);
+        let activations = futures_util::future::join_all(registry.envs.iter().map(|plan| {
+            activate(
+                &plan.spec.prefix,
+                &plan.spec.activation,
+                config.activation_timeout,
+            )
+        }))
+        .await;
+        let mut envs = Vec::with_capacity(registry.envs.len());
+        let mut pending = Vec::with_capacity(registry.envs.len());
+        for (plan, activation) in registry.envs.into_iter().zip(activations) {
+            let (vars, unavailable) = match activation {
+                Ok(vars) => (vars, None),
+                Err(reason) => {
+                    tracing::error!(env = %plan.spec.name, "environment unavailable: {reason}");
+                    (plan.spec.activation.clone(), Some(reason))
+                }
+            };
+            let pool = EnvPool::with_budget(
+                WorkerSpec {
+                    python: plan.spec.python.clone(),
+                    script: script.clone(),
+                    scratch_parent: base_dir.path().to_path_buf(),
+                    env: worker_env(&vars),
+                    preload: plan.settings.preload.clone(),
+                    start_timeout: config.worker_start_timeout,
+                    grace_period: config.grace_period,
+                    sandbox: sandbox.as_ref().map(|s| {
+                        let mut wrap = s.plan(
+                            plan.settings.network,
+                            plan.settings.disk_bytes,
+                            &plan.spec.python,
+                        );
+                        wrap.read.push(match &config.worker_script {
+                            // A replacement bootstrap may import its neighbours.
+                            Some(_) => script.parent().unwrap_or(&script).to_path_buf(),
+                            None => script.clone(),
+                        });
+                        wrap.read.push(plan.spec.prefix.clone());
+                        wrap
+                    }),
+                    owner: sandbox.as_ref().and_then(Sandbox::owner),
+                    run_processes: plan
+                        .settings
+                        .run_limits
+                        .processes
+                        .unwrap_or(DEFAULT_PROCESSES),
+                    memory_max: plan.settings.run_limits.memory_bytes.map(|m| {
+                        // The scratch tmpfs is memory too, charged to
+                        // the writer's cgroup.
+                        m.saturating_add(WORKER_MEMORY)
+                            .saturating_add(plan.settings.disk_bytes)
+                    }),
+                },
+                PoolConfig {
+                    size: plan.settings.pool_size,
+                    queue_timeout: config.queue_timeout,
+                    max_runs: config.max_runs,
+                },
+                budget.clone(),
+                plan.configured,
+            );
+            pending.push((plan, pool, unavailable, vars));
+        }
+        let replica = Arc::new(Replica::new(config.replica_id.clone()));
+        let sessions = Sessions::start(config.sessions.clone(), config.grace_period, replica.id());
+        let metrics = Arc::new(
+            Metrics::new(
+                pending
+                    .iter()
+                    .map(|(plan, pool, ..)| (plan.spec.name.clone(), pool.clone()))
+                    .collect(),
+            )
+            .with_replica(replica.clone(), sessions.clone()),
+        );
+        for (plan, pool, unavailable, vars) in pending {
+            envs.push(EnvEntry {
+                metrics: metrics.env(&plan.spec.name),
+                spec: plan.spec,
+                settings: plan.settings,
+                pool,
+                unavailable,
+                vars,
+                install_lock: tokio::sync::Mutex::new(()),
+            });
+        }
+        let warm: Vec<&EnvEntry> = envs
+            .iter()
+            .filter(|e| e.pool.keeps_warm() && e.unavailable.is_none())
+            .collect();
+        for e in &warm {
+            tracing::info!(
+                env = %e.spec.name,
+                python = %e.spec.python.display(),
+                workers = e.settings.pool_size,
+                "starting worker pool"
+            );
+        }
+        if !wait_for_warm {
+            // Serve at once (an MCP client waits for `initialize`); each
+            // pool fills in the background, and the first request waits for
+            // its first worker, not for all of them.
+            for e in &warm {
+                let (pool, name) = (e.pool.clone(), e.spec.name.clone());
+                tokio::spawn(async move {
+                    // One worker first, alone on the CPU (starting them all
+                    // at once would make the first call wait for the
+                    // slowest of them to share the cores), then the rest.
+                    if let Ok(first) = pool.get().await {
+                        pool.put(first);
+                    }
+                    if let Err(err) = pool.prewarm().await {
+                        tracing::error!(
+                            "environment {name:?} cannot start workers: {}",
+                            error_chain(&err)
+                        );
+                    }
+                });
+            }
+        }
+        let prewarm = warm
+            .iter()
+            .filter(|_| wait_for_warm)
+            .map(|e| e.pool.prewarm());
+        let results = futures_util::future::join_all(prewarm).await;
+        for (e, result) in warm.iter().zip(results) {
+            if let Err(source) = result {
+                if std::ptr::eq(*e, &envs[registry.default]) {
+                    return Err(StartError::DefaultEnv {
+                        env: e.spec.name.clone(),
+                        source,
+                    });
+                }
+                tracing::error!(
+                    "environment {:?} cannot start workers: {}",
+                    e.spec.name,
+                    error_chain(&source)
+                );
+            }
+        }
+        let lazy: Vec<EnvPool> = envs
+            .iter()
+            .filter(|e| !e.pool.keeps_warm())
+            .map(|e| e.pool.clone())
+            .collect();
+        for e in envs.iter().filter(|e| !e.pool.keeps_warm()) {
+            tracing::info!(env = %e.spec.name, prefix = %e.spec.prefix.display(), "environment found; its workers start on first use");
+        }
+        if !lazy.is_empty() {
+            tokio::spawn(shrink_idle_pools(lazy, config.idle_timeout));
+        }
+        let cgroups = sandbox.as_ref().and_then(Sandbox::cgroups);
+        let sandbox = sandbox_status(sandbox.as_ref(), &envs);
+        Ok(Executor {
+            envs,
+            default: registry.default,
+            conda: registry.conda,
+            budget,
+            install_timeout: config.install_timeout,
+            max_output_bytes: config.max_output_bytes,
+            results: config.results,
+            base_dir,
+            next_id: AtomicU64::new(1),
+            closing: AtomicBool::new(false),
+            metrics,
+            max_grade_cases: config.max_grade_cases,
+            sandbox,
+            request_limits: config.request_limits,
+            artifacts: Arc::new(crate::artifacts::ArtifactStore::new(config.artifacts)),
+            sessions,
+            cgroups,
+            replica,
+        })
+    }
+}
