@@ -30,6 +30,8 @@ use crate::replica::Replica;
 use crate::sandbox::SandboxStatus;
 use crate::session::Sessions;
 
+/// A streaming run's output chunks, as front ends receive them.
+pub use crate::worker::{OutputChunk, OutputSink, OutputStream};
 pub use prepare::{PreparedRun, RunOptions};
 pub use run::RunReport;
 pub use start::WORKER_SCRIPT;

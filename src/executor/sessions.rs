@@ -4,11 +4,11 @@ use std::sync::atomic::Ordering;
 
 use super::run::{HARD_DEADLINE_SLACK, RETIRED_RETRIES};
 use super::{Executor, pool_refusal};
+use crate::api::{CreateSessionRequest, SessionInfo};
 use crate::error::error_chain;
 use crate::error::{ExecError, WorkerError};
 use crate::limits::{capped_secs, narrow_limits, run_timeout};
 use crate::protocol::{self, SessionFrame};
-use crate::session::{CreateSessionRequest, SessionInfo};
 
 impl Executor {
     /// Start a session: a warm worker of the environment leaves its pool

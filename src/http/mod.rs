@@ -22,10 +22,10 @@ use subtle::ConstantTimeEq;
 
 pub use error::ApiError;
 
+use crate::api::{CreateSessionRequest, SessionInfo};
 use crate::api::{ExecRequest, ExecResult, InstallRequest, InstallResult};
+use crate::api::{GradeBatchRequest, GradeBatchResult, GradeRequest, GradeResult};
 use crate::executor::Executor;
-use crate::grade::{GradeBatchRequest, GradeBatchResult, GradeRequest, GradeResult};
-use crate::session::{CreateSessionRequest, SessionInfo};
 
 /// What every handler shares.
 #[derive(Clone)]

@@ -14,8 +14,8 @@ use tokio::sync::mpsc;
 use super::ApiError;
 use crate::api::ExecRequest;
 use crate::executor::Executor;
+use crate::executor::{OutputChunk, OutputStream};
 use crate::grade::PreparedBatch;
-use crate::worker::{OutputChunk, OutputStream};
 
 /// Events buffered towards a slow client before the run waits for it.
 const EVENT_BUFFER: usize = 64;

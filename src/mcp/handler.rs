@@ -18,16 +18,16 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::api::EnvInfo;
+use crate::api::SessionInfo;
 use crate::api::{ExecRequest, ExecResult, InstallRequest, InstallResult, PackageInfo};
+use crate::api::{GradeRequest, GradeResult};
 use crate::artifacts::{self, StoredArtifact};
 use crate::config::Config;
+use crate::executor::OutputStream;
 use crate::executor::{Executor, RunOptions};
-use crate::grade::{GradeRequest, GradeResult};
 use crate::limits::ResultLimits;
 use crate::mcp::result::{grade_result, refusal, run_result};
 use crate::mcp::session::{CloseSessionArgs, CreateSessionArgs, ImplicitSession};
-use crate::session::SessionInfo;
-use crate::worker::OutputStream;
 
 /// Arguments of `list_packages`.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]

@@ -10,8 +10,8 @@
 use rmcp::model::{CallToolResult, ContentBlock};
 
 use crate::api::ExecResult;
+use crate::api::{GradeResult, Verdict};
 use crate::error::{ExecError, error_chain};
-use crate::grade::{GradeResult, Verdict};
 use crate::outcome::Limit;
 
 /// Text of artifacts one tool result may embed as resources (beside their

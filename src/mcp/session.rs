@@ -6,9 +6,9 @@ use std::sync::Arc;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::api::CreateSessionRequest;
 use crate::error::ExecError;
 use crate::executor::Executor;
-use crate::session::CreateSessionRequest;
 
 /// Arguments of `create_session`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 
-use super::SessionInfo;
 use super::clock::rfc3339;
+use crate::api::SessionInfo;
 use crate::pool::PooledWorker;
 
 /// A live session.

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::SessionConfig;
 use super::live::{ActiveCall, Session};
-use super::{SessionConfig, SessionInfo};
+use crate::api::SessionInfo;
 use crate::error::ExecError;
 use crate::error::error_chain;
 use crate::pool::PooledWorker;

@@ -1,4 +1,14 @@
-//! Request and result types shared by every front end (HTTP, MCP).
+//! Request and result types shared by every front end (HTTP, MCP): what a
+//! client sends and sees, in one place.
+
+pub mod grade;
+pub mod session;
+
+pub use grade::{
+    CaseResult, Checker, GradeBatchRequest, GradeBatchResult, GradeRequest, GradeResult, TestCase,
+    Verdict,
+};
+pub use session::{CreateSessionRequest, SessionInfo};
 
 use std::collections::BTreeMap;
 
