@@ -149,3 +149,25 @@ async fn implicit_sessions_over_streamable_http() {
     let _ = b.cancel().await;
     server.stop().await;
 }
+
+/// The status line names the timeout the call ran under: a session's own
+/// default, not the server's.
+#[tokio::test]
+async fn a_session_calls_status_line_names_the_sessions_timeout() {
+    let config = config();
+    assert_ne!(config.timeout, 1.0);
+    let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+    let client = connect_in_process(executor.clone(), &config).await;
+    let created = call(&client, "create_session", json!({"timeout": 1}))
+        .await
+        .unwrap();
+    let id = created.structured_content.as_ref().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (failed, out) = run(&client, json!({"code": "while True: pass", "session": id})).await;
+    assert!(failed, "{out}");
+    assert!(out.contains("timed out after 1 s"), "{out}");
+    let _ = client.cancel().await;
+    executor.shutdown().await;
+}

@@ -164,12 +164,14 @@ async fn unknown_ids_and_bad_requests_are_refused() {
 #[tokio::test]
 async fn idle_sessions_expire_and_calls_renew_them() {
     let mut config = common::config();
-    config.sessions.ttl = Duration::from_millis(800);
+    config.sessions.ttl = Duration::from_millis(1000);
     let server = TestServer::with_config(config).await;
     let kept = create(&server, json!({})).await;
     let idle = create(&server, json!({})).await;
     let started = Instant::now();
-    while started.elapsed() < Duration::from_millis(1600) {
+    // Calls every 0.2 s keep one alive (a fifth of its TTL); the other idles
+    // for 2.5 TTLs.
+    while started.elapsed() < Duration::from_millis(2500) {
         ok(&server, &kept, "1").await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
