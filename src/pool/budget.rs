@@ -191,3 +191,13 @@ impl std::fmt::Debug for PooledWorker {
         self.worker.fmt(f)
     }
 }
+
+impl super::Spare for PooledWorker {
+    fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    fn is_alive(&mut self) -> bool {
+        self.worker.is_alive()
+    }
+}

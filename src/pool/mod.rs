@@ -17,10 +17,11 @@
 //! of one shared [`WorkerBudget`], the server-wide cap on live workers.
 
 mod budget;
+mod spares;
 
 pub use budget::{PooledWorker, WorkerBudget};
+use spares::{Spare, Spares};
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -115,7 +116,7 @@ struct Shared {
     /// drives the idle shrink of lazy pools.
     last_used: Mutex<Instant>,
     /// Started workers not yet handed to deadpool, plus the number starting.
-    spares: Mutex<Spares>,
+    spares: Mutex<Spares<PooledWorker>>,
     /// Reports the pid of every worker process that ends.
     exited_tx: mpsc::UnboundedSender<u32>,
     /// Last start failure, cleared by the next success.
@@ -126,13 +127,6 @@ struct Shared {
     /// Workers replaced so far, per [`RestartCause`] (in `ALL` order); read
     /// by the metrics at scrape time.
     restarts: [AtomicU64; RestartCause::ALL.len()],
-}
-
-#[derive(Default)]
-struct Spares {
-    /// Oldest first: the one that rested longest is handed out next.
-    ready: VecDeque<PooledWorker>,
-    starting: usize,
 }
 
 /// The deadpool manager: creates workers (a spare if one is ready) and
@@ -147,14 +141,14 @@ impl managed::Manager for WorkerManager {
 
     async fn create(&self) -> Result<PooledWorker, WorkerError> {
         let shared = &self.shared;
-        loop {
-            let Some(spare) = shared.spares.lock().ready.pop_front() else {
-                break;
-            };
-            if spare.generation == shared.generation.load(Ordering::Acquire) {
-                return Ok(spare);
-            }
-            tokio::spawn(spare.terminate(shared.spec.grace_period));
+        let mut stale = Vec::new();
+        let spare = shared
+            .spares
+            .lock()
+            .take(shared.generation.load(Ordering::Acquire), &mut stale);
+        shared.terminate_all(stale);
+        if let Some(spare) = spare {
+            return Ok(spare);
         }
         let permit = shared
             .budget
@@ -199,22 +193,20 @@ impl Shared {
     }
 
     /// Hand out the spare that rested longest in place of `worker`, which
-    /// becomes a spare. Without this a pool whose workers were replaced would
-    /// run every request of a single client on one worker (deadpool reuses
-    /// its idle objects and creates one only when none is idle), with its
-    /// spares never used; that worker would then fork each run's process
-    /// while the client waits instead of ahead of the request.
+    /// becomes a spare (see [`Spares::take_turn_of`]).
     fn take_turn_of(&self, worker: &mut PooledWorker) {
         let generation = self.generation.load(Ordering::Acquire);
-        let mut spares = self.spares.lock();
-        while let Some(mut spare) = spares.ready.pop_front() {
-            if spare.generation != generation || !spare.is_alive() {
-                tokio::spawn(spare.terminate(self.spec.grace_period));
-                continue;
-            }
-            std::mem::swap(worker, &mut spare);
-            spares.ready.push_back(spare);
-            return;
+        let mut stale = Vec::new();
+        self.spares
+            .lock()
+            .take_turn_of(worker, generation, &mut stale);
+        self.terminate_all(stale);
+    }
+
+    /// Terminate `workers` in the background.
+    fn terminate_all(&self, workers: Vec<PooledWorker>) {
+        for worker in workers {
+            tokio::spawn(worker.terminate(self.spec.grace_period));
         }
     }
 
@@ -225,16 +217,7 @@ impl Shared {
     /// Take up to `n` idle workers (spares first) out of the pool and
     /// terminate them in the background. Returns how many were taken.
     fn retire_idle(&self, n: usize) -> usize {
-        let mut workers = Vec::new();
-        {
-            let mut spares = self.spares.lock();
-            while workers.len() < n {
-                match spares.ready.pop_front() {
-                    Some(w) => workers.push(w),
-                    None => break,
-                }
-            }
-        }
+        let mut workers = self.spares.lock().take_up_to(n);
         if workers.len() < n
             && let Some(pool) = self.pool.get().and_then(WeakPool::upgrade)
         {
@@ -252,9 +235,7 @@ impl Shared {
             );
         }
         let taken = workers.len();
-        for worker in workers {
-            tokio::spawn(worker.terminate(self.spec.grace_period));
-        }
+        self.terminate_all(workers);
         taken
     }
 
