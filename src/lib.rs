@@ -3,27 +3,62 @@
 //!
 //! # Layout
 //!
-//! * [`artifacts`]: the bounded store of run artifacts behind MCP resources and `GET /artifacts`.
-//! * [`config`]: command line, `CODE_EXECUTOR_*` variables and the TOML file.
-//! * [`env`]: what an environment is; resolving the configured one; activation variables.
-//! * [`protocol`]: the length-prefixed msgpack frames spoken with `python/worker.py`.
+//! The service and what it is made of:
+//!
+//! * [`executor`]: the one service front ends call. `start.rs` finds and
+//!   activates environments and starts their pools; `prepare.rs` validates a
+//!   request (every refusal of its content); `run.rs` runs it on a worker
+//!   and shapes the result; `sessions.rs` starts and ends sessions;
+//!   `mod.rs` holds environment lookup, `/list-envs`, `/health`, installs
+//!   and shutdown.
+//! * [`api`]: every request and result type a client sends or sees
+//!   (`/execute`, `/grade`, `/sessions`, `/list-envs`, `/health`, installs).
+//! * [`outcome`]: how a run ended: the [`outcome::Limit`] that stopped it,
+//!   its signal and errno, computed once for results, verdicts and metrics.
+//! * [`limits`]: request caps, result caps, narrowing a request's limits
+//!   and timeout to the server's.
+//! * [`grade`]: one submission against many test cases (`Executor::grade`):
+//!   verdicts, checkers, test-code mode, batches.
+//! * [`error`]: typed errors, one enum per layer, with the codes and HTTP
+//!   statuses clients see.
+//! * [`config`]: every option in one layered shape (flag, `CODE_EXECUTOR_*`
+//!   variable, TOML key, default) resolved into [`Config`].
+//!
+//! Workers and environments:
+//!
+//! * [`env`]: what an environment is (`EnvSpec`); discovering Conda
+//!   environments (`discover.rs`); naming them (`registry.rs`); activation
+//!   scripts (`activate.rs`); package listing and installs (`install.rs`,
+//!   spec checks in `packages.rs`).
+//! * [`protocol`]: the length-prefixed msgpack frames spoken with
+//!   `python/worker.py` (the bootstrap every worker runs).
 //! * [`worker`]: one worker process: spawn, handshake, run, terminate.
-//! * [`pool`]: a pre-warmed `deadpool` of workers per environment, refilled in the background.
-//! * [`session`]: stateful sessions: a persistent namespace per session, TTL, caps, interrupts.
-//! * [`executor`]: the one service front ends call: validate, pick a pool, run, shape the result.
-//! * [`grade`]: one submission against many test cases (`Executor::grade`): verdicts, rusage.
-//! * [`metrics`]: Prometheus metrics: run, queue, worker, HTTP and MCP counters.
-//! * [`types`]: request and result types shared by every front end.
-//! * [`http`]: the axum HTTP/JSON API and its error type.
-//! * [`mcp`]: the MCP server (`rmcp`): tools over the executor, stdio and streamable HTTP.
-//! * [`sandbox`]: the launcher workers start through (namespaces, Landlock,
-//!   `no_new_privs`, `run_as`) and what the host supports.
-//! * [`replica`]: this replica behind a load balancer: its id, draining, what a
-//!   session id says about the replica that holds it.
-//! * [`server`]: serving the HTTP API (and MCP at `/mcp`): drain on SIGTERM, then
-//!   graceful shutdown.
-//! * [`error`]: typed errors, one enum per layer.
-//! * [`sys`]: the only `unsafe` code: system calls no safe crate wraps (`close_range`).
+//! * [`pool`]: a pre-warmed `deadpool` of workers per environment, refilled
+//!   in the background; spare rotation in `spares.rs`, the server-wide
+//!   worker cap in `budget.rs`.
+//! * [`session`]: stateful sessions: a persistent namespace per session,
+//!   TTL, caps, interrupts.
+//! * [`sandbox`]: how workers are confined: the launcher they start through
+//!   (`launch.rs`: namespaces, pivot_root, Landlock, capabilities, rlimits),
+//!   seccomp filters (`seccomp.rs`), cgroups for memory and processes
+//!   (`cgroup.rs`), and what the host supports (`mod.rs`, `/health`'s
+//!   `sandbox`).
+//! * [`artifacts`]: the bounded store of run artifacts behind MCP resources
+//!   and `GET /artifacts`.
+//!
+//! Front ends and operations:
+//!
+//! * [`http`]: the axum HTTP/JSON API, its error type (`error.rs`),
+//!   streaming (`stream.rs`), request deadlines (`guard.rs`), OpenAPI
+//!   (`openapi.rs`).
+//! * [`mcp`]: the MCP server (`rmcp`): tools over the executor
+//!   (`handler.rs`), tool results (`result.rs`), stdio and streamable HTTP.
+//! * [`server`]: serving the HTTP API (and MCP at `/mcp`): connection
+//!   limits, drain on SIGTERM, graceful shutdown.
+//! * [`metrics`]: Prometheus metrics: runs, queues, workers, HTTP and MCP.
+//! * [`replica`]: this replica behind a load balancer: its id, draining,
+//!   what a session id says about the replica that holds it.
+//! * [`sys`]: the only `unsafe` code: system calls no safe crate wraps.
 
 #![deny(unsafe_code)]
 

@@ -1,10 +1,10 @@
 //! The one service every front end calls: validates requests, picks the
 //! environment's pool, runs the code on a worker and shapes the result.
 //!
-//! * [`start`]: finding and activating environments, starting their pools;
-//! * [`prepare`]: validating a request into a run (no worker involved);
-//! * [`run`]: running a prepared request on a worker and shaping its result;
-//! * [`sessions`]: starting and ending sessions.
+//! * `start.rs`: finding and activating environments, starting their pools;
+//! * `prepare.rs`: validating a request into a run (no worker involved);
+//! * `run.rs`: running a prepared request on a worker and shaping its result;
+//! * `sessions.rs`: starting and ending sessions.
 //!
 //! Package listing and installs live in [`crate::env::install`].
 
@@ -282,7 +282,8 @@ impl Executor {
     }
 
     /// Installed distributions of an environment (name, version), sorted by
-    /// name (see [`EnvCommands::packages`]).
+    /// name: what `importlib.metadata` sees, plus the Conda packages of
+    /// `conda-meta/` that are not Python distributions.
     pub async fn list_packages(&self, env: Option<&str>) -> Result<Vec<PackageInfo>, ExecError> {
         if self.closing.load(Ordering::Acquire) {
             return Err(ExecError::ShuttingDown);
