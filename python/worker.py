@@ -5,35 +5,60 @@ Started by the server as ``<prefix>/bin/python -I -u -c LAUNCH worker.py SCRATCH
 as ``__main__``: run as a script, its syntax tree would stay in memory for the
 worker's life.  Standard library only; runs on CPython 3.8 and later.
 
-Wire format (the same text heads ``src/protocol.rs``)
------------------------------------------------------
-Every frame is a 4-byte big-endian unsigned length followed by that many bytes
-of one msgpack map.  The map's ``t`` key names the frame type.
+Wire format (the same text heads ``src/protocol.rs``; a test keeps them equal)
+------------------------------------------------------------------------------
+Every frame is a 4-byte big-endian unsigned length followed by that many
+bytes of one msgpack map. The map's `t` key names the frame type. Every
+field listed is in every frame of its type, except those marked optional.
 
-worker -> server
-    ready   {t, protocol, python, executable, pid}        once, after preloading and
-                                                          forking the first child
-    result  {t, id, stdout, stderr, exit_code, signal, timed_out,
-             stdout_truncated, stderr_truncated, duration_ms}
-    error   {t, id, message, traceback, retire?}          a fault of the worker itself;
-                                                          retire: it ran nothing (dirty scratch)
-    echo    {t, value, repr}                              answer to an ``echo`` frame
-server -> worker
-    exec    {t, id, code, stdin, files, timeout, max_output, limits,
-             int_max_str_digits?, max_image_pixels?}
-            optional ``rusage: true``: reap the run before answering and add
-            ``cpu_ms`` and ``peak_rss_kb`` (os.wait4) to its ``result``;
-            ``limits.disk_bytes``: kill the run once the scratch filesystem
-            holds that much more than before it (``disk_exceeded: true``)
-    session {t, id, limits, grace}                        switch to session mode (see
-                                                          "Sessions"); answered by an
-                                                          empty ``result`` with ``pid``
-    cancel  {t}                                           kill the run in flight (its
-                                                          client went away) and answer
-                                                          its ``result`` at once; one
-                                                          that comes after the run
-                                                          answered is ignored
-    echo    {t, value}                                    codec check
+| direction        | `t`       | fields                                                        |
+|------------------|-----------|---------------------------------------------------------------|
+| worker -> server | `ready`   | `protocol`, `python` (version), `executable`, `pid`: once,    |
+|                  |           | after preloading and forking the first child                  |
+| worker -> server | `result`  | `id`, `stdout`, `stderr` (bin), `exit_code` (-N: killed by    |
+|                  |           | signal N), `signal` (its number, or nil), `timed_out`,        |
+|                  |           | `stdout_truncated`, `stderr_truncated`, `duration_ms`,        |
+|                  |           | `result` (repr or nil), `error` (nil, or the exception that   |
+|                  |           | ended the run: `type`, `message`, `traceback`, `line` (int    |
+|                  |           | or nil), `errno` (int or nil)), `artifacts` (maps of `path`,  |
+|                  |           | `size`, `mime`, and `data` (bin) or `omitted`: true);         |
+|                  |           | optional: `cpu_ms`, `peak_rss_kb` (with `rusage`),            |
+|                  |           | `disk_exceeded` (true: killed over `limits.disk_bytes`);      |
+|                  |           | in session mode `session_lost` (a reason, or nil)             |
+| worker -> server | `result`  | `id`, `exit_code` (0), `pid`: the answer to `session`, with   |
+|                  |           | the session child's pid                                       |
+| worker -> server | `output`  | `id`, `stream` (`stdout`/`stderr`), `data` (bin): output of a |
+|                  |           | run whose `exec` asked for `stream`, as it comes              |
+| worker -> server | `error`   | `id` (nil at startup), `message`, `traceback`: a fault of the |
+|                  |           | worker itself; optional `retire`: true when it ran nothing    |
+|                  |           | (its scratch root could not be cleared)                       |
+| worker -> server | `echo`    | `value`, `repr`: the answer to `echo`                         |
+| server -> worker | `exec`    | `id`, `code`, `stdin` (bin or nil), `files` ([path, bin]      |
+|                  |           | pairs), `argv`, `timeout` (s), `max_output` (bytes per        |
+|                  |           | stream), `limits`, `stream` (send `output` frames),           |
+|                  |           | `artifacts` (true, false or globs), `max_artifact_bytes`,     |
+|                  |           | `max_artifacts_bytes`, `max_result_chars`; optional:          |
+|                  |           | `rusage` (true: reap the run before answering, and report     |
+|                  |           | its rusage), `int_max_str_digits` (the run's int/str digit    |
+|                  |           | limit), `max_image_pixels` (the largest plot saved)           |
+| server -> worker | `session` | `id`, `limits`, `grace` (s): switch the worker to session     |
+|                  |           | mode                                                          |
+| server -> worker | `cancel`  | kill the run in flight (its client went away) and answer its  |
+|                  |           | `result` at once; ignored when that run has already answered, |
+|                  |           | and by session calls                                          |
+| server -> worker | `echo`    | `value`: codec check, answered with the value re-encoded      |
+
+`limits` maps any of `cpu_seconds`, `memory_bytes`, `file_size_bytes`,
+`open_files` and `processes` (the run's rlimits) and `disk_bytes` (a clean
+run is killed once the scratch filesystem holds that much more than before
+it).
+`errno` is the `OSError`'s own, `ENOMEM` for a `MemoryError` and `EAGAIN`
+for a thread the system would not start.
+
+In session mode `exec` frames run in the session child's persistent
+namespace (their `limits.cpu_seconds` is a budget per call), and their
+`result` frame carries `session_lost` when the session child died or was
+killed during the call.
 
 The protocol channel lives on private duplicates of the original stdin and
 stdout.  Descriptors 0 and 1 of the worker are then pointed at /dev/null and
@@ -46,14 +71,16 @@ For every ``exec`` the worker hands the request to a child forked ahead of
 time.  The child lives in its own process group with a fresh ``__main__``, an
 empty working directory (SCRATCH/run, emptied and made anew between runs) and
 the request's resource limits; its stdout and stderr are captured at the
-file-descriptor level.  The worker drains both pipes (keeping at most
-``max_output`` bytes of each), enforces the deadline by killing the child's
-process group, answers with ``result`` and then, off the request path, has
-the next child forked, which warms up while no client waits.  Children are
-forked by the worker's zygote (see "The zygote"), so that the worker's own
-pages are never shared copy-on-write with a child.
+file-descriptor level.  The worker supervises it (``supervise``: it drains
+both pipes, keeping at most ``max_output`` bytes of each, and enforces the
+deadline by killing the child's process group), answers with ``result`` and
+then, off the request path, has the next child forked, which warms up while
+no client waits.  Children are forked by the worker's zygote (see "The
+zygote"), so that the worker's own pages are never shared copy-on-write with
+a child.  Session calls are supervised by the same loop (see "Sessions").
 """
 
+import errno
 import gc
 import marshal
 import os
@@ -65,7 +92,7 @@ import sys
 import time
 import types
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAX_FRAME = 1 << 30
 RUN_FILENAME = "<code>"
 READ_CHUNK = 1 << 16
@@ -397,6 +424,159 @@ def write_error(fd, request_id, message, exc=None):
 
 
 # ---------------------------------------------------------------------------
+# Linux calls through ctypes: prctl, Landlock, malloc_trim
+# ---------------------------------------------------------------------------
+#
+# The only code that calls C directly.  ``load_libc`` (in main, before any
+# fork) loads the C library; each call checks its result and raises OSError
+# with the errno, except where a failure is deliberately tolerated, which the
+# code says.  Without ctypes (a Python built without it) ``prctl`` does
+# nothing: runs then do not die with their worker by themselves (the server
+# kills the worker's whole tree, and the sandbox's pid namespace ends with
+# it), the worker stays dumpable, and runs are not scoped by Landlock.
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
+
+# Landlock (Linux 6.12+, ABI 6): a domain that scopes signals keeps its
+# processes from signalling any process outside it.  Syscalls numbered from
+# 403 up have the same number on every architecture but alpha.
+SYS_LANDLOCK_CREATE_RULESET = 444
+SYS_LANDLOCK_ADD_RULE = 445
+SYS_LANDLOCK_RESTRICT_SELF = 446
+LANDLOCK_ACCESS_FS_REFER = 1 << 13
+LANDLOCK_SCOPE_SIGNAL = 1 << 1
+LANDLOCK_RULE_PATH_BENEATH = 1
+
+_ctypes = None  # the ctypes module, once load_libc found it
+_libc = None  # the C library
+_restrict_self = None  # landlock_restrict_self(fd, flags), set by signal_scope
+
+
+def load_libc():
+    """Load the C library; None, or why it could not be (no ctypes)."""
+    global _ctypes, _libc
+    try:
+        import ctypes
+    except ImportError as exc:
+        return "no ctypes: %s" % exc
+    _ctypes = ctypes
+    _libc = ctypes.CDLL(None, use_errno=True)
+    return None
+
+
+def _failed(call):
+    """The OSError of the C call ``call`` that just failed."""
+    err = _ctypes.get_errno()
+    return OSError(err, "%s: %s" % (call, os.strerror(err)))
+
+
+def prctl(option, value):
+    """``prctl(option, value)``; raises OSError if the kernel refuses."""
+    if _libc is not None and _libc.prctl(option, value, 0, 0, 0) != 0:
+        raise _failed("prctl(%d, %d)" % (option, value))
+
+
+def die_with_parent():
+    """Have the kernel SIGKILL this process when its parent dies."""
+    prctl(PR_SET_PDEATHSIG, _SIGKILL)
+
+
+def set_dumpable(dumpable):
+    """Whether a process of the same user may read this one's memory
+    (``/proc/<pid>/mem``) or attach to it."""
+    prctl(PR_SET_DUMPABLE, 1 if dumpable else 0)
+
+
+def become_subreaper():
+    """Make processes a run leaves behind (double forks, ``setsid``) our
+    children when their parent dies, so that ``kill_descendants`` finds them."""
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def trim_heap():
+    """Hand the heap memory freed so far back to the OS (glibc's
+    ``malloc_trim``).  Tolerated when absent: it saves memory and page-table
+    copies on fork, nothing depends on it (musl has no such call), and its
+    result says whether memory was released, not whether it failed."""
+    trim = getattr(_libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+def signal_scope():
+    """A Landlock ruleset fd that scopes signals, or None, with a line on
+    stderr saying why, where the kernel cannot: no Landlock, an ABI below 6,
+    or a policy that refuses it.  Tolerated: without the scope, main forks
+    runs from the worker itself when it is pid 1 of its namespace, which no
+    run can signal."""
+    global _restrict_self
+    if _libc is None:
+        return None
+    import functools
+
+    ctypes = _ctypes
+    syscall = _libc.syscall
+    syscall.restype = ctypes.c_long
+    # A layer that handles no filesystem access would refuse every rename or
+    # link across directories (EXDEV: Landlock's ABI 1 compatibility): it
+    # handles REFER and grants it everywhere.
+    attr = (ctypes.c_uint64 * 3)(LANDLOCK_ACCESS_FS_REFER, 0, LANDLOCK_SCOPE_SIGNAL)
+    fd = syscall(ctypes.c_long(SYS_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
+                 ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
+    if fd < 0:
+        return _no_scope(_failed("landlock_create_ruleset"))
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    root = os.open("/", os.O_PATH | os.O_CLOEXEC)
+    try:
+        rule = PathBeneath(LANDLOCK_ACCESS_FS_REFER, root)
+        if syscall(ctypes.c_long(SYS_LANDLOCK_ADD_RULE), ctypes.c_int(fd),
+                   ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule),
+                   ctypes.c_uint32(0)) != 0:
+            error = _failed("landlock_add_rule")
+            os.close(fd)
+            return _no_scope(error)
+    finally:
+        os.close(root)
+    # Built here, once: what a child calls is then one foreign call.
+    restrict = functools.partial(syscall, ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF))
+    # Entering the domain can still fail (a filter that allows only part of
+    # Landlock, the nesting limit): try it once in a throwaway child, whose
+    # exit status is the errno.
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if restrict(fd, 0) == 0 else (ctypes.get_errno() & 0xFF or 1))
+        finally:
+            os._exit(1)
+    status = os.waitpid(pid, 0)[1]
+    if status != 0:
+        os.close(fd)
+        err = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 0
+        return _no_scope(OSError(err, "landlock_restrict_self: %s" % os.strerror(err)))
+    _restrict_self = restrict
+    return fd
+
+
+def _no_scope(error):
+    sys.stderr.write("code-executor: runs are not scoped by Landlock: %s\n" % error)
+    return None
+
+
+def scope_signals(ruleset):
+    """Enter a Landlock domain of ``ruleset`` (from ``signal_scope``): no
+    process of this run can signal its zygote or its worker.  Needs
+    no_new_privs, which the sandbox's launcher set."""
+    if _restrict_self(ruleset, 0) != 0:
+        raise _failed("landlock_restrict_self")
+
+
+# ---------------------------------------------------------------------------
 # The child: one run
 # ---------------------------------------------------------------------------
 
@@ -460,7 +640,7 @@ def write_files(root, files, replace=False):
     """Write the request's input files under ``root``; a clean run's files are
     all new (O_EXCL), a session call may replace what an earlier call left."""
     mode = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if replace else os.O_EXCL)
-    for rel, data in files or ():
+    for rel, data in files:
         path = safe_join(root, rel)
         parent = os.path.dirname(path)
         if parent != root:
@@ -539,7 +719,27 @@ def user_traceback(exc):
         "message": message[:MAX_ERROR_CHARS],
         "traceback": text[-MAX_ERROR_CHARS:],
         "line": line,
+        "errno": errno_of(exc),
     }
+
+
+def errno_of(exc):
+    """The errno of an exception that ended a run, so that the server tells
+    limits apart by number, not by message: an OSError's own (EFBIG past the
+    file size limit, ENOSPC past the disk quota), ENOMEM for a MemoryError
+    (the address-space limit) and EAGAIN for a thread the process limit kept
+    from starting; None for anything else."""
+    if isinstance(exc, OSError):
+        code = exc.errno
+        return code if type(code) is int else None
+    if isinstance(exc, MemoryError):
+        return errno.ENOMEM
+    # threading raises a plain RuntimeError when the thread cannot be made
+    # (pthread_create's EAGAIN, its errno not kept): its text, the only one
+    # matched here, is fixed in CPython's _threadmodule.c.
+    if type(exc) is RuntimeError and exc.args == ("can't start new thread",):
+        return errno.EAGAIN
+    return None
 
 
 def fresh_main():
@@ -624,6 +824,152 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000):
         except BaseException:
             pass
     return outcome
+
+
+def private_tmp(rundir):
+    """The run's own temporary directory, beside (not inside) its run
+    directory so that its files are not artifacts; removed with the run."""
+    return rundir + ".tmp"
+
+
+TMP_VARS = ("TMPDIR", "TEMP", "TMP")
+
+
+def set_run_dir(rundir, tmp_env, previous=None):
+    """Make ``rundir`` what code sees as its place: ``PWD``, the first
+    import path (in place of ``previous``, set before), where plots go; the
+    temporary directory is ``tmp_env`` (name to value, None to unset)."""
+    os.environ["PWD"] = rundir
+    for name, value in tmp_env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is not None:
+        tempfile.tempdir = None
+    if previous is not None and previous in sys.path:
+        sys.path.remove(previous)
+    sys.path.insert(0, rundir)
+    install_plot_capture(rundir)
+
+
+# The C-level signal calls: the ``signal`` module's enum wrappers cost a
+# child more than the calls themselves.
+_SIGCHLD, _SIGINT, _SIGTERM, _SIGKILL = (int(s) for s in (signal.SIGCHLD, signal.SIGINT,
+                                                        signal.SIGTERM, signal.SIGKILL))
+
+
+def enter_run(worker_pid, rundir, out_w, err_w, parent_fds, on_sigint):
+    """What every forked child does first: its own process group and signal
+    handlers, death with its worker, none of the worker's fds, output to its
+    capture pipes, and its run directory as cwd."""
+    os.setpgid(0, 0)
+    _signal.set_wakeup_fd(-1)
+    _signal.signal(_SIGCHLD, _signal.SIG_DFL)
+    _signal.signal(_SIGINT, on_sigint)
+    _signal.signal(_SIGTERM, _signal.SIG_DFL)
+    # Die with the parent (``worker_pid``: the worker or its zygote), and be
+    # dumpable again (the worker is not; see main).
+    die_with_parent()
+    set_dumpable(True)
+    if os.getppid() != worker_pid:  # the parent died before that was set
+        os._exit(70)
+    for fd in parent_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.close(out_w)
+    os.close(err_w)
+    os.chdir(rundir)
+
+
+def rehearse():
+    """One pass over the request path with WARM_REQUEST, its output unused."""
+    rehearsal = marshal.loads(marshal.dumps(WARM_REQUEST))
+    planned_limits(rehearsal["limits"])
+    outcome = run_user_code(rehearsal["code"], rehearsal["argv"],
+                            types.ModuleType("__warm__"), at_exit=False)
+    packb({"status": outcome.status, "result": outcome.result, "error": outcome.error})
+
+
+def specialize_request_path(passes=10):
+    """Rehearse the request path a few times in the worker itself, before
+    any run is forked. CPython 3.11+ specializes a function's bytecode once it
+    has run a few times, writing into its code object; children that inherit
+    the specialized code neither redo that work nor copy the pages it
+    writes, on every run."""
+    import linecache
+
+    argv = sys.argv
+    try:
+        for _ in range(passes):
+            rehearse()
+    finally:
+        sys.argv = argv
+        linecache.cache.pop(RUN_FILENAME, None)
+
+
+def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope=None,
+               warm=True):
+    """Body of a forked child; never returns. With ``warm`` it rehearses the
+    request path while it waits (see below)."""
+    status = 70
+    try:
+        # PWD, TMPDIR, sys.path and the plot directory came set from the
+        # worker (every run has the same directory).
+        enter_run(worker_pid, rundir, out_w, err_w, parent_fds, _signal.default_int_handler)
+        if scope is not None:
+            scope_signals(scope)
+            os.close(scope)
+        # An import before the directory existed may have cached it as no
+        # place to import from.
+        sys.path_importer_cache.pop(rundir, None)
+        # Everything that does not depend on the request is done now, while
+        # no client waits: stdin on /dev/null (fd 0 already is), a fresh
+        # __main__, and one pass over the request path so that its
+        # copy-on-write page faults (refcounts written in pages shared with
+        # the worker) happen here.
+        if warm:
+            rehearse()
+        main = fresh_main()
+        req = open(req_r, "rb", buffering=0)
+        try:
+            frame = read_frame(req)
+        except (ChannelClosed, EOFError):
+            os._exit(0)
+        req.close()
+        msg = marshal.loads(frame)
+        del frame
+        apply_limits(msg["limits"])
+        digits = msg.get("int_max_str_digits")
+        if digits is not None and hasattr(sys, "set_int_max_str_digits"):
+            sys.set_int_max_str_digits(digits)
+        _figures["max_pixels"] = msg.get("max_image_pixels")
+        write_files(rundir, msg["files"])
+        set_stdin(msg["stdin"])
+        code = msg["code"]
+        argv = msg["argv"]
+        result_cap = msg["max_result_chars"]
+        del msg
+        outcome = run_user_code(code, argv, main, result_cap=result_cap)
+        status = outcome.status
+        report = packb({"status": status, "result": outcome.result, "error": outcome.error})
+        try:
+            write_all(ctl_w, struct.pack("!I", len(report)) + report)
+        except OSError:
+            pass
+    except BaseException as exc:  # a fault before the user's code ran
+        try:
+            user_traceback(exc)
+            sys.stderr.flush()
+        except BaseException:
+            pass
+    finally:
+        os._exit(status)
 
 
 # ---------------------------------------------------------------------------
@@ -791,236 +1137,6 @@ def pick_artifacts(files, inputs, select, max_each, max_total):
     return found
 
 
-_libc = None  # the C library (ctypes), loaded once by the worker when ctypes exists
-_prctl = None  # its prctl
-
-
-PR_SET_DUMPABLE = 4
-
-
-def set_parent_death_signal(worker_pid):
-    """Ask the kernel to SIGKILL this child if its worker dies (Linux), and
-    make the child dumpable again (the worker is not; see main)."""
-    if _prctl is not None:
-        try:
-            _prctl(1, _SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-            _prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
-        except Exception:
-            pass
-    if os.getppid() != worker_pid:
-        os._exit(70)
-
-
-# Landlock (Linux 6.12+, ABI 6): a domain that scopes signals keeps its
-# processes from signalling any process outside it.
-_LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
-_LANDLOCK_SCOPE_SIGNAL = 2
-_LANDLOCK_ACCESS_FS_REFER = 1 << 13
-_LANDLOCK_RULE_PATH_BENEATH = 1
-
-
-_restrict_self = None  # landlock_restrict_self(fd, flags), set by signal_scope
-
-
-def signal_scope():
-    """A Landlock ruleset fd that scopes signals, or None where the kernel
-    cannot (no Landlock, or an ABI below 6)."""
-    global _restrict_self
-    try:
-        import ctypes
-        import functools
-
-        syscall = _libc.syscall
-        syscall.restype = ctypes.c_long
-        # A layer that handles no filesystem access would refuse every
-        # rename or link across directories (EXDEV: Landlock's ABI 1
-        # compatibility): it handles REFER and grants it everywhere.
-        attr = (ctypes.c_uint64 * 3)(_LANDLOCK_ACCESS_FS_REFER, 0, _LANDLOCK_SCOPE_SIGNAL)
-        fd = syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), ctypes.byref(attr),
-                     ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
-        if fd >= 0:
-            class PathBeneath(ctypes.Structure):
-                _pack_ = 1
-                _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-            root = os.open("/", os.O_PATH | os.O_CLOEXEC)
-            try:
-                rule = PathBeneath(_LANDLOCK_ACCESS_FS_REFER, root)
-                if syscall(ctypes.c_long(_LANDLOCK_ADD_RULE), ctypes.c_int(fd),
-                           ctypes.c_int(_LANDLOCK_RULE_PATH_BENEATH), ctypes.byref(rule),
-                           ctypes.c_uint32(0)) != 0:
-                    os.close(fd)
-                    return None
-            finally:
-                os.close(root)
-        # Built here, once: what a child calls is then one foreign call.
-        _restrict_self = functools.partial(syscall, ctypes.c_long(_LANDLOCK_RESTRICT_SELF))
-    except Exception:
-        return None
-    if fd < 0:
-        return None
-    # Entering the domain can still fail (a filter that allows only part of
-    # Landlock, the nesting limit): try it once in a throwaway child.
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0 if _restrict_self(fd, 0) == 0 else 1)
-    if os.waitpid(pid, 0)[1] != 0:
-        os.close(fd)
-        return None
-    return fd
-
-
-def scope_signals(ruleset):
-    """Enter a Landlock domain of ``ruleset`` (from ``signal_scope``): no
-    process of this run can signal its zygote or its worker.  Needs
-    no_new_privs, which the sandbox's launcher set."""
-    if _restrict_self(ruleset, 0) != 0:
-        import ctypes
-
-        raise OSError(ctypes.get_errno(), "landlock_restrict_self")
-
-
-def private_tmp(rundir):
-    """The run's own temporary directory, beside (not inside) its run
-    directory so that its files are not artifacts; removed with the run."""
-    return rundir + ".tmp"
-
-
-TMP_VARS = ("TMPDIR", "TEMP", "TMP")
-
-
-def set_run_dir(rundir, tmp_env, previous=None):
-    """Make ``rundir`` what code sees as its place: ``PWD``, the first
-    import path (in place of ``previous``, set before), where plots go; the
-    temporary directory is ``tmp_env`` (name to value, None to unset)."""
-    os.environ["PWD"] = rundir
-    for name, value in tmp_env.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    tempfile = sys.modules.get("tempfile")
-    if tempfile is not None:
-        tempfile.tempdir = None
-    if previous is not None and previous in sys.path:
-        sys.path.remove(previous)
-    sys.path.insert(0, rundir)
-    install_plot_capture(rundir)
-
-
-# The C-level signal calls: the ``signal`` module's enum wrappers cost a
-# child more than the calls themselves.
-_SIGCHLD, _SIGINT, _SIGTERM, _SIGKILL = (int(s) for s in (signal.SIGCHLD, signal.SIGINT,
-                                                        signal.SIGTERM, signal.SIGKILL))
-
-
-def enter_run(worker_pid, rundir, out_w, err_w, parent_fds, on_sigint):
-    """What every forked child does first: its own process group and signal
-    handlers, death with its worker, none of the worker's fds, output to its
-    capture pipes, and its run directory as cwd."""
-    os.setpgid(0, 0)
-    _signal.set_wakeup_fd(-1)
-    _signal.signal(_SIGCHLD, _signal.SIG_DFL)
-    _signal.signal(_SIGINT, on_sigint)
-    _signal.signal(_SIGTERM, _signal.SIG_DFL)
-    set_parent_death_signal(worker_pid)
-    for fd in parent_fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    os.dup2(out_w, 1)
-    os.dup2(err_w, 2)
-    os.close(out_w)
-    os.close(err_w)
-    os.chdir(rundir)
-
-
-def rehearse():
-    """One pass over the request path with WARM_REQUEST, its output unused."""
-    rehearsal = marshal.loads(marshal.dumps(WARM_REQUEST))
-    planned_limits(rehearsal["limits"])
-    outcome = run_user_code(rehearsal["code"], rehearsal["argv"],
-                            types.ModuleType("__warm__"), at_exit=False)
-    packb({"status": outcome.status, "result": outcome.result, "error": outcome.error})
-
-
-def specialize_request_path(passes=10):
-    """Rehearse the request path a few times in the worker itself, before
-    any run is forked. CPython 3.11+ specializes a function's bytecode once it
-    has run a few times, writing into its code object; children that inherit
-    the specialized code neither redo that work nor copy the pages it
-    writes, on every run."""
-    import linecache
-
-    argv = sys.argv
-    try:
-        for _ in range(passes):
-            rehearse()
-    finally:
-        sys.argv = argv
-        linecache.cache.pop(RUN_FILENAME, None)
-
-
-def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope=None,
-               warm=True):
-    """Body of a forked child; never returns. With ``warm`` it rehearses the
-    request path while it waits (see below)."""
-    status = 70
-    try:
-        # PWD, TMPDIR, sys.path and the plot directory came set from the
-        # worker (every run has the same directory).
-        enter_run(worker_pid, rundir, out_w, err_w, parent_fds, _signal.default_int_handler)
-        if scope is not None:
-            scope_signals(scope)
-            os.close(scope)
-        # An import before the directory existed may have cached it as no
-        # place to import from.
-        sys.path_importer_cache.pop(rundir, None)
-        # Everything that does not depend on the request is done now, while
-        # no client waits: stdin on /dev/null (fd 0 already is), a fresh
-        # __main__, and one pass over the request path so that its
-        # copy-on-write page faults (refcounts written in pages shared with
-        # the worker) happen here.
-        if warm:
-            rehearse()
-        main = fresh_main()
-        req = open(req_r, "rb", buffering=0)
-        try:
-            frame = read_frame(req)
-        except (ChannelClosed, EOFError):
-            os._exit(0)
-        req.close()
-        msg = marshal.loads(frame)
-        del frame
-        apply_limits(msg.get("limits"))
-        digits = msg.get("int_max_str_digits")
-        if digits is not None and hasattr(sys, "set_int_max_str_digits"):
-            sys.set_int_max_str_digits(int(digits))
-        _figures["max_pixels"] = msg.get("max_image_pixels")
-        write_files(rundir, msg.get("files"))
-        set_stdin(msg.get("stdin"))
-        code = msg.get("code") or ""
-        argv = msg.get("argv")
-        result_cap = int(msg.get("max_result_chars") or 10000)
-        del msg
-        outcome = run_user_code(code, argv, main, result_cap=result_cap)
-        status = outcome.status
-        report = packb({"status": status, "result": outcome.result, "error": outcome.error})
-        try:
-            write_all(ctl_w, struct.pack("!I", len(report)) + report)
-        except OSError:
-            pass
-    except BaseException as exc:  # a fault before the user's code ran
-        try:
-            user_traceback(exc)
-            sys.stderr.flush()
-        except BaseException:
-            pass
-    finally:
-        os._exit(status)
-
-
 # ---------------------------------------------------------------------------
 # The worker: the parent of every run
 # ---------------------------------------------------------------------------
@@ -1033,10 +1149,11 @@ def signal_name(signum):
 
 
 def exit_status(status):
-    """(exit code, signal name) of a raw wait status, as results give them."""
+    """(exit code, signal number or None) of a raw wait status, as results
+    give them."""
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        return -sig, signal_name(sig)
+        return -sig, sig
     return os.WEXITSTATUS(status), None
 
 
@@ -1082,27 +1199,6 @@ def run_usage(child):
     return {"cpu_ms": usage[0] * 1000.0, "peak_rss_kb": int(usage[1])}
 
 
-def result_frame(msg, out, err, exit_code, signame, timed_out, duration_ms, report, artifacts):
-    """The ``result`` frame of one run (a clean run or a session call); the
-    child's report is checked first, since user code can write to its pipe."""
-    report = sane_report(report) if report else {}
-    return {
-        "t": "result",
-        "id": msg.get("id"),
-        "stdout": out.value(),
-        "stderr": err.value(),
-        "exit_code": exit_code,
-        "signal": signame,
-        "timed_out": timed_out,
-        "stdout_truncated": out.truncated,
-        "stderr_truncated": err.truncated,
-        "duration_ms": duration_ms,
-        "result": report.get("result"),
-        "error": report.get("error"),
-        "artifacts": artifacts,
-    }
-
-
 def sane_report(report):
     """The child's report, trusting nothing: user code can write to the ctl
     pipe, so anything that is not a well-formed report reads as an empty one."""
@@ -1111,12 +1207,16 @@ def sane_report(report):
     status = report.get("status")
     error = report.get("error")
     if isinstance(error, dict):
-        error = {k: error.get(k) for k in ("type", "message", "traceback", "line")}
+        error = {k: error.get(k) for k in ("type", "message", "traceback", "line", "errno")}
         for k in ("type", "message", "traceback"):
             if not isinstance(error[k], str):
                 error[k] = ""
-        if not isinstance(error["line"], int) or isinstance(error["line"], bool):
-            error["line"] = None
+        # In the ranges the server decodes (u32, i32): a forged value must
+        # not make the frame unreadable.
+        for k, top in (("line", 0xFFFFFFFF), ("errno", 0x7FFFFFFF)):
+            value = error[k]
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= top:
+                error[k] = None
     else:
         error = None
     result = report.get("result")
@@ -1128,9 +1228,6 @@ def sane_report(report):
     }
 
 
-PR_SET_CHILD_SUBREAPER = 36
-
-
 def empty_pipe(fd):
     """Read a non-blocking wake-up pipe empty."""
     try:
@@ -1138,73 +1235,6 @@ def empty_pipe(fd):
             pass
     except BlockingIOError:
         pass
-
-
-def become_subreaper():
-    """Make processes a run leaves behind (double forks, ``setsid``) our
-    children when their parent dies, so that ``kill_descendants`` finds them."""
-    if _prctl is not None:
-        try:
-            _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        except Exception:
-            pass
-
-
-def child_pids():
-    pids = set()
-    me = os.getpid()
-    try:
-        tasks = os.listdir("/proc/%d/task" % me)
-    except OSError:
-        return pids
-    for task in tasks:
-        try:
-            with open("/proc/%d/task/%s/children" % (me, task)) as f:
-                pids.update(int(p) for p in f.read().split())
-        except (OSError, ValueError):
-            continue
-    return pids
-
-
-def kill_descendants():
-    """SIGKILL and reap every child of the worker. Called between runs, when
-    the worker has no child of its own: whatever is left belongs to the run
-    that just ended (the worker is a subreaper, so orphans come back to it)."""
-    try:
-        os.waitpid(-1, os.WNOHANG)
-    except ChildProcessError:
-        # No child at all, so no descendant: the run's process is reaped, and
-        # whatever it left running was handed to this worker when it died.
-        return
-    for _ in range(10000):
-        pids = child_pids()
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        for pid in pids:
-            try:
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
-    while True:  # zombies not listed any more but still unreaped
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if not pid:
-            break
-
-
-def clear_private_shm():
-    """Empty /dev/shm between runs when the launcher made it ours alone;
-    return None, or why something stayed."""
-    if os.environ.get("CODE_EXECUTOR_PRIVATE_SHM") != "1":
-        return None
-    return clear_dir("/dev/shm")
 
 
 def normalize(rel):
@@ -1323,6 +1353,165 @@ class Capture:
         return b"".join(self.chunks)
 
 
+class Supervision:
+    """What ``supervise`` saw of one run or session call."""
+
+    __slots__ = ("out", "err", "report", "ended", "timed_out", "duration_ms", "exit_code",
+                 "signal")
+
+    def __init__(self, cap, ended):
+        self.out = Capture(cap, "stdout")
+        self.err = Capture(cap, "stderr")
+        self.report = None  # the child's report (checked), if it sent one
+        # How the run ended: "report" (the child reported), "exit" (it exited,
+        # or a session child closed its report pipe), "timeout", "disk" or
+        # "cancel" (killed for that), "unsent" (the request never reached it).
+        self.ended = ended
+        self.timed_out = False
+        self.duration_ms = 0.0
+        self.exit_code = 0
+        self.signal = None  # number of the signal that ended the child, if one did
+
+
+def supervise(worker, child, msg, start, disk=None, session=None, ended=None):
+    """Watch ``child`` serve the request ``msg``, handed to it at ``start``,
+    until it ends: drain its stdout and stderr (at most ``max_output`` bytes
+    of each kept, sent on as ``output`` frames when ``stream`` asks), read its
+    report, and enforce the deadline and the ``disk`` watch.  The child's
+    pipes are drained empty before this returns.
+
+    A clean run (``session`` None) ends when its child reports, or exits and
+    closes its report pipe; at its deadline, over its disk quota or when the
+    server cancels it, it is killed (SIGKILL).  Its process group is killed in
+    any case: stray subprocesses do not outlive their run.
+
+    A session call (``session``: the Session) ends when the session child
+    reports; at the deadline the child gets SIGINT (KeyboardInterrupt) and
+    ``session.grace`` more seconds before it is killed.  A call is never
+    cancelled (the server kills a session's worker instead), so the channel
+    is watched only for the server going away.  A session child that exits or
+    closes its report pipe during the call is lost (and killed).
+
+    ``ended`` is "unsent" when the request could not be handed over: there is
+    nothing to wait for.  Raises ChannelClosed when the server went away."""
+    run = Supervision(msg["max_output"], ended)
+    stream_id = msg["id"] if msg["stream"] else None
+    timeout = msg["timeout"]
+    streams = {child.out_r: run.out, child.err_r: run.err}
+    persistent = session is not None
+    poller = select.poll()
+    # Where the end of the child is heard of: the zygote's reports, or
+    # SIGCHLD through the wake-up pipe.
+    exits = child.zygote.fd if child.zygote is not None else worker.wake_r
+    for fd in (child.out_r, child.err_r, child.ctl_r, exits):
+        poller.register(fd, select.POLLIN)
+    # POLLIN: a clean run may be cancelled; 0: only POLLHUP and POLLERR.
+    poller.register(worker.rfd, 0 if persistent else select.POLLIN)
+    report = None
+    ctl = bytearray()
+    deadline = start + timeout
+    while run.ended is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            if persistent and not run.timed_out:
+                run.timed_out = True
+                try:
+                    os.kill(child.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+                deadline = time.monotonic() + session.grace
+                continue
+            run.timed_out = True  # a session call's interrupt was not heeded
+            run.ended = "timeout"
+            break
+        if disk is not None:
+            if disk.exceeded():
+                run.ended = "disk"
+                break
+            remaining = min(remaining, DiskWatch.INTERVAL)
+        # Every event of a batch is handled before the loop looks at ``ended``.
+        for fd, _ in poller.poll(max(1, int(remaining * 1000) + 1)):
+            if fd in streams:
+                worker.drain(fd, streams[fd], poller, stream_id)
+            elif fd == child.ctl_r:
+                report, closed = read_report(fd, ctl)
+                if report is not None:
+                    run.ended = "report"
+                elif closed:
+                    poller.unregister(fd)
+                    child.ctl_r_open = False
+                    if persistent or child.reap(False):
+                        run.ended = "exit"
+            elif fd == exits:
+                if fd == worker.wake_r:
+                    empty_pipe(fd)
+                if child.reap(False) and (persistent or not child.ctl_r_open):
+                    run.ended = "exit"
+            elif fd == worker.rfd:
+                if persistent:
+                    raise ChannelClosed()
+                # ChannelClosed when the server went away; nothing but
+                # ``cancel`` comes during a run.
+                if unpackb(read_frame(worker.rfile))["t"] != "cancel":
+                    raise ChannelClosed()
+                run.ended = "cancel"
+    run.duration_ms = (time.monotonic() - start) * 1000.0
+    # A clean run's process group ends here whatever the outcome: stray
+    # subprocesses do not outlive their run.  A session child lives on
+    # unless the call cost its life.
+    killed = run.ended in ("timeout", "disk", "cancel")
+    if killed or run.ended == "unsent" or (persistent and run.ended != "report"):
+        child.kill()
+        child.reap(True)
+    elif not persistent:
+        child.kill_group()
+    for fd, capture in streams.items():
+        if capture.open:
+            worker.drain(fd, capture, None, stream_id)
+    if report is not None:
+        run.report = sane_report(report)
+    if killed:
+        run.exit_code, run.signal = -_SIGKILL, _SIGKILL
+    elif run.report is not None:
+        run.exit_code = run.report["status"]
+    else:
+        child.reap(True)
+        run.exit_code, run.signal = exit_status(child.status or 0)
+    return run
+
+
+def result_frame(msg, run, artifacts):
+    """The ``result`` frame of a run or session call that ``supervise``
+    watched."""
+    report = run.report or {}
+    return {
+        "t": "result",
+        "id": msg["id"],
+        "stdout": run.out.value(),
+        "stderr": run.err.value(),
+        "exit_code": run.exit_code,
+        "signal": run.signal,
+        "timed_out": run.timed_out,
+        "stdout_truncated": run.out.truncated,
+        "stderr_truncated": run.err.truncated,
+        "duration_ms": run.duration_ms,
+        "result": report.get("result"),
+        "error": report.get("error"),
+        "artifacts": artifacts,
+    }
+
+
+def input_files(msg):
+    """The request's input files by normalized path, to tell them from
+    artifacts."""
+    return {normalize(p): d for p, d in msg["files"]}
+
+
+def artifact_globs(select):
+    """The ``artifacts`` field of an ``exec``: None (every file) or its globs."""
+    return None if select is True else list(select)
+
+
 class Worker:
     def __init__(self, scratch, rfd, wfd):
         self.scratch = scratch
@@ -1395,6 +1584,8 @@ class Worker:
         for fd in (req_r, out_w, err_w, ctl_w):
             os.close(fd)
         try:
+            # The child makes its own group first thing (enter_run); this
+            # only closes the race, and fails harmlessly once it has exited.
             os.setpgid(pid, pid)
         except OSError:
             pass
@@ -1449,106 +1640,26 @@ class Worker:
         raise RuntimeError("unreachable")
 
     def execute(self, msg):
-        timeout = float(msg.get("timeout") or 30.0)
-        cap = int(msg.get("max_output") or (1 << 20))
-        stream_id = msg.get("id") if msg.get("stream") else None
-        disk_bytes = (msg.get("limits") or {}).get("disk_bytes")
-        disk = DiskWatch(self.scratch, int(disk_bytes)) if disk_bytes else None
+        disk_bytes = msg["limits"].get("disk_bytes")
+        disk = DiskWatch(self.scratch, disk_bytes) if disk_bytes else None
         start = time.monotonic()
         child = self.take_child(msg)
         gone = False  # the server went away: no next child
         try:
-            deadline = start + timeout
-            out, err = Capture(cap, "stdout"), Capture(cap, "stderr")
-            streams = {child.out_r: out, child.err_r: err}
-            poller = select.poll()
-            # Where the end of the child is heard of: the zygote's reports,
-            # or SIGCHLD through the wake-up pipe.
-            ended = child.zygote.fd if child.zygote is not None else self.wake_r
-            for fd in (child.out_r, child.err_r, child.ctl_r, ended):
-                poller.register(fd, select.POLLIN)
-            # The server may cancel the run (its client went away), or go away.
-            poller.register(self.rfd, select.POLLIN)
-            report = None  # what the child reported over ctl
-            ctl = bytearray()
-            timed_out = disk_exceeded = cancelled = False
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    timed_out = True
-                    break
-                if disk is not None:
-                    if disk.exceeded():
-                        disk_exceeded = True
-                        break
-                    remaining = min(remaining, DiskWatch.INTERVAL)
-                events = poller.poll(max(1, int(remaining * 1000) + 1))
-                done = False
-                for fd, ev in events:
-                    if fd in streams:
-                        self.drain(fd, streams[fd], poller, stream_id)
-                    elif fd == child.ctl_r:
-                        report, closed = read_report(fd, ctl)
-                        if report is not None:
-                            done = True
-                        elif closed:
-                            poller.unregister(fd)
-                            child.ctl_r_open = False
-                            if child.reap(False):
-                                done = True
-                    elif fd == ended:
-                        if fd == self.wake_r:
-                            empty_pipe(fd)
-                        if child.reap(False) and not child.ctl_r_open:
-                            done = True
-                    elif fd == self.rfd:
-                        try:
-                            kind = unpackb(read_frame(self.rfile)).get("t")
-                        except ChannelClosed:
-                            gone = True
-                            raise
-                        if kind != "cancel":  # nothing else comes during a run
-                            gone = True
-                            raise ChannelClosed()
-                        cancelled = done = True
-                if done:
-                    break
-            duration_ms = (time.monotonic() - start) * 1000.0
-            # Whatever the outcome, the run's process group ends here: stray
-            # subprocesses do not outlive their run.
-            if timed_out or disk_exceeded or cancelled:
-                child.kill()
-                child.reap(True)
-            else:
-                child.kill_group()
-            for fd, capture in streams.items():
-                if capture.open:
-                    self.drain(fd, capture, None, stream_id)
-            signame = None
-            if timed_out or disk_exceeded or cancelled:
-                exit_code, signame = -signal.SIGKILL, "SIGKILL"
-            elif report is not None:
-                report = sane_report(report)
-                exit_code = report["status"]
-            else:
-                child.reap(True)
-                exit_code, signame = exit_status(child.status or 0)
+            run = supervise(self, child, msg, start, disk=disk)
             artifacts = []
-            select_ = msg.get("artifacts", True)
-            if select_ is not False:
-                inputs = {normalize(p): d for p, d in (msg.get("files") or ())}
+            if msg["artifacts"] is not False:
                 artifacts = collect_artifacts(
                     child.rundir,
-                    inputs,
-                    None if select_ is True or select_ is None else list(select_),
-                    int(msg.get("max_artifact_bytes") or (10 << 20)),
-                    int(msg.get("max_artifacts_bytes") or (32 << 20)),
+                    input_files(msg),
+                    artifact_globs(msg["artifacts"]),
+                    msg["max_artifact_bytes"],
+                    msg["max_artifacts_bytes"],
                 )
-            reply = result_frame(msg, out, err, exit_code, signame, timed_out, duration_ms,
-                                 report, artifacts)
+            reply = result_frame(msg, run, artifacts)
             if msg.get("rusage"):
                 reply.update(run_usage(child))
-            if disk_exceeded:
+            if run.ended == "disk":
                 reply["disk_exceeded"] = True
             write_frame(self.wfd, reply)
         except ChannelClosed:
@@ -1591,10 +1702,10 @@ class Worker:
                 return
             msg = unpackb(frame)
             del frame  # a large request is held once, decoded
-            kind = msg.get("t")
+            kind = msg["t"]
             if kind in ("session", "exec") and self.dirty is not None:
                 # Nothing runs on a root an earlier run could plant state in.
-                write_frame(self.wfd, {"t": "error", "id": msg.get("id"), "retire": True,
+                write_frame(self.wfd, {"t": "error", "id": msg["id"], "retire": True,
                                        "message": "worker retired: " + self.dirty})
                 return
             if kind in ("session", "exec") and (kind == "session" or self.session is not None):
@@ -1612,13 +1723,15 @@ class Worker:
                     write_error(self.wfd, msg.get("id"), "", exc)
                     return
                 except Exception as exc:
+                    # ``get``: a frame that lacks a required field (KeyError)
+                    # is answered too, by an error naming the field.
                     write_error(self.wfd, msg.get("id"), "", exc)
                     if self.next is None:
                         self.spawn()
             elif kind == "cancel":
                 pass  # for a run that had already answered
             elif kind == "echo":
-                value = msg.get("value")
+                value = msg["value"]
                 write_frame(self.wfd, {"t": "echo", "value": value, "repr": repr(value)[:4096]})
             else:
                 write_error(self.wfd, msg.get("id"), "unknown frame type %r" % (kind,))
@@ -1767,8 +1880,7 @@ def zygote_main(sock, worker, worker_pid, scope):
 
     code = 0
     try:
-        if _prctl is not None:
-            _prctl(1, _SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the worker
+        die_with_parent()
         if os.getppid() != worker_pid:
             raise ChannelClosed()
         become_subreaper()
@@ -1814,7 +1926,7 @@ def zygote_main(sock, worker, worker_pid, scope):
                     if pid > 0:
                         forked.add(pid)
                         try:
-                            os.setpgid(pid, pid)
+                            os.setpgid(pid, pid)  # as in Worker.fork_child
                         except OSError:
                             pass
                     sock.send(b"P" + struct.pack("!i", pid))
@@ -1882,7 +1994,7 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
             scope_signals(scope)
             os.close(scope)
         set_run_dir(rundir, base_tmp, previous=run_dir)
-        fixed = dict(limits or {})
+        fixed = dict(limits)
         fixed.pop("cpu_seconds", None)  # a budget per call, see session_call
         apply_limits(fixed)
         main = fresh_main()
@@ -1912,14 +2024,14 @@ def session_call(msg, main, rundir, devnull):
     outcome = RunOutcome()
     try:
         os.dup2(devnull, 0)
-        write_files(rundir, msg.get("files"), replace=True)
-        if msg.get("stdin"):
-            set_stdin(msg.get("stdin"))
+        write_files(rundir, msg["files"], replace=True)
+        if msg["stdin"]:
+            set_stdin(msg["stdin"])
             sys.stdin = open(0, "r", closefd=False)
-        set_cpu_budget((msg.get("limits") or {}).get("cpu_seconds"))
-        code = msg.get("code") or ""
-        argv = msg.get("argv")
-        cap = int(msg.get("max_result_chars") or 10000)
+        set_cpu_budget(msg["limits"].get("cpu_seconds"))
+        code = msg["code"]
+        argv = msg["argv"]
+        cap = msg["max_result_chars"]
         del msg
         _signal.signal(_SIGINT, _signal.default_int_handler)
         try:
@@ -1986,88 +2098,47 @@ class Session:
         child = self.child
         if child is None:
             raise RuntimeError("the session is gone: %s" % self.lost)
-        timeout = float(msg.get("timeout") or 30.0)
-        cap = int(msg.get("max_output") or (1 << 20))
-        stream_id = msg.get("id") if msg.get("stream") else None
-        select_ = msg.get("artifacts", True)
+        select_ = msg["artifacts"]
         before = None
         if select_ is not False:
             before = self.files if self.files is not None else snapshot(child.rundir)
         self.files = None
         start = time.monotonic()
-        out, err = Capture(cap, "stdout"), Capture(cap, "stderr")
-        streams = {child.out_r: out, child.err_r: err}
-        report, lost, timed_out, exit_code, signame = None, None, False, 0, None
+        unsent = None
         try:
             write_all(child.req_w, hand_off(msg))
         except OSError:
+            unsent = "unsent"
+        try:
+            run = supervise(worker, child, msg, start, session=self, ended=unsent)
+        except ChannelClosed:
+            self.close()
+            raise
+        lost = None
+        if run.ended == "timeout":
+            lost = ("the session was killed: its code did not stop within %gs of the "
+                    "interrupt sent at the %gs timeout; its state is gone"
+                    % (self.grace, msg["timeout"]))
+        elif run.ended == "unsent":
             lost = "the session process had already exited"
-        poller = select.poll()
-        for fd in (child.out_r, child.err_r, child.ctl_r, worker.wake_r):
-            poller.register(fd, select.POLLIN)
-        poller.register(worker.rfd, 0)  # only POLLHUP/POLLERR: the server went away
-        ctl = bytearray()
-        deadline = start + timeout
-        while lost is None and report is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                if timed_out:  # the interrupt was not heeded
-                    lost = ("the session was killed: its code did not stop within %gs of the "
-                            "interrupt sent at the %gs timeout; its state is gone"
-                            % (self.grace, timeout))
-                    break
-                timed_out = True
-                try:
-                    os.kill(child.pid, signal.SIGINT)
-                except ProcessLookupError:
-                    pass
-                deadline = time.monotonic() + self.grace
-                continue
-            for fd, ev in poller.poll(max(1, int(remaining * 1000) + 1)):
-                if fd in streams:
-                    worker.drain(fd, streams[fd], poller, stream_id)
-                elif fd == child.ctl_r:
-                    report, closed = read_report(fd, ctl)
-                    if report is None and closed:
-                        poller.unregister(fd)
-                        lost = "exited"
-                elif fd == worker.wake_r:
-                    empty_pipe(fd)
-                    if child.reap(False):
-                        lost = "exited"
-                elif fd == worker.rfd:
-                    self.close()
-                    raise ChannelClosed()
-        duration_ms = (time.monotonic() - start) * 1000.0
-        if lost is not None:
-            child.kill()
-            child.reap(True)
-        for fd, capture in streams.items():
-            if capture.open:
-                worker.drain(fd, capture, None, stream_id)
-        if report is not None:
-            report = sane_report(report)
-            exit_code = report["status"]
-        else:
-            exit_code, signame = exit_status(child.status or 0)
-            if lost == "exited":
-                how = ("killed by %s" % signame) if signame else ("exited with status %d" % exit_code)
-                lost = "the session process %s during this call; its state is gone" % how
+        elif child.status is not None:  # it ended, or was killed for closing its pipe
+            code, signum = exit_status(child.status)
+            how = ("killed by %s" % signal_name(signum)) if signum else ("exited with status %d" % code)
+            lost = "the session process %s during this call; its state is gone" % how
         artifacts = []
         if select_ is not False:
             artifacts, self.files = changed_artifacts(
                 child.rundir,
                 before,
-                {normalize(p): d for p, d in (msg.get("files") or ())},
-                None if select_ is True or select_ is None else list(select_),
-                int(msg.get("max_artifact_bytes") or (10 << 20)),
-                int(msg.get("max_artifacts_bytes") or (32 << 20)),
+                input_files(msg),
+                artifact_globs(select_),
+                msg["max_artifact_bytes"],
+                msg["max_artifacts_bytes"],
             )
         if lost is not None:
             self.close()
             self.lost = lost
-        reply = result_frame(msg, out, err, exit_code, signame, timed_out, duration_ms,
-                             report, artifacts)
+        reply = result_frame(msg, run, artifacts)
         reply["session_lost"] = lost
         write_frame(worker.wfd, reply)
 
@@ -2088,17 +2159,17 @@ def open_session(worker, msg):
         worker.next = None
     rundir = os.path.join(worker.scratch, "session")
     os.mkdir(rundir, 0o700)
-    limits = msg.get("limits")
+    limits = msg["limits"]
     child = worker.fork_child(rundir, lambda *fds: session_main(*fds, limits, worker.base_tmp,
                                                                    worker.rundir, worker.scope))
-    worker.session = Session(child, float(msg.get("grace") or 1.0))
-    write_frame(worker.wfd, {"t": "result", "id": msg.get("id"), "exit_code": 0, "pid": child.pid})
+    worker.session = Session(child, msg["grace"])
+    write_frame(worker.wfd, {"t": "result", "id": msg["id"], "exit_code": 0, "pid": child.pid})
 
 
 def serve_session(worker, msg):
     """Handle a ``session`` frame, or an ``exec`` frame in session mode."""
     try:
-        if msg.get("t") == "session":
+        if msg["t"] == "session":
             if worker.session is not None:
                 raise RuntimeError("this worker already serves a session")
             open_session(worker, msg)
@@ -2108,6 +2179,67 @@ def serve_session(worker, msg):
         raise
     except Exception as exc:
         write_error(worker.wfd, msg.get("id"), "", exc)
+
+
+# ---------------------------------------------------------------------------
+# Between runs: what a run left behind
+# ---------------------------------------------------------------------------
+
+def child_pids():
+    pids = set()
+    me = os.getpid()
+    try:
+        tasks = os.listdir("/proc/%d/task" % me)
+    except OSError:
+        return pids
+    for task in tasks:
+        try:
+            with open("/proc/%d/task/%s/children" % (me, task)) as f:
+                pids.update(int(p) for p in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def kill_descendants():
+    """SIGKILL and reap every child of the worker. Called between runs, when
+    the worker has no child of its own: whatever is left belongs to the run
+    that just ended (the worker is a subreaper, so orphans come back to it)."""
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        # No child at all, so no descendant: the run's process is reaped, and
+        # whatever it left running was handed to this worker when it died.
+        return
+    for _ in range(10000):
+        pids = child_pids()
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid in pids:
+            try:
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+    while True:  # zombies not listed any more but still unreaped
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if not pid:
+            break
+
+
+def clear_private_shm():
+    """Empty /dev/shm between runs when the launcher made it ours alone;
+    return None, or why something stayed."""
+    if os.environ.get("CODE_EXECUTOR_PRIVATE_SHM") != "1":
+        return None
+    return clear_dir("/dev/shm")
 
 
 # How long clearing what one run left may take. Past it (or when anything
@@ -2194,7 +2326,7 @@ def clear_dir(path, budget=CLEAN_SECONDS):
                                 except (FileExistsError, IsADirectoryError):
                                     continue
                                 except OSError as exc:
-                                    if exc.errno != errno_ENOTEMPTY:
+                                    if exc.errno != errno.ENOTEMPTY:
                                         raise
                             todo.append(moved)
                     except OSError as exc:
@@ -2216,8 +2348,9 @@ def clear_dir(path, budget=CLEAN_SECONDS):
         os.close(root)
 
 
-errno_ENOTEMPTY = 39
-
+# ---------------------------------------------------------------------------
+# Start
+# ---------------------------------------------------------------------------
 
 def main():
     scratch = sys.argv[1] if len(sys.argv) > 1 else os.getcwd()
@@ -2236,26 +2369,22 @@ def main():
         # (shutil and mimetypes, which only the worker needs and rarely, are
         # imported by it when it first does.)
         import ast, builtins, linecache, traceback, atexit, fnmatch  # noqa: F401,E401
-        global resource, _libc, _prctl
+        global resource
         import resource
-        try:
-            import ctypes
-
-            _libc = ctypes.CDLL(None, use_errno=True)
-            _prctl = _libc.prctl
-        except Exception:
-            _libc = _prctl = None
     except BaseException as exc:
         write_error(wfd, None, "preload failed: ", exc)
         os._exit(1)
-    become_subreaper()
-    # Not dumpable: a run of the same user cannot read the worker's memory
-    # (/proc/<pid>/mem, which may hold earlier requests) or attach to it.
-    if _prctl is not None:
-        try:
-            _prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-        except Exception:
-            pass
+    try:
+        missing = load_libc()
+        if missing is not None:  # see "Linux calls" for what this costs
+            sys.stderr.write("code-executor: no prctl or Landlock calls: %s\n" % missing)
+        become_subreaper()
+        # Not dumpable: a run of the same user cannot read the worker's memory
+        # (/proc/<pid>/mem, which may hold earlier requests) or attach to it.
+        set_dumpable(False)
+    except OSError as exc:
+        write_error(wfd, None, "worker setup failed: ", exc)
+        os._exit(1)
     worker = Worker(scratch, rfd, wfd)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     signal.set_wakeup_fd(worker.wake_w)
@@ -2267,11 +2396,8 @@ def main():
         gc.freeze()
     # Heap memory freed since start (the compiler's, the preloads' imports)
     # goes back to the OS: each fork would otherwise copy the page tables that
-    # map it, and each exit tear them down again (glibc; elsewhere a no-op).
-    try:
-        _libc.malloc_trim(0)
-    except Exception:
-        pass
+    # map it, and each exit tear them down again.
+    trim_heap()
     code = 0
     try:
         # Runs are forked by a zygote, except where that would expose it: the

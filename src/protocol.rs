@@ -1,35 +1,57 @@
 //! The wire protocol between the server and `python/worker.py`.
 //!
 //! Every frame is a 4-byte big-endian unsigned length followed by that many
-//! bytes of one msgpack map. The map's `t` key names the frame type:
+//! bytes of one msgpack map. The map's `t` key names the frame type. Every
+//! field listed is in every frame of its type, except those marked optional.
 //!
-//! | direction        | `t`      | fields                                                      |
-//! |------------------|----------|-------------------------------------------------------------|
-//! | worker -> server | `ready`  | `protocol`, `python`, `executable`, `pid`                    |
-//! | worker -> server | `result` | `id`, `stdout`, `stderr` (bin), `exit_code`, `signal`,       |
-//! |                  |          | `timed_out`, `stdout_truncated`, `stderr_truncated`, `duration_ms`, |
-//! |                  |          | `result` (repr or nil), `error` (map or nil), `artifacts`,     |
-//! |                  |          | `cpu_ms`, `peak_rss_kb` (only when the exec asked for `rusage`) |
-//! | worker -> server | `output` | `id`, `stream` (`stdout`/`stderr`), `data` (bin): streaming    |
-//! | worker -> server | `error`  | `id`, `message`, `traceback`: a fault of the worker itself;  |
-//! |                  |          | `retire`: true when it ran nothing (scratch not cleared)     |
-//! | worker -> server | `echo`   | `value`, `repr`: answer to `echo`                            |
-//! | server -> worker | `exec`   | `id`, `code`, `stdin` (bin or nil), `files` ([path, bin] pairs), |
-//! |                  |          | `argv`, `timeout` (s), `max_output` (bytes per stream), `limits`, |
-//! |                  |          | `stream` (send `output` frames), `artifacts` (true/false/globs), |
-//! |                  |          | `max_artifact_bytes`, `max_artifacts_bytes`, `max_result_chars`, |
-//! |                  |          | `int_max_str_digits` (optional: the run's int/str digit limit), |
-//! |                  |          | `max_image_pixels` (optional: the largest plot saved)          |
-//! |                  |          | `rusage` (optional: reap the run first and report its rusage) |
-//! | server -> worker | `session`| `id`, `limits`, `grace` (s): switch the worker to session mode; |
-//! |                  |          | answered by a `result` frame carrying the session child's `pid` |
-//! | server -> worker | `cancel` | kill the run in flight (its client went away) and answer its |
-//! |                  |          | `result` at once; ignored when that run has already answered |
-//! | server -> worker | `echo`   | `value`: codec check, answered with the value re-encoded     |
+//! | direction        | `t`       | fields                                                        |
+//! |------------------|-----------|---------------------------------------------------------------|
+//! | worker -> server | `ready`   | `protocol`, `python` (version), `executable`, `pid`: once,    |
+//! |                  |           | after preloading and forking the first child                  |
+//! | worker -> server | `result`  | `id`, `stdout`, `stderr` (bin), `exit_code` (-N: killed by    |
+//! |                  |           | signal N), `signal` (its number, or nil), `timed_out`,        |
+//! |                  |           | `stdout_truncated`, `stderr_truncated`, `duration_ms`,        |
+//! |                  |           | `result` (repr or nil), `error` (nil, or the exception that   |
+//! |                  |           | ended the run: `type`, `message`, `traceback`, `line` (int    |
+//! |                  |           | or nil), `errno` (int or nil)), `artifacts` (maps of `path`,  |
+//! |                  |           | `size`, `mime`, and `data` (bin) or `omitted`: true);         |
+//! |                  |           | optional: `cpu_ms`, `peak_rss_kb` (with `rusage`),            |
+//! |                  |           | `disk_exceeded` (true: killed over `limits.disk_bytes`);      |
+//! |                  |           | in session mode `session_lost` (a reason, or nil)             |
+//! | worker -> server | `result`  | `id`, `exit_code` (0), `pid`: the answer to `session`, with   |
+//! |                  |           | the session child's pid                                       |
+//! | worker -> server | `output`  | `id`, `stream` (`stdout`/`stderr`), `data` (bin): output of a |
+//! |                  |           | run whose `exec` asked for `stream`, as it comes              |
+//! | worker -> server | `error`   | `id` (nil at startup), `message`, `traceback`: a fault of the |
+//! |                  |           | worker itself; optional `retire`: true when it ran nothing    |
+//! |                  |           | (its scratch root could not be cleared)                       |
+//! | worker -> server | `echo`    | `value`, `repr`: the answer to `echo`                         |
+//! | server -> worker | `exec`    | `id`, `code`, `stdin` (bin or nil), `files` ([path, bin]      |
+//! |                  |           | pairs), `argv`, `timeout` (s), `max_output` (bytes per        |
+//! |                  |           | stream), `limits`, `stream` (send `output` frames),           |
+//! |                  |           | `artifacts` (true, false or globs), `max_artifact_bytes`,     |
+//! |                  |           | `max_artifacts_bytes`, `max_result_chars`; optional:          |
+//! |                  |           | `rusage` (true: reap the run before answering, and report     |
+//! |                  |           | its rusage), `int_max_str_digits` (the run's int/str digit    |
+//! |                  |           | limit), `max_image_pixels` (the largest plot saved)           |
+//! | server -> worker | `session` | `id`, `limits`, `grace` (s): switch the worker to session     |
+//! |                  |           | mode                                                          |
+//! | server -> worker | `cancel`  | kill the run in flight (its client went away) and answer its  |
+//! |                  |           | `result` at once; ignored when that run has already answered, |
+//! |                  |           | and by session calls                                          |
+//! | server -> worker | `echo`    | `value`: codec check, answered with the value re-encoded      |
+//!
+//! `limits` maps any of `cpu_seconds`, `memory_bytes`, `file_size_bytes`,
+//! `open_files` and `processes` (the run's rlimits) and `disk_bytes` (a clean
+//! run is killed once the scratch filesystem holds that much more than before
+//! it).
+//! `errno` is the `OSError`'s own, `ENOMEM` for a `MemoryError` and `EAGAIN`
+//! for a thread the system would not start.
 //!
 //! In session mode `exec` frames run in the session child's persistent
-//! namespace, and their `result` frame carries `session_lost` (a reason)
-//! when the session child died or was killed during the call.
+//! namespace (their `limits.cpu_seconds` is a budget per call), and their
+//! `result` frame carries `session_lost` when the session child died or was
+//! killed during the call.
 //!
 //! The worker speaks on private duplicates of its original stdin and stdout;
 //! user code never writes to them (see the header of `python/worker.py`).
@@ -41,7 +63,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
 
 /// Version carried in the `ready` handshake; bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Largest frame either side accepts: outputs are capped far below this.
 pub const MAX_FRAME_BYTES: usize = 1 << 30;
@@ -159,6 +181,9 @@ pub struct WireError {
     pub message: String,
     pub traceback: String,
     pub line: Option<u32>,
+    /// The errno the exception carries (see `python/worker.py`), if any.
+    #[serde(default)]
+    pub errno: Option<i32>,
 }
 
 /// Any frame the worker sends. One flat shape instead of a tagged enum, so
@@ -180,7 +205,8 @@ pub struct WorkerFrame {
     #[serde(with = "serde_bytes")]
     pub stderr: Vec<u8>,
     pub exit_code: i32,
-    pub signal: Option<String>,
+    /// Number of the signal that ended the run, if one did.
+    pub signal: Option<i32>,
     pub timed_out: bool,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
@@ -258,14 +284,14 @@ mod tests {
             #[serde(with = "serde_bytes")]
             stdout: &'a [u8],
             exit_code: i32,
-            signal: Option<&'a str>,
+            signal: Option<i32>,
         }
         let frame = encode_frame(&R {
             t: "result",
             id: 7,
             stdout: b"4\n\xff",
             exit_code: -9,
-            signal: Some("SIGKILL"),
+            signal: Some(9),
         })
         .unwrap();
         let decoded = decode_frame(&BytesMut::from(&frame[4..])).unwrap();
@@ -273,8 +299,30 @@ mod tests {
         assert_eq!(decoded.id, Some(7));
         assert_eq!(decoded.stdout, b"4\n\xff");
         assert_eq!(decoded.exit_code, -9);
-        assert_eq!(decoded.signal.as_deref(), Some("SIGKILL"));
+        assert_eq!(decoded.signal, Some(9));
         assert!(decoded.stderr.is_empty());
+    }
+
+    #[test]
+    fn the_worker_header_carries_this_wire_format_text() {
+        // From "Every frame" up to the paragraph that differs between the two.
+        let ours: Vec<&str> = include_str!("protocol.rs")
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .map(|l| l.trim_start_matches("//!").trim())
+            .skip_while(|l| !l.starts_with("Every frame is"))
+            .take_while(|l| !l.starts_with("The worker speaks on private duplicates"))
+            .collect();
+        assert!(ours.len() > 40, "{ours:?}");
+        let worker: Vec<&str> = include_str!("../python/worker.py")
+            .lines()
+            .map(str::trim)
+            .collect();
+        let found = worker.windows(ours.len()).any(|w| w == ours.as_slice());
+        assert!(
+            found,
+            "python/worker.py's header must carry the wire format text of this module, line for line"
+        );
     }
 
     #[test]

@@ -87,6 +87,7 @@ pub struct RunOutput {
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
     pub exit_code: i32,
+    /// Name of the signal that ended the run (`"SIGKILL"`), if one did.
     pub signal: Option<String>,
     pub timed_out: bool,
     pub stdout_truncated: bool,
@@ -495,7 +496,7 @@ impl Worker {
                         stdout: frame.stdout,
                         stderr: frame.stderr,
                         exit_code: frame.exit_code,
-                        signal: frame.signal,
+                        signal: frame.signal.map(signal_name),
                         timed_out: frame.timed_out,
                         stdout_truncated: frame.stdout_truncated,
                         stderr_truncated: frame.stderr_truncated,
@@ -612,6 +613,13 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// The name of signal `number` as results give it (`"SIGKILL"`); a number
+/// without a name here (a real-time signal) reads `"SIG<n>"`.
+fn signal_name(number: i32) -> String {
+    nix::sys::signal::Signal::try_from(number)
+        .map_or_else(|_| format!("SIG{number}"), |s| s.as_str().to_string())
+}
+
 /// Forward the worker's stderr (bootstrap diagnostics) to tracing at debug,
 /// keep a tail of it for startup errors, and report the worker's exit.
 async fn drain_stderr(
@@ -652,4 +660,16 @@ pub fn worker_env(base: &HashMap<String, String>) -> Vec<(OsString, OsString)> {
         env.push((k.into(), v.into()));
     }
     env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::signal_name;
+
+    #[test]
+    fn signals_are_named_from_their_numbers() {
+        assert_eq!(signal_name(9), "SIGKILL");
+        assert_eq!(signal_name(24), "SIGXCPU");
+        assert_eq!(signal_name(40), "SIG40");
+    }
 }

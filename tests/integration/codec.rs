@@ -104,6 +104,9 @@ async fn values_round_trip_through_the_worker_codec() {
     }
 }
 
+/// Also the frame-size limit's lower side: 10 MiB is over the 8 MiB that
+/// `LengthDelimitedCodec` allows unless told otherwise (the upper side is
+/// `crashes::a_frame_over_the_size_limit_is_refused_by_its_length_at_once`).
 #[tokio::test]
 async fn ten_megabytes_of_binary_round_trip_intact() {
     let (mut worker, _dir) = pure_codec_worker().await;

@@ -277,7 +277,6 @@ async fn protocol_violations_discard_the_worker_with_a_clear_error() {
             "garbage on the channel",
             "os.write(1, b'this is not a frame at all')",
         ),
-        ("oversized frame", "os.write(1, b'\\xff\\xff\\xff\\xff')"),
         ("exit mid-request", "os._exit(0)"),
     ] {
         let fake = format!(
@@ -299,6 +298,54 @@ async fn protocol_violations_discard_the_worker_with_a_clear_error() {
         server.wait_for_pool_size(2, Duration::from_secs(2)).await;
         server.stop().await;
     }
+}
+
+#[tokio::test]
+async fn a_frame_over_the_size_limit_is_refused_by_its_length_at_once() {
+    // The fake announces a frame one byte over the limit and sends nothing
+    // more: only the frame-size check answers before the run's deadline
+    // (without it the server would wait for the bytes, then for the hard
+    // deadline). That frames up to the limit pass is shown by the codec
+    // tests, whose frames are larger than the codec's default limit.
+    let announced = code_executor::protocol::MAX_FRAME_BYTES + 1;
+    let fake = format!(
+        "{ready}\nf = open(0, 'rb', buffering=0)\nwhile True:\n    w.read_frame(f)\n    os.write(1, ({announced}).to_bytes(4, 'big'))\n    import time; time.sleep(60)\n",
+        ready = READY.replace("PROTO", &PROTOCOL_VERSION.to_string())
+    );
+    let (server, _dir) = server_with_bootstrap(&fake, |_| {}).await.unwrap();
+    let before = worker_pids(&server);
+    let timeout = 20.0;
+    let started = Instant::now();
+    let (status, body) = server
+        .execute(json!({"code": "print(1)", "timeout": timeout}))
+        .await;
+    let answered = started.elapsed();
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(body["error"]["code"], "internal", "{body}");
+    let message = crate::common::error_message(&body);
+    assert!(
+        message.contains("broke the protocol") && message.contains("frame size too big"),
+        "{body}"
+    );
+    assert!(
+        answered < Duration::from_secs(3),
+        "answered after {answered:?} of a {timeout} s timeout: {body}"
+    );
+    // The worker that sent it is discarded and replaced.
+    let started = Instant::now();
+    loop {
+        let after = worker_pids(&server);
+        let kept = before.iter().filter(|p| after.contains(p)).count();
+        if kept == 1 && after.len() == 2 {
+            break;
+        }
+        assert!(
+            kept >= 1 && started.elapsed() < Duration::from_secs(5),
+            "exactly one old worker discarded: before {before:?} after {after:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.stop().await;
 }
 
 #[tokio::test]
