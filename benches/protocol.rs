@@ -4,7 +4,7 @@ use std::hint::black_box;
 
 use bytes::BytesMut;
 use code_executor::protocol::{
-    ExecFrame, FileEntry, RunLimits, WireSelection, decode_frame, encode_frame,
+    ExecFrame, FileEntry, WireLimits, WireSelection, decode_frame, encode_frame,
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde::Serialize;
@@ -35,7 +35,7 @@ const SIZES: [(&str, usize); 5] = [
 
 fn encode(c: &mut Criterion) {
     let mut group = c.benchmark_group("encode_exec");
-    let limits = RunLimits::default();
+    let limits = WireLimits::default();
     for (name, size) in SIZES {
         let payload = vec![b'x'; size];
         group.throughput(Throughput::Bytes(size as u64));

@@ -37,8 +37,16 @@ pub enum WorkerError {
     },
     #[error("worker did not become ready within {0:?}")]
     StartTimeout(Duration),
-    #[error("worker crashed{0}")]
-    Crashed(String),
+    /// The worker's process ended (its status, when it was reaped).
+    #[error("worker crashed ({})", exited.map_or("it closed its pipes".to_string(), |s| s.to_string()))]
+    Crashed {
+        exited: Option<std::process::ExitStatus>,
+    },
+    /// A worker that failed a run is never given another.
+    #[error("worker failed an earlier run and is not reused")]
+    Poisoned,
+    #[error("worker has no run to cancel")]
+    NoRunToCancel,
     #[error("worker did not answer within {0:?}")]
     Unresponsive(Duration),
     #[error("worker broke the protocol")]

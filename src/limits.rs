@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use crate::api::RunLimits;
 use crate::error::ExecError;
-use crate::protocol::RunLimits;
+use crate::protocol::WireLimits;
 
 /// `seconds` (positive and finite) as a duration, at most `max`: checked
 /// before converting, since `Duration::from_secs_f64` panics past `u64`.
@@ -34,9 +35,9 @@ const MAX_MEMORY_BYTES: u64 = 16 << 30;
 /// A request's own limits, each within what the server allows: a request may
 /// lower a configured limit, never raise it.
 pub(crate) fn narrow_limits(
-    configured: &RunLimits,
+    configured: &WireLimits,
     asked: &RunLimits,
-) -> Result<RunLimits, ExecError> {
+) -> Result<WireLimits, ExecError> {
     let pick = |name: &str, asked: Option<u64>, ceiling: Option<u64>| match asked {
         Some(0) => Err(ExecError::BadRequest(format!(
             "limits.{name} must be positive"
@@ -44,7 +45,7 @@ pub(crate) fn narrow_limits(
         Some(v) => Ok(Some(ceiling.map_or(v, |c| v.min(c)))),
         None => Ok(ceiling),
     };
-    Ok(RunLimits {
+    Ok(WireLimits {
         cpu_seconds: pick("cpu_seconds", asked.cpu_seconds, configured.cpu_seconds)?,
         memory_bytes: pick(
             "memory_bytes",
@@ -96,10 +97,10 @@ mod tests {
 
     #[test]
     fn a_request_may_lower_a_limit_never_raise_it() {
-        let configured = RunLimits {
+        let configured = WireLimits {
             memory_bytes: Some(1 << 30),
             processes: None,
-            ..RunLimits::default()
+            ..WireLimits::default()
         };
         let asked = RunLimits {
             memory_bytes: Some(2 << 30),

@@ -155,7 +155,7 @@ fn classify(
     match errno {
         Some(Errno::ENOMEM) => return Some(Limit::Memory),
         Some(Errno::EFBIG) => return Some(Limit::FileSize),
-        Some(Errno::ENOSPC) => return Some(Limit::Disk),
+        Some(Errno::ENOSPC | Errno::EDQUOT) => return Some(Limit::Disk),
         Some(Errno::EAGAIN) => return Some(Limit::Processes),
         _ => {}
     }

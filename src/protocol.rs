@@ -77,12 +77,11 @@ pub fn codec() -> LengthDelimitedCodec {
         .new_codec()
 }
 
-/// Per-run resource limits the worker applies in the forked child (rlimits).
-#[derive(
-    Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
-)]
-#[serde(deny_unknown_fields)]
-pub struct RunLimits {
+/// Per-run resource limits the worker applies in the forked child (rlimits),
+/// as the `exec` and `session` frames carry them: the server's configured
+/// limits, narrowed by a request's own ([`crate::api::RunLimits`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct WireLimits {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_seconds: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -115,7 +114,7 @@ pub struct ExecFrame<'a> {
     pub argv: &'a [String],
     pub timeout: f64,
     pub max_output: u64,
-    pub limits: &'a RunLimits,
+    pub limits: &'a WireLimits,
     pub stream: bool,
     pub artifacts: WireSelection<'a>,
     pub max_artifact_bytes: u64,
@@ -140,7 +139,7 @@ pub struct SessionFrame<'a> {
     pub t: &'static str,
     pub id: u64,
     /// Limits fixed for the session's life (`cpu_seconds` is per call).
-    pub limits: &'a RunLimits,
+    pub limits: &'a WireLimits,
     /// Seconds a call may take to stop after its interrupt before the
     /// session child is killed.
     pub grace: f64,
@@ -239,6 +238,12 @@ pub struct WorkerFrame {
 pub enum FrameError {
     #[error("malformed frame from worker")]
     Decode(#[source] rmp_serde::decode::Error),
+    /// The length prefix or the read of a frame failed (an announced length
+    /// over [`MAX_FRAME_BYTES`] among them).
+    #[error("error reading a frame from worker")]
+    Read(#[source] std::io::Error),
+    #[error("unexpected frame type {0:?} from worker")]
+    UnexpectedType(String),
     #[error("error encoding frame")]
     Encode(#[source] rmp_serde::encode::Error),
     #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME_BYTES} bytes")]

@@ -7,9 +7,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{FileContent, RunError};
+use super::{FileContent, RunError, RunLimits};
 use crate::outcome::Limit;
-use crate::protocol::RunLimits;
 
 /// `POST /grade`, MCP `grade_code`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]

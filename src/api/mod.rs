@@ -19,8 +19,37 @@ use serde::{Deserialize, Serialize};
 use crate::limits::RequestLimits;
 use crate::outcome::Limit;
 use crate::pool::PoolStatus;
-use crate::protocol::RunLimits;
 use crate::sandbox::SandboxStatus;
+
+/// A request's own resource limits (`limits` of `/execute`, `/sessions`,
+/// `/grade`). Each may only lower the server's configured limit; a value
+/// over it is capped, `0` is refused. An unknown field is refused.
+#[derive(
+    Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(deny_unknown_fields)]
+pub struct RunLimits {
+    /// CPU seconds (`RLIMIT_CPU`; `SIGXCPU` past it, `limit: "cpu"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<u64>,
+    /// Address space in bytes (`RLIMIT_AS`, and the worker's memory cgroup
+    /// where there is one; `limit: "memory"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// Largest file the run may write, bytes (`EFBIG`, `limit: "file_size"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_size_bytes: Option<u64>,
+    /// Open file descriptors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_files: Option<u64>,
+    /// Processes and threads (the worker's pids cgroup; `limit: "processes"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<u64>,
+    /// Bytes the run may have in its directories at once, below the env's
+    /// `disk_bytes` (the size of the worker's scratch tmpfs; `limit: "disk"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+}
 
 /// One execution request (`POST /execute`, MCP `execute_code`: the same
 /// type, so both accept the same fields). An unknown field is refused, so a

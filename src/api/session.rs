@@ -3,7 +3,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::RunLimits;
+use super::RunLimits;
 
 /// `POST /sessions`, MCP `create_session`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]

@@ -26,7 +26,7 @@ use serde::Deserialize;
 use crate::env::{EnvChoice, EnvConfig, EnvSettings, EnvVars, HostEnv, RegistryConfig};
 use crate::error::ConfigError;
 use crate::limits::{RequestLimits, ResultLimits};
-use crate::protocol::RunLimits;
+use crate::protocol::WireLimits;
 use crate::sandbox::{Network, SandboxConfig};
 use crate::session::SessionConfig;
 
@@ -146,7 +146,7 @@ pub struct Config {
     /// How long shutdown waits for in-flight requests.
     pub shutdown_timeout: Duration,
     /// Resource limits applied to every run.
-    pub run_limits: RunLimits,
+    pub run_limits: WireLimits,
     pub worker_script: Option<PathBuf>,
     /// Environments configured one by one (`[[envs]]`); pre-warmed.
     pub envs: Vec<EnvConfig>,
@@ -240,7 +240,7 @@ impl Default for Config {
             worker_start_timeout: Duration::from_secs(60),
             grace_period: Duration::from_secs(1),
             shutdown_timeout: Duration::from_secs(30),
-            run_limits: RunLimits {
+            run_limits: WireLimits {
                 cpu_seconds: None,
                 memory_bytes: Some(2 * GIB),
                 file_size_bytes: Some(GIB),
@@ -331,7 +331,7 @@ impl Config {
         let max_timeout = o.max_timeout.map_or(d.max_timeout, Seconds::get);
         let pool_size = o.pool_size.unwrap_or(d.pool_size);
         let preload = o.preload.unwrap_or_default();
-        let run_limits = RunLimits {
+        let run_limits = WireLimits {
             memory_bytes: o.memory_bytes.or(d.run_limits.memory_bytes),
             file_size_bytes: o.file_size_bytes.or(d.run_limits.file_size_bytes),
             open_files: o.open_files.or(d.run_limits.open_files),
@@ -371,7 +371,7 @@ impl Config {
                         preload: t.preload.unwrap_or_else(|| preload.clone()),
                         timeout: t.timeout.map_or(timeout, Seconds::get),
                         max_timeout: t.max_timeout.map_or(max_timeout, Seconds::get),
-                        run_limits: RunLimits {
+                        run_limits: WireLimits {
                             memory_bytes: t.memory_bytes.or(run_limits.memory_bytes),
                             file_size_bytes: t.file_size_bytes.or(run_limits.file_size_bytes),
                             open_files: t.open_files.or(run_limits.open_files),

@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::discover::{Discovered, discover, find_conda};
 use super::{EnvChoice, EnvSpec, HostEnv, name_of};
 use crate::error::ConfigError;
-use crate::protocol::RunLimits;
+use crate::protocol::WireLimits;
 
 /// Execution settings of one environment.
 #[derive(Debug, Clone)]
@@ -28,7 +28,7 @@ pub struct EnvSettings {
     pub timeout: f64,
     /// Largest timeout a request may ask for, seconds.
     pub max_timeout: f64,
-    pub run_limits: RunLimits,
+    pub run_limits: WireLimits,
     /// The workers' network.
     pub network: crate::sandbox::Network,
     /// Size of each worker's scratch tmpfs.

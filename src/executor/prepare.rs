@@ -293,7 +293,8 @@ mod tests {
 
     use super::*;
     use crate::api::FileContent;
-    use crate::protocol::RunLimits;
+    use crate::api::RunLimits;
+    use crate::protocol::WireLimits;
 
     fn settings() -> EnvSettings {
         EnvSettings {
@@ -301,9 +302,9 @@ mod tests {
             preload: Vec::new(),
             timeout: 30.0,
             max_timeout: 60.0,
-            run_limits: RunLimits {
+            run_limits: WireLimits {
                 memory_bytes: Some(1 << 30),
-                ..RunLimits::default()
+                ..WireLimits::default()
             },
             network: crate::sandbox::Network::Isolated,
             disk_bytes: 1 << 20,

@@ -382,7 +382,7 @@ impl Worker {
         kill_on_drop: bool,
     ) -> Result<RunOutput, WorkerError> {
         if self.is_poisoned() {
-            return Err(WorkerError::Crashed(" before the run started".into()));
+            return Err(WorkerError::Poisoned);
         }
         self.in_flight = true;
         self.sent = false;
@@ -429,7 +429,7 @@ impl Worker {
     /// success the worker serves again, on failure it stays poisoned.
     pub async fn cancel(&mut self, within: Duration) -> Result<(), WorkerError> {
         if !self.can_cancel() {
-            return Err(WorkerError::Crashed(" (no run to cancel)".into()));
+            return Err(WorkerError::NoRunToCancel);
         }
         let frame = protocol::encode_frame(&protocol::Cancel { t: "cancel" })
             .map_err(WorkerError::Protocol)?;
@@ -453,25 +453,23 @@ impl Worker {
         let stdin = self
             .stdin
             .as_mut()
-            .ok_or_else(|| WorkerError::Crashed(" (stdin closed)".into()))?;
+            .ok_or(WorkerError::Crashed { exited: None })?;
         let write = async {
             stdin.write_all(frame).await?;
             stdin.flush().await
         };
         match tokio::time::timeout(deadline, write).await {
             Err(_) => return Err(WorkerError::Unresponsive(deadline)),
-            Ok(Err(e)) => return Err(self.died(e)),
+            Ok(Err(_)) => return Err(self.died()),
             Ok(Ok(())) => self.sent = true,
         }
         loop {
             let remaining = deadline.saturating_sub(started.elapsed());
             let body = match tokio::time::timeout(remaining, self.frames.next()).await {
                 Err(_) => return Err(WorkerError::Unresponsive(deadline)),
-                Ok(None) => return Err(self.died(std::io::ErrorKind::UnexpectedEof.into())),
+                Ok(None) => return Err(self.died()),
                 Ok(Some(Err(e))) => {
-                    return Err(WorkerError::Protocol(protocol::FrameError::Decode(
-                        rmp_serde::decode::Error::Uncategorized(e.to_string()),
-                    )));
+                    return Err(WorkerError::Protocol(protocol::FrameError::Read(e)));
                 }
                 Ok(Some(Ok(body))) => body,
             };
@@ -516,23 +514,20 @@ impl Worker {
                 }
                 "error" => return Err(WorkerError::Internal(frame.message.unwrap_or_default())),
                 other => {
-                    return Err(WorkerError::Protocol(protocol::FrameError::Decode(
-                        rmp_serde::decode::Error::Uncategorized(format!(
-                            "unexpected frame type {other:?}"
-                        )),
+                    return Err(WorkerError::Protocol(protocol::FrameError::UnexpectedType(
+                        other.to_string(),
                     )));
                 }
             }
         }
     }
 
-    /// Describe how the worker went away, for the caller's error.
-    fn died(&mut self, _err: std::io::Error) -> WorkerError {
-        let status = self.child.try_wait().ok().flatten();
-        WorkerError::Crashed(match status {
-            Some(s) => format!(" ({s})"),
-            None => " (it closed its pipes)".into(),
-        })
+    /// How the worker went away, for the caller's error: its exit status
+    /// when it is already reaped (a write or read failed because it is gone).
+    fn died(&mut self) -> WorkerError {
+        WorkerError::Crashed {
+            exited: self.child.try_wait().ok().flatten(),
+        }
     }
 
     /// Send an `echo` frame and return the worker's re-encoded answer body.
@@ -540,12 +535,12 @@ impl Worker {
         let stdin = self
             .stdin
             .as_mut()
-            .ok_or_else(|| WorkerError::Crashed(String::new()))?;
+            .ok_or(WorkerError::Crashed { exited: None })?;
         stdin.write_all(frame).await.map_err(WorkerError::Io)?;
         match self.frames.next().await {
             Some(Ok(body)) => Ok(body),
             Some(Err(e)) => Err(WorkerError::Io(e)),
-            None => Err(WorkerError::Crashed(String::new())),
+            None => Err(self.died()),
         }
     }
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use code_executor::protocol::{ExecFrame, RunLimits, WireSelection, encode_frame};
+use code_executor::protocol::{ExecFrame, WireLimits, WireSelection, encode_frame};
 use code_executor::worker::{RunOutput, Worker};
 
 use crate::common;
@@ -19,7 +19,7 @@ async fn worker(zygote: bool) -> (Worker, tempfile::TempDir) {
 }
 
 async fn run(worker: &mut Worker, code: &str, timeout: f64) -> RunOutput {
-    let limits = RunLimits::default();
+    let limits = WireLimits::default();
     let frame = encode_frame(&ExecFrame {
         t: "exec",
         id: 1,
