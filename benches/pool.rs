@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use code_executor::executor::WORKER_SCRIPT;
-use code_executor::pool::{EnvPool, PoolConfig};
-use code_executor::worker::WorkerSpec;
+use code_executor::testing::WorkerSpec;
+use code_executor::testing::{EnvPool, PoolConfig};
 use criterion::{Criterion, criterion_group, criterion_main};
 
 fn real_python() -> std::path::PathBuf {

@@ -3,7 +3,7 @@
 use std::hint::black_box;
 
 use bytes::BytesMut;
-use code_executor::protocol::{
+use code_executor::testing::{
     ExecFrame, FileEntry, WireLimits, WireSelection, decode_frame, encode_frame,
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};

@@ -171,12 +171,12 @@ fn owner_bytes(runs: &VecDeque<StoredRun>, owner: &str) -> u64 {
 }
 
 /// `artifact://<run>/<path>`.
-pub fn uri(run: &str, path: &str) -> String {
+pub(crate) fn uri(run: &str, path: &str) -> String {
     format!("artifact://{run}/{path}")
 }
 
 /// The run and path of an `artifact://` URI.
-pub fn parse_uri(uri: &str) -> Option<(&str, &str)> {
+pub(crate) fn parse_uri(uri: &str) -> Option<(&str, &str)> {
     let rest = uri.strip_prefix("artifact://")?;
     let (run, path) = rest.split_once('/')?;
     (!run.is_empty() && !path.is_empty()).then_some((run, path))
@@ -184,7 +184,7 @@ pub fn parse_uri(uri: &str) -> Option<(&str, &str)> {
 
 /// The owner name of a bearer token: a digest, so the store never holds a
 /// token. No token: the anonymous owner (a server without auth).
-pub fn owner_of_token(token: Option<&str>) -> String {
+pub(crate) fn owner_of_token(token: Option<&str>) -> String {
     match token {
         None | Some("") => "anonymous".into(),
         Some(t) => {

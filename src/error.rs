@@ -19,6 +19,8 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
 }
 
 /// A worker process failed to start, broke the protocol or died.
+// Each variant's `#[error]` message says what it is.
+#[allow(missing_docs)]
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
     #[error("error spawning interpreter {python}")]
@@ -64,6 +66,8 @@ pub enum WorkerError {
 }
 
 /// Getting a worker from an environment's pool failed.
+// Each variant's `#[error]` message says what it is.
+#[allow(missing_docs)]
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
     #[error("no worker became free within {0:?}")]
@@ -81,6 +85,8 @@ pub enum PoolError {
 /// `BadRequest`, `TooLarge` and `UnknownSession` carry the sentence the
 /// client reads: it is composed where the facts are (the field, the limit
 /// and its setting, why a session is gone, which replica holds it).
+// Each variant's `#[error]` message says what it is.
+#[allow(missing_docs)]
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
     #[error("{0}")]
@@ -186,6 +192,8 @@ impl ExecError {
 }
 
 /// The executor could not start.
+// Each variant's `#[error]` message says what it is.
+#[allow(missing_docs)]
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
@@ -209,6 +217,8 @@ pub enum StartError {
 }
 
 /// A configuration that cannot be used.
+// Each variant's `#[error]` message says what it is.
+#[allow(missing_docs)]
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("error reading config file {path}")]

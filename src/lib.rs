@@ -61,27 +61,48 @@
 //! * [`sys`]: the only `unsafe` code: system calls no safe crate wraps.
 
 #![deny(unsafe_code)]
+#![warn(unreachable_pub, missing_docs)]
 
 pub mod api;
-pub mod artifacts;
+pub(crate) mod artifacts;
 pub mod config;
-pub mod env;
+pub(crate) mod env;
 pub mod error;
 pub mod executor;
-pub mod grade;
+pub(crate) mod grade;
 pub mod http;
 pub mod limits;
 pub mod mcp;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod outcome;
-pub mod pool;
-pub mod protocol;
-pub mod replica;
-pub mod sandbox;
+pub(crate) mod pool;
+pub(crate) mod protocol;
+pub(crate) mod replica;
+pub(crate) mod sandbox;
 pub mod server;
-pub mod session;
-pub mod sys;
-pub mod worker;
+pub(crate) mod session;
+pub(crate) mod sys;
+pub(crate) mod worker;
 
 pub use config::Config;
 pub use executor::Executor;
+
+/// `code-executor sandbox-exec`: start a program inside the worker sandbox
+/// (see the `sandbox` module); never returns.
+pub fn sandbox_exec(args: config::LaunchArgs) -> ! {
+    sandbox::launch::main(args)
+}
+
+/// What the crate's own tests and benchmarks drive below the service: a
+/// worker alone, a pool alone, the wire protocol. Not a stable interface.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::env::EnvSpec;
+    pub use crate::pool::{EnvPool, PoolConfig};
+    pub use crate::protocol::{
+        ExecFrame, FileEntry, MAX_FRAME_BYTES, PROTOCOL_VERSION, WireLimits, WireSelection,
+        decode_frame, encode_frame,
+    };
+    pub use crate::sandbox::launch::LaunchArgs;
+    pub use crate::worker::{RunOutput, Worker, WorkerSpec};
+}

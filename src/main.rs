@@ -10,7 +10,7 @@ fn main() {
     let cli = Cli::parse();
     if let Command::SandboxExec(args) = cli.command {
         // The launcher: no runtime, no threads; it execs the worker.
-        code_executor::sandbox::launch::main(args);
+        code_executor::sandbox_exec(args);
     }
     if let Err(err) = server::harden_process() {
         eprintln!("error: cannot harden the server process: {err}");
@@ -32,9 +32,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(serve) => {
             let config = Config::load(&serve.options)?;
             if serve.check_config {
-                let registry = code_executor::env::Registry::build(&config.registry()).await?;
+                let envs = config.describe_envs().await?;
                 println!("configuration is valid");
-                print!("{}", registry.describe().await);
+                print!("{envs}");
                 return Ok(());
             }
             init_logging(config.log_format);
@@ -70,8 +70,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Envs(args) => {
             let config = Config::load(&args)?;
             init_logging(config.log_format);
-            let registry = code_executor::env::Registry::build(&config.registry()).await?;
-            print!("{}", registry.describe().await);
+            print!("{}", config.describe_envs().await?);
             Ok(())
         }
         Command::SandboxExec(_) => unreachable!("handled before the runtime starts"),

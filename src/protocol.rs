@@ -69,7 +69,7 @@ pub const PROTOCOL_VERSION: u32 = 3;
 pub const MAX_FRAME_BYTES: usize = 1 << 30;
 
 /// The codec both directions use: 4-byte big-endian length, then the body.
-pub fn codec() -> LengthDelimitedCodec {
+pub(crate) fn codec() -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder()
         .length_field_length(4)
         .big_endian()
@@ -83,14 +83,19 @@ pub fn codec() -> LengthDelimitedCodec {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct WireLimits {
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// `RLIMIT_CPU`, seconds.
     pub cpu_seconds: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// `RLIMIT_AS`, bytes.
     pub memory_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// `RLIMIT_FSIZE`, bytes.
     pub file_size_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// `RLIMIT_NOFILE`.
     pub open_files: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// Processes and threads (`RLIMIT_NPROC` for non-root runs; the pids cgroup).
     pub processes: Option<u64>,
     /// Bytes the run may have in its directories at once (below the env's
     /// `disk_bytes`, the size of the worker's scratch tmpfs).
@@ -103,6 +108,8 @@ pub struct WireLimits {
 pub struct FileEntry<'a>(pub &'a str, #[serde(with = "serde_bytes")] pub &'a [u8]);
 
 /// The `exec` frame, borrowing everything from the request it came from.
+// Each field is described in the protocol table at the top of this file.
+#[allow(missing_docs)]
 #[derive(Debug, Serialize)]
 pub struct ExecFrame<'a> {
     pub t: &'static str,
@@ -135,7 +142,7 @@ pub struct ExecFrame<'a> {
 /// The `session` frame: switch a worker into session mode (see
 /// `python/worker.py`, "Sessions").
 #[derive(Debug, Serialize)]
-pub struct SessionFrame<'a> {
+pub(crate) struct SessionFrame<'a> {
     pub t: &'static str,
     pub id: u64,
     /// Limits fixed for the session's life (`cpu_seconds` is per call).
@@ -147,7 +154,7 @@ pub struct SessionFrame<'a> {
 
 /// The `cancel` frame: kill the run in flight and answer its result now.
 #[derive(Debug, Serialize)]
-pub struct Cancel {
+pub(crate) struct Cancel {
     pub t: &'static str,
 }
 
@@ -155,7 +162,9 @@ pub struct Cancel {
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum WireSelection<'a> {
+    /// All new or changed files (`true`), or none.
     All(bool),
+    /// Those matching one of the globs.
     Globs(&'a [String]),
 }
 

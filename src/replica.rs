@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Longest replica id: a DNS name's length.
-pub const MAX_REPLICA_ID: usize = 253;
+pub(crate) const MAX_REPLICA_ID: usize = 253;
 
 /// This replica's identity and serving state, shared by the executor, the
 /// HTTP front end and the metrics.
@@ -49,7 +49,7 @@ impl Replica {
 
 /// The replica id when none is configured: the host name (a pod's name in
 /// Kubernetes), made valid; `code-executor` if there is none.
-pub fn default_replica_id() -> String {
+pub(crate) fn default_replica_id() -> String {
     let host = nix::unistd::gethostname()
         .map(|h| h.to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -67,7 +67,7 @@ pub fn default_replica_id() -> String {
 
 /// Why `id` cannot name a replica, if it cannot: it goes into session ids,
 /// URLs and headers, so it is 1 to 253 of `A-Z a-z 0-9 . _ -`.
-pub fn check_replica_id(id: &str) -> Result<(), String> {
+pub(crate) fn check_replica_id(id: &str) -> Result<(), String> {
     if id.is_empty() || id.len() > MAX_REPLICA_ID {
         return Err(format!(
             "replica_id must be 1 to {MAX_REPLICA_ID} characters, got {}",
@@ -88,12 +88,12 @@ fn is_id_char(c: char) -> bool {
 
 /// A session id for a session of replica `replica`: `random` (hex) first,
 /// then the replica.
-pub fn session_id(random: &str, replica: &str) -> String {
+pub(crate) fn session_id(random: &str, replica: &str) -> String {
     format!("{random}.{replica}")
 }
 
 /// The replica a session id names, if it has the shape [`session_id`] makes.
-pub fn replica_of(session_id: &str) -> Option<&str> {
+pub(crate) fn replica_of(session_id: &str) -> Option<&str> {
     let (random, replica) = session_id.split_once('.')?;
     let well_formed = random.len() == 32
         && random.bytes().all(|b| b.is_ascii_hexdigit())

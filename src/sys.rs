@@ -10,7 +10,7 @@ use nix::libc;
 /// with descriptors open (a secret file, a pipe of whoever started it),
 /// and a worker must see only its protocol pipes. Nothing is closed here,
 /// so descriptors this process uses keep working until it `exec`s.
-pub fn cloexec_from_3() -> std::io::Result<()> {
+pub(crate) fn cloexec_from_3() -> std::io::Result<()> {
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC closes nothing; it only
     // sets a flag on descriptors, so no memory or descriptor owned by Rust
     // code becomes invalid. It takes no pointers.

@@ -149,6 +149,7 @@ pub struct GradeBatchResult {
     pub total: usize,
     /// The sum of the submissions' `score`s and `max_score`s.
     pub score: f64,
+    /// What the cases could score together: the sum of their weights.
     pub max_score: f64,
     /// Cases per verdict over every submission.
     pub counts: BTreeMap<String, usize>,
@@ -185,6 +186,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Every verdict, in the order `counts` lists them.
     pub const ALL: [Verdict; 8] = [
         Verdict::Ok,
         Verdict::WrongAnswer,
@@ -196,6 +198,7 @@ impl Verdict {
         Verdict::Skipped,
     ];
 
+    /// The verdict as the API writes it (`wrong_answer`).
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Ok => "ok",
@@ -216,7 +219,9 @@ pub struct CaseResult {
     /// Position of the case in `tests`, from 0.
     pub index: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The case's `name`, when it has one.
     pub name: Option<String>,
+    /// How the case ended.
     pub verdict: Verdict,
     /// Exit status; `-N` when killed by signal N. Null when the case did not
     /// run.
@@ -295,6 +300,7 @@ pub struct GradeResult {
     /// The sum of the cases' weighted scores (1 per `ok` case, a checker's
     /// score, else 0) and of their weights.
     pub score: f64,
+    /// What the submissions could score together.
     pub max_score: f64,
     /// Wall time of the whole request on the server.
     pub wall_ms: f64,

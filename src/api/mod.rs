@@ -148,7 +148,10 @@ pub enum FileContent {
     /// UTF-8 text.
     Text(String),
     /// Binary content, base64-encoded.
-    Base64 { base64: String },
+    Base64 {
+        /// The bytes in standard base64.
+        base64: String,
+    },
 }
 
 impl FileContent {
@@ -233,8 +236,11 @@ pub struct InstallRequest {
 pub struct InstallResult {
     /// The environment's name.
     pub env: String,
+    /// Exit status of the installer; `-N` when killed by signal N.
     pub exit_code: i32,
+    /// The installer's standard output (its last MiB).
     pub stdout: String,
+    /// The installer's standard error (its last MiB).
     pub stderr: String,
     /// `name==version` of every distribution added or changed by the run.
     pub installed: Vec<String>,
@@ -245,7 +251,9 @@ pub struct InstallResult {
 /// One installed distribution (`GET /list-packages`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
 pub struct PackageInfo {
+    /// Distribution name as installed.
     pub name: String,
+    /// Installed version.
     pub version: String,
 }
 
@@ -254,11 +262,17 @@ pub struct PackageInfo {
 /// An environment as `/list-envs` and MCP `list_environments` show it.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema, utoipa::ToSchema)]
 pub struct EnvInfo {
+    /// Name in requests (`env`).
     pub name: String,
+    /// The environment's prefix directory.
     pub prefix: String,
+    /// `conda` (a Conda prefix), `venv` or `python` (any other interpreter).
     pub kind: String,
+    /// Python version (`3.11.7`), when known.
     pub python_version: Option<String>,
+    /// Whether requests that name no environment run here.
     pub default: bool,
+    /// Its pool's worker counts.
     pub pool: PoolSummary,
     /// Why the environment cannot run code (absent when it can).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -268,8 +282,11 @@ pub struct EnvInfo {
 /// Pool counts of one environment.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema, utoipa::ToSchema)]
 pub struct PoolSummary {
+    /// Workers alive.
     pub size: usize,
+    /// Workers free for a request.
     pub idle: usize,
+    /// Workers running a request.
     pub busy: usize,
 }
 
@@ -285,6 +302,7 @@ pub struct Health {
     pub replica: String,
     /// Live sessions on this replica.
     pub sessions: usize,
+    /// Each environment's pool, by name.
     pub envs: BTreeMap<String, PoolStatus>,
     /// Which confinement mechanisms are enforced (never any secret).
     pub sandbox: SandboxStatus,
@@ -292,6 +310,7 @@ pub struct Health {
     pub request_limits: RequestLimits,
 }
 
+/// Check one path of `files`: relative, no `..`, within the caps on its length, names and depth.
 pub fn check_file_path(path: &str) -> Result<(), String> {
     if path.is_empty() || path.contains('\0') {
         return Err(format!("file path {path:?} is empty or contains NUL"));

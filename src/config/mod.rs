@@ -23,12 +23,10 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Deserialize;
 
-use crate::env::{EnvChoice, EnvConfig, EnvSettings, EnvVars, HostEnv, RegistryConfig};
+use crate::env::RegistryConfig;
 use crate::error::ConfigError;
 use crate::limits::{RequestLimits, ResultLimits};
 use crate::protocol::WireLimits;
-use crate::sandbox::{Network, SandboxConfig};
-use crate::session::SessionConfig;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -39,18 +37,27 @@ mod options;
 
 pub use options::{OptionDoc, Options, Seconds, option_docs};
 
+pub use crate::artifacts::ArtifactLimits;
+pub use crate::env::{EnvChoice, EnvConfig, EnvSettings, EnvVars, HostEnv};
+pub use crate::sandbox::launch::LaunchArgs;
+pub use crate::sandbox::{DEFAULT_DISK_BYTES, Network, SandboxConfig, TierChoice};
+pub use crate::session::SessionConfig;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "code-executor",
     version,
     about = "Run Python code in warm, isolated workers"
 )]
+/// The command line.
 pub struct Cli {
     #[command(subcommand)]
+    /// What to do.
     pub command: Command,
 }
 
 #[derive(Debug, Subcommand)]
+/// The subcommands.
 pub enum Command {
     /// Serve the HTTP API (and MCP over streamable HTTP at /mcp).
     Serve(ServeCommand),
@@ -60,13 +67,14 @@ pub enum Command {
     Envs(Options),
     /// Internal: start a program inside the worker sandbox (see `sandbox::launch`).
     #[command(hide = true)]
-    SandboxExec(crate::sandbox::launch::LaunchArgs),
+    SandboxExec(LaunchArgs),
 }
 
 /// `code-executor serve`.
 #[derive(Debug, Clone, Default, Args)]
 pub struct ServeCommand {
     #[command(flatten)]
+    /// Every option (see [`Options`]).
     pub options: Options,
     /// Validate the configuration, print the environments it resolves to
     /// and exit (0 when valid) without serving.
@@ -91,20 +99,32 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnvTable {
+    /// Name in requests; with neither `prefix` nor `python`, the name of a discovered Conda environment.
     pub name: Option<String>,
+    /// The environment's prefix (its interpreter is `bin/python`).
     pub prefix: Option<PathBuf>,
+    /// Any interpreter; its prefix is asked from it.
     pub python: Option<PathBuf>,
     /// The environment used when a request names none.
     #[serde(default)]
     pub default: bool,
+    /// Warm workers of this environment.
     pub pool_size: Option<usize>,
+    /// Modules its workers import before they serve.
     pub preload: Option<Vec<String>>,
+    /// Default wall-clock timeout of a run, seconds.
     pub timeout: Option<Seconds>,
+    /// Largest timeout a request may ask for, seconds.
     pub max_timeout: Option<Seconds>,
+    /// Address-space limit of each run, bytes.
     pub memory_bytes: Option<u64>,
+    /// Open files of each run.
     pub open_files: Option<u64>,
+    /// Largest file a run may write, bytes.
     pub file_size_bytes: Option<u64>,
+    /// CPU-time limit of each run, seconds.
     pub cpu_seconds: Option<u64>,
+    /// Processes and threads of each run.
     pub processes: Option<u64>,
     /// This env's network (`isolated` or `host`); the global one when absent.
     pub network: Option<Network>,
@@ -115,19 +135,26 @@ pub struct EnvTable {
 /// The resolved configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Address to listen on.
     pub host: IpAddr,
+    /// Port to listen on (0 picks a free one).
     pub port: u16,
+    /// The default environment.
     pub env: EnvChoice,
     /// Default wall-clock timeout of a run, seconds.
     pub timeout: f64,
     /// Largest timeout a request may ask for, seconds.
     pub max_timeout: f64,
+    /// Warm workers per configured environment.
     pub pool_size: usize,
+    /// Modules every worker imports before it serves.
     pub preload: Vec<String>,
+    /// Bearer token the API asks for (none: open).
     pub token: Option<String>,
     /// `token` was generated at start (none was configured and the address
     /// is not loopback): the server prints it once in its log.
     pub token_generated: bool,
+    /// Bearer token `/install` asks for (none: installs are disabled).
     pub admin_token: Option<String>,
     /// How long a request waits for a free worker before `503 busy`.
     pub queue_timeout: Duration,
@@ -147,6 +174,7 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// Resource limits applied to every run.
     pub run_limits: WireLimits,
+    /// A bootstrap to run instead of the embedded `python/worker.py` (testing aid).
     pub worker_script: Option<PathBuf>,
     /// Environments configured one by one (`[[envs]]`); pre-warmed.
     pub envs: Vec<EnvConfig>,
@@ -167,6 +195,7 @@ pub struct Config {
     pub host_env: HostEnv,
     /// Bearer token for `/metrics` (else `token` guards it).
     pub metrics_token: Option<String>,
+    /// How log lines are written.
     pub log_format: LogFormat,
     /// Most test cases one `/grade` request may carry: bounds the work (and
     /// the answer) one request can ask for.
@@ -497,6 +526,14 @@ impl Config {
             network: self.sandbox.network,
             disk_bytes: self.sandbox.disk_bytes,
         }
+    }
+
+    /// The environments this configuration resolves to, as
+    /// `code-executor envs` prints them: name, kind, Python version,
+    /// default, prefix.
+    pub async fn describe_envs(&self) -> Result<String, ConfigError> {
+        let registry = crate::env::Registry::build(&self.registry()).await?;
+        Ok(registry.describe().await)
     }
 
     /// What building the environment registry reads.

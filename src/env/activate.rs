@@ -25,7 +25,7 @@ exec env -0"#;
 const SHELL_VARS: &[&str] = &["_", "PWD", "OLDPWD", "SHLVL"];
 
 /// The env's `etc/conda/activate.d/*.sh`, in the order Conda runs them.
-pub fn activation_scripts(prefix: &Path) -> Vec<PathBuf> {
+pub(crate) fn activation_scripts(prefix: &Path) -> Vec<PathBuf> {
     let mut scripts: Vec<PathBuf> = std::fs::read_dir(prefix.join("etc/conda/activate.d"))
         .map(|entries| {
             entries
@@ -42,7 +42,7 @@ pub fn activation_scripts(prefix: &Path) -> Vec<PathBuf> {
 /// `base` plus what the prefix's activation scripts export (and minus what
 /// they unset). Without scripts, `base` as it is. The error is what the
 /// user needs to fix the env: the failing script's stderr.
-pub async fn activate(
+pub(crate) async fn activate(
     prefix: &Path,
     base: &HashMap<String, String>,
     timeout: Duration,

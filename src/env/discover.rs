@@ -28,7 +28,7 @@ const KNOWN_ROOTS: &[&str] = &[
 
 /// What discovery found.
 #[derive(Debug, Clone, Default)]
-pub struct Discovered {
+pub(crate) struct Discovered {
     /// The Conda front end, used again for `conda install`.
     pub conda: Option<PathBuf>,
     /// Conda's root prefix: the `base` environment.
@@ -42,7 +42,7 @@ pub struct Discovered {
 
 /// The Conda front end: `CONDA_EXE` if it exists, else the first of
 /// `conda`, `mamba`, `micromamba` on `PATH`.
-pub fn find_conda(host: &HostEnv) -> Option<PathBuf> {
+pub(crate) fn find_conda(host: &HostEnv) -> Option<PathBuf> {
     host.conda_exe
         .clone()
         .filter(|p| p.is_file())
@@ -52,7 +52,7 @@ pub fn find_conda(host: &HostEnv) -> Option<PathBuf> {
 /// Discover Conda environments. Every Conda command is bounded by
 /// `timeout`; a Conda that fails or hangs is logged and the file-based
 /// fallback is used instead. Never fails.
-pub async fn discover(host: &HostEnv, timeout: Duration) -> Discovered {
+pub(crate) async fn discover(host: &HostEnv, timeout: Duration) -> Discovered {
     let conda = find_conda(host);
     let mut found = Discovered {
         conda: conda.clone(),

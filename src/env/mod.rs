@@ -6,11 +6,11 @@
 //! * [`registry`]: configured + discovered environments, named without clashes.
 //! * [`packages`]: listing installed distributions and checking install specs.
 
-pub mod activate;
-pub mod discover;
-pub mod install;
-pub mod packages;
-pub mod registry;
+pub(crate) mod activate;
+pub(crate) mod discover;
+pub(crate) mod install;
+pub(crate) mod packages;
+pub(crate) mod registry;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -21,7 +21,8 @@ use serde::Serialize;
 
 use crate::error::ConfigError;
 
-pub use registry::{EnvConfig, EnvPlan, EnvSettings, Registry, RegistryConfig};
+pub use registry::{EnvConfig, EnvSettings};
+pub(crate) use registry::{Registry, RegistryConfig};
 
 /// What kind of prefix an environment is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -54,6 +55,7 @@ pub struct EnvSpec {
     pub prefix: PathBuf,
     /// The interpreter workers run.
     pub python: PathBuf,
+    /// Conda prefix, venv or plain interpreter.
     pub kind: EnvKind,
     /// Variables an activated shell would have, beyond the allowlist
     /// (before the env's `activate.d` scripts ran; see [`activate`]).
@@ -116,7 +118,7 @@ pub struct EnvVars {
 }
 
 /// Where a host keeps its own config file for the server.
-pub const SYSTEM_CONFIG: &str = "/etc/code-executor/config.toml";
+pub(crate) const SYSTEM_CONFIG: &str = "/etc/code-executor/config.toml";
 
 impl HostEnv {
     /// The values of the server process's own environment.
@@ -253,14 +255,14 @@ impl EnvSpec {
 }
 
 /// `bin/python` or `bin/python3` of a prefix.
-pub fn python_in(prefix: &Path) -> Option<PathBuf> {
+pub(crate) fn python_in(prefix: &Path) -> Option<PathBuf> {
     ["python", "python3"]
         .iter()
         .map(|n| prefix.join("bin").join(n))
         .find(|p| p.is_file())
 }
 
-pub fn kind_of(prefix: &Path) -> EnvKind {
+pub(crate) fn kind_of(prefix: &Path) -> EnvKind {
     if prefix.join("conda-meta").is_dir() {
         EnvKind::Conda
     } else if prefix.join("pyvenv.cfg").is_file() {
@@ -271,7 +273,7 @@ pub fn kind_of(prefix: &Path) -> EnvKind {
 }
 
 /// Conda's naming: the prefix's last path component.
-pub fn name_of(prefix: &Path) -> String {
+pub(crate) fn name_of(prefix: &Path) -> String {
     prefix
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

@@ -7,7 +7,7 @@ use std::path::Path;
 
 /// Run with `<python> -I -c`: prints `[[name, version], ...]` of every
 /// installed distribution (`importlib.metadata`, CPython 3.8+).
-pub const LIST_SCRIPT: &str = r#"import json, sys
+pub(crate) const LIST_SCRIPT: &str = r#"import json, sys
 from importlib import metadata
 seen = {}
 for dist in metadata.distributions():
@@ -18,7 +18,7 @@ json.dump(sorted(seen.values(), key=lambda p: p[0].lower()), sys.stdout)
 "#;
 
 /// Conda packages recorded in `conda-meta/*.json` (name -> version).
-pub fn conda_packages(prefix: &Path) -> BTreeMap<String, String> {
+pub(crate) fn conda_packages(prefix: &Path) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     let Ok(entries) = std::fs::read_dir(prefix.join("conda-meta")) else {
         return out;
@@ -44,7 +44,7 @@ pub fn conda_packages(prefix: &Path) -> BTreeMap<String, String> {
 /// Check a pip requirement (PEP 508: `name[extras] specifiers ; marker` or
 /// `name @ url`). Options (`-r`, `--index-url`, ...) and anything else are
 /// refused with the reason.
-pub fn check_pip_spec(spec: &str) -> Result<(), String> {
+pub(crate) fn check_pip_spec(spec: &str) -> Result<(), String> {
     let (req, marker) = match spec.split_once(';') {
         Some((req, marker)) => (req, Some(marker)),
         None => (spec, None),
@@ -166,7 +166,7 @@ fn check_marker(marker: &str) -> Result<(), String> {
 
 /// Check a Conda match spec: `[channel::]name[ op version[=build]]`, e.g.
 /// `numpy`, `numpy=1.26`, `numpy>=1.24,<2`, `conda-forge::numpy==1.26.4=py311*`.
-pub fn check_conda_spec(spec: &str) -> Result<(), String> {
+pub(crate) fn check_conda_spec(spec: &str) -> Result<(), String> {
     let spec = spec.trim();
     let (channel, rest) = match spec.split_once("::") {
         Some((channel, rest)) => (Some(channel), rest),

@@ -28,6 +28,7 @@ pub struct EnvSettings {
     pub timeout: f64,
     /// Largest timeout a request may ask for, seconds.
     pub max_timeout: f64,
+    /// Limits every run of the environment gets.
     pub run_limits: WireLimits,
     /// The workers' network.
     pub network: crate::sandbox::Network,
@@ -40,9 +41,11 @@ pub struct EnvSettings {
 pub struct EnvConfig {
     /// Name in requests; derived from the prefix when absent.
     pub name: Option<String>,
+    /// Where the environment is.
     pub location: EnvChoice,
     /// The environment used when a request names none.
     pub default: bool,
+    /// Its pool size, timeouts, limits, network and scratch quota.
     pub settings: EnvSettings,
 }
 
@@ -67,7 +70,7 @@ pub struct RegistryConfig<'a> {
 
 /// One environment the server will serve.
 #[derive(Debug, Clone)]
-pub struct EnvPlan {
+pub(crate) struct EnvPlan {
     pub spec: EnvSpec,
     pub settings: EnvSettings,
     /// Configured envs are pre-warmed and kept warm; discovered ones start
@@ -77,7 +80,7 @@ pub struct EnvPlan {
 
 /// The environments and which one serves requests that name none.
 #[derive(Debug, Clone)]
-pub struct Registry {
+pub(crate) struct Registry {
     pub envs: Vec<EnvPlan>,
     /// Index into `envs`.
     pub default: usize,
@@ -88,7 +91,7 @@ pub struct Registry {
 impl Registry {
     /// Discover (unless disabled), resolve the configured environments and
     /// name everything. Fails when a configured environment cannot be found.
-    pub async fn build(config: &RegistryConfig<'_>) -> Result<Registry, ConfigError> {
+    pub(crate) async fn build(config: &RegistryConfig<'_>) -> Result<Registry, ConfigError> {
         let host = config.host;
         let found = if config.discover {
             discover(host, config.query_timeout).await
@@ -207,14 +210,9 @@ impl Registry {
         })
     }
 
-    /// The environment requests use when they name none.
-    pub fn default_env(&self) -> &EnvPlan {
-        &self.envs[self.default]
-    }
-
     /// A table of the environments, as `code-executor envs` prints it:
     /// name, kind, Python version, default, prefix.
-    pub async fn describe(&self) -> String {
+    pub(crate) async fn describe(&self) -> String {
         let versions = futures_util::future::join_all(self.envs.iter().map(|e| async {
             match e.spec.python_version_hint() {
                 Some(v) => v,

@@ -50,7 +50,9 @@ impl Drop for InFlight<'_> {
 /// A run's report as the worker sent it, with how the run ended.
 #[derive(Debug)]
 pub struct RunReport {
+    /// What the worker reported.
     pub output: RunOutput,
+    /// How the run ended, computed from the report once.
     pub outcome: Outcome,
 }
 

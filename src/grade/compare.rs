@@ -11,7 +11,7 @@ const EXCERPT_CHARS: usize = 120;
 
 /// A comparison mode (`compare` of a grading request).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Compare {
+pub(crate) enum Compare {
     /// Byte-for-byte equal output.
     Exact,
     /// Equal after dropping trailing whitespace of each line and trailing
@@ -26,7 +26,7 @@ pub enum Compare {
 
 impl Compare {
     /// Parse `exact`, `trim`, `tokens`, `float` or `float:<tolerance>`.
-    pub fn parse(text: &str) -> Result<Compare, String> {
+    pub(crate) fn parse(text: &str) -> Result<Compare, String> {
         match text {
             "exact" => Ok(Compare::Exact),
             "trim" => Ok(Compare::Trim),
@@ -54,7 +54,7 @@ impl Compare {
 
     /// `None` when `got` matches `expected`; otherwise a summary of the first
     /// difference.
-    pub fn text(self, expected: &str, got: &str) -> Option<String> {
+    pub(crate) fn text(self, expected: &str, got: &str) -> Option<String> {
         match self {
             Compare::Exact => {
                 if expected == got {
@@ -77,7 +77,7 @@ impl Compare {
 
     /// `None` when the returned JSON value matches the expected one: equal
     /// structure, numbers equal within the tolerance (`1 == 1.0`).
-    pub fn json(self, expected: &Value, got: &Value) -> Option<String> {
+    pub(crate) fn json(self, expected: &Value, got: &Value) -> Option<String> {
         json_diff("$", expected, got, self.tolerance())
     }
 }

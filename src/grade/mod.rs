@@ -15,7 +15,7 @@ use std::time::Instant;
 use futures_util::StreamExt;
 use serde_json::Value;
 
-pub use compare::Compare;
+pub(crate) use compare::Compare;
 
 use crate::api::{
     ArtifactSelection, CaseResult, ExecRequest, FileContent, GradeBatchRequest, GradeBatchResult,
@@ -28,7 +28,7 @@ use crate::outcome::{Limit, Outcome};
 use crate::worker::RunOutput;
 
 /// Bytes of stdout and of stderr kept per case in a grading result.
-pub const CASE_OUTPUT_BYTES: usize = 8 << 10;
+pub(crate) const CASE_OUTPUT_BYTES: usize = 8 << 10;
 
 /// Input of the entry function in function mode, written into the run dir.
 const INPUT_FILE: &str = "__grade_input__.json";

@@ -11,14 +11,18 @@ use crate::error::error_chain;
 /// An error answered to an HTTP client.
 #[derive(Debug)]
 pub struct ApiError {
+    /// The HTTP status.
     pub status: StatusCode,
+    /// The error code in the body (`bad_request`, `busy`, ...).
     pub code: &'static str,
+    /// What the client reads.
     pub message: String,
     /// Seconds after which a retry may succeed (`503 busy`).
     pub retry_after: Option<u64>,
 }
 
 impl ApiError {
+    /// An error with its status, code and message.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,
@@ -28,6 +32,7 @@ impl ApiError {
         }
     }
 
+    /// A `400 bad_request`.
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
     }

@@ -33,6 +33,7 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// Count every request in the metrics and log it (method, route, status, duration).
 pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let metrics = state.executor.metrics().clone();
     metrics.http_in_flight().inc();

@@ -41,12 +41,14 @@ pub struct ListPackagesArgs {
 /// What `list_packages` returns (the body of `GET /list-packages`).
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct PackageListing {
+    /// Installed distributions, sorted by name.
     pub packages: Vec<PackageInfo>,
 }
 
 /// What `list_environments` returns (the body of `GET /list-envs`).
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct EnvListing {
+    /// Every environment this server serves.
     pub envs: Vec<EnvInfo>,
 }
 
@@ -76,6 +78,7 @@ pub struct McpHandler {
 
 #[tool_router]
 impl McpHandler {
+    /// A handler over `executor`, with the MCP settings of `config`.
     pub fn new(executor: Arc<Executor>, config: &Config) -> McpHandler {
         let default_env = executor.default_env().to_string();
         let python_version = executor

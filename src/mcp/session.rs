@@ -28,6 +28,7 @@ pub struct CreateSessionArgs {
 }
 
 impl CreateSessionArgs {
+    /// The request the tool's arguments stand for.
     pub fn into_request(self) -> CreateSessionRequest {
         CreateSessionRequest {
             env: self.env,
@@ -57,6 +58,7 @@ pub struct ImplicitSession {
 }
 
 impl ImplicitSession {
+    /// No session yet: the first call without `session` starts one.
     pub fn new(executor: Arc<Executor>) -> ImplicitSession {
         ImplicitSession {
             executor,

@@ -21,8 +21,10 @@ use crate::mcp::McpHandler;
 #[derive(Debug, thiserror::Error)]
 pub enum StdioError {
     #[error("MCP handshake over stdio failed")]
+    /// The client's `initialize` handshake failed.
     Handshake(#[source] Box<ServerInitializeError>),
     #[error("MCP service task failed")]
+    /// The MCP service task failed.
     Service(#[source] tokio::task::JoinError),
 }
 

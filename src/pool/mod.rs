@@ -19,7 +19,7 @@
 mod budget;
 mod spares;
 
-pub use budget::{PooledWorker, WorkerBudget};
+pub(crate) use budget::{PooledWorker, WorkerBudget};
 use spares::{Spare, Spares};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -509,10 +509,12 @@ impl EnvPool {
         self.shared.keep_warm
     }
 
+    /// Whether the pool was closed (shutdown).
     pub fn is_closed(&self) -> bool {
         self.shared.closed.load(Ordering::Acquire)
     }
 
+    /// Worker counts and the last start error.
     pub fn status(&self) -> PoolStatus {
         let s = self.pool.status();
         let spares = self.shared.spares.lock();

@@ -549,7 +549,7 @@ fn remove_when_empty(dir: PathBuf) {
 }
 
 /// Join the cgroup at `dir` (called by the launcher on itself).
-pub fn join(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn join(dir: &Path) -> std::io::Result<()> {
     std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
 }
 

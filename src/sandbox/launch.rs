@@ -47,7 +47,7 @@ const LANDLOCK_ABI: ABI = ABI::V5;
 const LANDLOCK_SCOPE_ABI: ABI = ABI::V6;
 
 /// Exit status of the launcher when it cannot set the sandbox up.
-pub const SETUP_FAILED: i32 = 125;
+pub(crate) const SETUP_FAILED: i32 = 125;
 
 /// Options of the hidden `sandbox-exec` subcommand.
 #[derive(Debug, Clone, Args)]
@@ -111,7 +111,7 @@ pub struct LaunchArgs {
 }
 
 /// Run the launcher; never returns.
-pub fn main(args: LaunchArgs) -> ! {
+pub(crate) fn main(args: LaunchArgs) -> ! {
     if args.probe {
         println!("{}", super::probe_here(args.net));
         std::process::exit(0);
@@ -509,11 +509,11 @@ impl RootPlan {
 }
 
 /// Where each worker gets its own tmpfs.
-pub const PRIVATE_SHM: &str = "/dev/shm";
+pub(crate) const PRIVATE_SHM: &str = "/dev/shm";
 /// Where the cgroup hierarchies are mounted; hidden from workers.
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Size of that tmpfs.
-pub const SHM_BYTES: u64 = 64 << 20;
+pub(crate) const SHM_BYTES: u64 = 64 << 20;
 
 /// Bytes of scratch quota per inode the tmpfs allows, so that empty files
 /// (which take no pages) cannot pile up unbounded kernel memory either.

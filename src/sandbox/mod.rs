@@ -7,10 +7,10 @@
 //! The server never runs code between `fork` and `exec` itself: the launcher
 //! is this same binary, re-executed, which sets the sandbox up on itself.
 
-pub mod cgroup;
-pub mod launch;
+pub(crate) mod cgroup;
+pub(crate) mod launch;
 mod netlink;
-pub mod seccomp;
+pub(crate) mod seccomp;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -56,6 +56,7 @@ pub enum Network {
 }
 
 impl Network {
+    /// The name `/health` and the config use.
     pub fn as_str(self) -> &'static str {
         match self {
             Network::Isolated => "isolated",
@@ -79,7 +80,7 @@ pub enum TierChoice {
 
 /// The tier in force, as `/health` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tier {
+pub(crate) enum Tier {
     /// Pid, mount, network and UTS namespaces per worker, a fresh root.
     Namespaces,
     /// What an unprivileged process in a container still has: seccomp
@@ -88,7 +89,7 @@ pub enum Tier {
 }
 
 impl Tier {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Tier::Namespaces => "namespaces",
             Tier::Container => "container",
@@ -379,7 +380,7 @@ impl SandboxPlan {
 
 /// The host's sandbox, probed once at start.
 #[derive(Debug, Clone)]
-pub struct Sandbox {
+pub(crate) struct Sandbox {
     pub status: SandboxStatus,
     launcher: PathBuf,
     landlock: bool,
@@ -399,7 +400,7 @@ impl Sandbox {
     /// Probe the host through the launcher. Fails when namespaces cannot be
     /// made and some env keeps its network isolated (never a silent
     /// downgrade); a missing Landlock is logged loudly and reported.
-    pub async fn probe(
+    pub(crate) async fn probe(
         config: &SandboxConfig,
         networks: &[Network],
     ) -> Result<Option<Sandbox>, SandboxError> {
@@ -588,7 +589,7 @@ impl Sandbox {
 
     /// The plan for one env's workers: `python` is its interpreter,
     /// `disk_bytes` the size of each worker's scratch tmpfs.
-    pub fn plan(&self, network: Network, disk_bytes: u64, python: &Path) -> SandboxPlan {
+    pub(crate) fn plan(&self, network: Network, disk_bytes: u64, python: &Path) -> SandboxPlan {
         let read = interpreter_paths(python);
         SandboxPlan {
             launcher: self.launcher.clone(),
@@ -614,12 +615,12 @@ impl Sandbox {
     }
 
     /// Where the workers' cgroups are made, if the host has a hierarchy.
-    pub fn cgroups(&self) -> Option<Arc<CgroupRoot>> {
+    pub(crate) fn cgroups(&self) -> Option<Arc<CgroupRoot>> {
         self.cgroups.clone()
     }
 
     /// The user workers run as, if not the server's.
-    pub fn owner(&self) -> Option<(u32, u32)> {
+    pub(crate) fn owner(&self) -> Option<(u32, u32)> {
         self.uid.map(|u| (u, self.gid.unwrap_or(u)))
     }
 }

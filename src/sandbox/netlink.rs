@@ -16,7 +16,7 @@ const NLM_F_ACK: u16 = 4;
 const IFF_UP: u32 = 1;
 
 /// Set `IFF_UP` on `lo` in the caller's network namespace.
-pub fn loopback_up() -> Result<(), String> {
+pub(super) fn loopback_up() -> Result<(), String> {
     let index = if_nametoindex("lo").map_err(|e| format!("no loopback interface: {e}"))?;
     let fd = socket(
         AddressFamily::Netlink,

@@ -8,9 +8,6 @@
 //! [`install`] refuses, the server does not ask for the filter, and `/health`
 //! reports `"seccomp": false`.
 
-/// Whether this build can filter system calls on its architecture.
-pub const SUPPORTED: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
-
 /// Which sockets a worker may create, on top of the calls denied always.
 /// `socketpair` stays allowed in every case: it makes a connected pair
 /// reachable by nobody else (multiprocessing's pipes, the worker's own).
@@ -40,7 +37,7 @@ impl SocketFilter {
 
 /// Install the filter on the calling thread; it survives `exec` and is
 /// inherited by every child. Needs `no_new_privs` (or `CAP_SYS_ADMIN`).
-pub fn install(sockets: SocketFilter) -> Result<(), String> {
+pub(crate) fn install(sockets: SocketFilter) -> Result<(), String> {
     imp::install(sockets)
 }
 
@@ -148,7 +145,7 @@ mod imp {
         540, // process_vm_writev
     ];
 
-    pub fn install(sockets: SocketFilter) -> Result<(), String> {
+    pub(super) fn install(sockets: SocketFilter) -> Result<(), String> {
         for program in
             programs(sockets).map_err(|e| format!("cannot build the seccomp filter: {e}"))?
         {

@@ -20,8 +20,8 @@ mod registry;
 
 use std::time::Duration;
 
-pub use live::{ActiveCall, Session};
-pub use registry::{Reservation, Sessions};
+pub(crate) use live::ActiveCall;
+pub(crate) use registry::Sessions;
 
 /// Lifetimes and caps of sessions.
 #[derive(Debug, Clone)]

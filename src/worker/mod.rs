@@ -24,7 +24,7 @@ use crate::error::WorkerError;
 use crate::protocol::{self, PROTOCOL_VERSION};
 use crate::sandbox::cgroup::{LimitEvents, WorkerCgroup, WorkerLimits};
 
-pub use process::kill_process_tree;
+pub(crate) use process::kill_process_tree;
 
 /// Bytes of a worker's stderr kept to explain a failed start.
 const STDERR_TAIL_BYTES: usize = 4096;
@@ -41,7 +41,7 @@ const STARTUP_TASKS: u64 = 1024;
 /// down. Compiled here, that memory is free once `compile` returns, and the
 /// bootstrap hands it back to the OS before it forks (see `main` in
 /// `python/worker.py`).
-pub const LAUNCH: &str = "import io, sys; p = sys.argv.pop(1); sys.argv[0] = __file__ = p; \
+pub(crate) const LAUNCH: &str = "import io, sys; p = sys.argv.pop(1); sys.argv[0] = __file__ = p; \
     f = io.open_code(p); c = compile(f.read(), p, 'exec'); f.close(); del f; exec(c)";
 
 /// How a worker process is started: everything but the per-run request.
@@ -84,17 +84,27 @@ pub struct WorkerInfo {
 /// The outcome of one run, as the worker reported it.
 #[derive(Debug, Default)]
 pub struct RunOutput {
+    /// Standard output, capped at the exec frame's `max_output`.
     pub stdout: Vec<u8>,
+    /// Standard error, capped alike.
     pub stderr: Vec<u8>,
+    /// Exit status; `-N` when killed by signal N.
     pub exit_code: i32,
     /// Name of the signal that ended the run (`"SIGKILL"`), if one did.
     pub signal: Option<String>,
+    /// Killed at the run's wall-clock timeout.
     pub timed_out: bool,
+    /// stdout was cut at the cap.
     pub stdout_truncated: bool,
+    /// stderr was cut at the cap.
     pub stderr_truncated: bool,
+    /// Wall time of the run inside the worker.
     pub duration_ms: f64,
+    /// Repr of the last expression statement, if any.
     pub result: Option<String>,
+    /// The uncaught exception, if any.
     pub error: Option<protocol::WireError>,
+    /// Files the run created or changed.
     pub artifacts: Vec<protocol::WireArtifact>,
     /// CPU time (user + system) of the run's process, when the exec frame
     /// asked for `rusage`.
@@ -113,14 +123,18 @@ pub struct RunOutput {
 /// Which stream a chunk of streamed output came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputStream {
+    /// Standard output.
     Stdout,
+    /// Standard error.
     Stderr,
 }
 
 /// A chunk of output sent while the run is going (streaming requests only).
 #[derive(Debug)]
 pub struct OutputChunk {
+    /// Which stream.
     pub stream: OutputStream,
+    /// The bytes, as written.
     pub data: Vec<u8>,
 }
 
@@ -315,10 +329,12 @@ impl Worker {
         Err(failure)
     }
 
+    /// Pid, Python version and executable, from the handshake.
     pub fn info(&self) -> &WorkerInfo {
         &self.info
     }
 
+    /// The worker process's pid.
     pub fn pid(&self) -> u32 {
         self.info.pid
     }
@@ -640,7 +656,7 @@ async fn drain_stderr(
 /// Build the worker environment from scratch: `base` (activation variables
 /// and the allowlisted parts of the server's environment) plus the worker's
 /// own settings. `HOME` and `TMPDIR` are set per worker to its scratch root.
-pub fn worker_env(base: &HashMap<String, String>) -> Vec<(OsString, OsString)> {
+pub(crate) fn worker_env(base: &HashMap<String, String>) -> Vec<(OsString, OsString)> {
     let mut env: Vec<(OsString, OsString)> = base
         .iter()
         .filter(|(k, _)| !matches!(k.as_str(), "HOME" | "TMPDIR"))

@@ -15,7 +15,7 @@ pub(super) fn signal_group(pid: u32, signal: Signal) {
 /// SIGKILL the worker's group and the group of every child it has forked
 /// (its current run and the child it keeps ready), read from
 /// `/proc/<pid>/task/*/children` before the worker itself is killed.
-pub fn kill_process_tree(pid: u32) {
+pub(crate) fn kill_process_tree(pid: u32) {
     if pid == 0 {
         return;
     }

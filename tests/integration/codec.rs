@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use code_executor::protocol::encode_frame;
-use code_executor::worker::Worker;
+use code_executor::testing::Worker;
+use code_executor::testing::encode_frame;
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use code_executor::executor::WORKER_SCRIPT;
-use code_executor::protocol::PROTOCOL_VERSION;
+use code_executor::testing::PROTOCOL_VERSION;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::json;
@@ -307,7 +307,7 @@ async fn a_frame_over_the_size_limit_is_refused_by_its_length_at_once() {
     // (without it the server would wait for the bytes, then for the hard
     // deadline). That frames up to the limit pass is shown by the codec
     // tests, whose frames are larger than the codec's default limit.
-    let announced = code_executor::protocol::MAX_FRAME_BYTES + 1;
+    let announced = code_executor::testing::MAX_FRAME_BYTES + 1;
     let fake = format!(
         "{ready}\nf = open(0, 'rb', buffering=0)\nwhile True:\n    w.read_frame(f)\n    os.write(1, ({announced}).to_bytes(4, 'big'))\n    import time; time.sleep(60)\n",
         ready = READY.replace("PROTO", &PROTOCOL_VERSION.to_string())

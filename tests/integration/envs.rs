@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+use code_executor::config::EnvChoice;
 use code_executor::config::{Config, Options};
-use code_executor::env::EnvChoice;
 use serde_json::{Value, json};
 
 use crate::common::conda::{

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use code_executor::protocol::{ExecFrame, WireLimits, WireSelection, encode_frame};
-use code_executor::worker::{RunOutput, Worker};
+use code_executor::testing::{ExecFrame, WireLimits, WireSelection, encode_frame};
+use code_executor::testing::{RunOutput, Worker};
 
 use crate::common;
 

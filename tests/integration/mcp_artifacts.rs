@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use code_executor::env::EnvChoice;
+use code_executor::config::EnvChoice;
 use rmcp::model::{ContentBlock, ReadResourceRequestParams, ResourceContents};
 use serde_json::{Value, json};
 

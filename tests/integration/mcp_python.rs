@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use code_executor::Config;
-use code_executor::env::EnvSpec;
+use code_executor::testing::EnvSpec;
 use serde_json::{Value, json};
 use tokio::process::Command;
 use tokio::sync::OnceCell;

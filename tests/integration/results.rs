@@ -199,7 +199,7 @@ async fn artifacts_over_a_cap_are_listed_but_omitted() {
 async fn matplotlib_figures_come_back_as_png_artifacts() {
     let python = pyenvs::plot_python().await;
     let server = TestServer::with_config(code_executor::Config {
-        env: code_executor::env::EnvChoice::Python(python),
+        env: code_executor::config::EnvChoice::Python(python),
         pool_size: 1,
         ..common::config()
     })

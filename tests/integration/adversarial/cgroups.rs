@@ -206,7 +206,7 @@ async fn a_preload_with_threads_leaves_a_run_its_processes() {
     .unwrap();
     let server = TestServer::with_config(code_executor::Config {
         pool_size: 1,
-        env: code_executor::env::EnvChoice::Python(prefix.join("bin/python")),
+        env: code_executor::config::EnvChoice::Python(prefix.join("bin/python")),
         preload: vec!["threads_at_import".into()],
         ..common::config()
     })

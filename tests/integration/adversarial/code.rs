@@ -527,7 +527,7 @@ async fn run_as_nobody_drops_privileges() {
     let mut sandbox = common::sandbox_config();
     sandbox.run_as = Some("nobody".into());
     let arena = Arena::with_config(code_executor::Config {
-        env: code_executor::env::EnvChoice::Python(python),
+        env: code_executor::config::EnvChoice::Python(python),
         sandbox,
         ..pool()
     })

@@ -14,7 +14,7 @@ const DISK_BYTES: u64 = 32 << 20;
 async fn arena() -> Arena {
     Arena::with_config(code_executor::Config {
         pool_size: 1,
-        sandbox: code_executor::sandbox::SandboxConfig {
+        sandbox: code_executor::config::SandboxConfig {
             disk_bytes: DISK_BYTES,
             ..common::sandbox_config()
         },
@@ -229,7 +229,7 @@ async fn health_reports_the_disk_quota() {
 async fn without_the_sandbox_there_is_no_quota_and_no_filter() {
     let server = crate::common::TestServer::with_config(code_executor::Config {
         pool_size: 1,
-        sandbox: code_executor::sandbox::SandboxConfig {
+        sandbox: code_executor::config::SandboxConfig {
             enabled: false,
             ..common::sandbox_config()
         },
@@ -261,7 +261,7 @@ async fn without_the_sandbox_there_is_no_quota_and_no_filter() {
 async fn input_files_larger_than_the_quota_are_refused() {
     let arena = Arena::with_config(code_executor::Config {
         pool_size: 1,
-        sandbox: code_executor::sandbox::SandboxConfig {
+        sandbox: code_executor::config::SandboxConfig {
             disk_bytes: 2 << 20,
             ..common::sandbox_config()
         },

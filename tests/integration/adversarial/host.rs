@@ -71,7 +71,7 @@ async fn without_namespaces_the_container_tier_serves_and_says_what_it_lacks() {
     let mut sandbox = common::sandbox_config();
     sandbox.launcher = Some(launcher.clone());
     // The host network, asked for explicitly, in the same tier.
-    sandbox.network = code_executor::sandbox::Network::Host;
+    sandbox.network = code_executor::config::Network::Host;
     sandbox.disk_bytes = 2 << 20;
     let server = TestServer::with_config(code_executor::Config {
         sandbox,

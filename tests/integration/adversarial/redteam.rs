@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::{Arena, pool, run};
 use crate::common::{self, TestServer, error_message};
 use crate::ops::spawn_server;
-use code_executor::sandbox::TierChoice;
+use code_executor::config::TierChoice;
 
 fn tier_config(tier: TierChoice) -> code_executor::Config {
     let mut config = pool();

@@ -233,7 +233,7 @@ async fn listening_beyond_loopback_without_a_token_makes_one_and_prints_it_once(
 
 #[test]
 fn only_insecure_no_auth_serves_beyond_loopback_without_a_token() {
-    let host = code_executor::env::HostEnv::default();
+    let host = code_executor::config::HostEnv::default();
     let merge = |args: &code_executor::config::Options| {
         code_executor::Config::merge_with(args, Default::default(), host.clone()).unwrap()
     };

@@ -142,7 +142,7 @@ async fn numpy_works_under_the_filter() {
     // numpy's BLAS starts its own threads (clone3, then clone).
     let python = common::pyenvs::plot_python().await;
     let arena = Arena::with_config(code_executor::Config {
-        env: code_executor::env::EnvChoice::Python(python),
+        env: code_executor::config::EnvChoice::Python(python),
         pool_size: 1,
         ..common::config()
     })
@@ -165,7 +165,7 @@ async fn health_reports_the_filter() {
     let env = arena.server.executor.default_env().to_string();
     assert_eq!(
         health["sandbox"]["disk_bytes"],
-        json!({ env: code_executor::sandbox::DEFAULT_DISK_BYTES }),
+        json!({ env: code_executor::config::DEFAULT_DISK_BYTES }),
         "{health}"
     );
     arena.assert_recovered().await;

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::{Arena, pool, run};
 use crate::common::TestServer;
-use code_executor::sandbox::TierChoice;
+use code_executor::config::TierChoice;
 
 fn container() -> code_executor::Config {
     let mut config = pool();

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use code_executor::env::HostEnv;
+use code_executor::config::HostEnv;
 
 /// A real interpreter a fixture prefix can copy.
 #[derive(Debug, Clone)]

@@ -13,8 +13,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use code_executor::config::Config;
-use code_executor::env::EnvChoice;
-use code_executor::sandbox::SandboxConfig;
+use code_executor::config::EnvChoice;
+use code_executor::config::SandboxConfig;
 use code_executor::{Executor, server};
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -31,7 +31,7 @@ pub fn error_message(body: &Value) -> &str {
 /// returned directory.
 pub async fn bare_worker(
     env: &[(&str, &str)],
-) -> (code_executor::worker::Worker, tempfile::TempDir) {
+) -> (code_executor::testing::Worker, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("worker.py");
     std::fs::write(&script, code_executor::executor::WORKER_SCRIPT).unwrap();
@@ -40,7 +40,7 @@ pub async fn bare_worker(
         env.iter()
             .map(|(k, v)| (k.to_string().into(), v.to_string().into())),
     );
-    let spec = code_executor::worker::WorkerSpec {
+    let spec = code_executor::testing::WorkerSpec {
         python: python(),
         script,
         scratch_parent: dir.path().to_path_buf(),
@@ -53,7 +53,7 @@ pub async fn bare_worker(
         run_processes: 256,
         memory_max: None,
     };
-    let worker = code_executor::worker::Worker::create(&spec, None)
+    let worker = code_executor::testing::Worker::create(&spec, None)
         .await
         .expect("worker starts");
     (worker, dir)
