@@ -296,10 +296,15 @@ impl Worker {
                         return Ok(worker);
                     }
                 }
-                Ok(frame) if frame.t == "error" => WorkerError::Startup {
-                    python: spec.python.clone(),
-                    detail: frame.message.unwrap_or_default(),
-                },
+                Ok(frame) if frame.t == "error" => {
+                    if let Some(traceback) = frame.traceback.as_deref().filter(|t| !t.is_empty()) {
+                        tracing::debug!(python = %spec.python.display(), "worker start failed:\n{traceback}");
+                    }
+                    WorkerError::Startup {
+                        python: spec.python.clone(),
+                        detail: frame.message.unwrap_or_default(),
+                    }
+                }
                 Ok(frame) => WorkerError::Startup {
                     python: spec.python.clone(),
                     detail: format!("expected a ready frame, got {:?}", frame.t),
@@ -528,7 +533,14 @@ impl Worker {
                 "error" if frame.retire => {
                     return Err(WorkerError::Retired(frame.message.unwrap_or_default()));
                 }
-                "error" => return Err(WorkerError::Internal(frame.message.unwrap_or_default())),
+                "error" => {
+                    // The request's error carries the message; the worker's
+                    // own traceback is for the operator.
+                    if let Some(traceback) = frame.traceback.as_deref().filter(|t| !t.is_empty()) {
+                        tracing::error!(pid = self.info.pid, "worker fault:\n{traceback}");
+                    }
+                    return Err(WorkerError::Internal(frame.message.unwrap_or_default()));
+                }
                 other => {
                     return Err(WorkerError::Protocol(protocol::FrameError::UnexpectedType(
                         other.to_string(),
