@@ -30,6 +30,7 @@ use crate::executor::Executor;
 /// What every handler shares.
 #[derive(Clone)]
 pub struct AppState {
+    /// The service every handler calls.
     pub executor: Arc<Executor>,
     /// Bearer token required by the execution endpoints, if configured.
     pub token: Option<Arc<str>>,
@@ -82,7 +83,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Metrics", body = String, content_type = "text/plain; version=0.0.4"),
-        (status = 401, description = "Missing or wrong token", body = openapi::ErrorBody),
+        (status = 401, description = "Missing or wrong metrics token, or API token without one (`unauthorized`)", body = openapi::ErrorBody),
     )
 )]
 async fn metrics(State(state): State<AppState>) -> Response {
@@ -125,12 +126,15 @@ async fn require_metrics_token(
     request_body = ExecRequest,
     security(("bearer" = [])),
     responses(
-        (status = 200, description = "The code ran (whatever its exit status)", body = ExecResult),
-        (status = 400, description = "Malformed request", body = openapi::ErrorBody),
-        (status = 401, description = "Missing or wrong token", body = openapi::ErrorBody),
-        (status = 404, description = "Unknown environment", body = openapi::ErrorBody),
-        (status = 413, description = "Request body too large", body = openapi::ErrorBody),
-        (status = 503, description = "No worker free in time, or environment unavailable", body = openapi::ErrorBody),
+        (status = 200, description = "The code ran (whatever its exit status). Streamed: `stdout`/`stderr` events (each a JSON string), then one `result` event (this object) or one `error` event (an error body)",
+            content((ExecResult = "application/json"), (String = "text/event-stream"))),
+        (status = 400, description = "Malformed request (`bad_request`)", body = openapi::ErrorBody),
+        (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 404, description = "Unknown environment or session (`unknown_env`, `unknown_session`)", body = openapi::ErrorBody),
+        (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
+        (status = 413, description = "Body, code or files over a limit (`too_large`)", body = openapi::ErrorBody),
+        (status = 500, description = "The run broke its worker (`internal`)", body = openapi::ErrorBody),
+        (status = 503, description = "No worker free in time (`busy`, with `Retry-After`), environment unavailable (`env_unavailable`) or shutting down (`unavailable`)", body = openapi::ErrorBody),
     )
 )]
 async fn execute(
@@ -145,7 +149,25 @@ async fn execute(
     Ok(Json::<ExecResult>(state.executor.execute(req).await?).into_response())
 }
 
-/// `POST /sessions` `{"env"?, "ttl"?, "timeout"?, "limits"?}`.
+/// `POST /sessions` `{"env"?, "ttl"?, "timeout"?, "limits"?}`: start a
+/// persistent session; pass its id as `session` to `/execute`.
+#[utoipa::path(
+    post,
+    path = "/sessions",
+    tag = "sessions",
+    request_body(content = ref("#/components/schemas/CreateSessionRequest"), content_type = "application/json"),
+    security(("bearer" = [])),
+    responses(
+        (status = 201, description = "The session was created", body = ref("#/components/schemas/SessionInfo")),
+        (status = 400, description = "Malformed request (`bad_request`)", body = openapi::ErrorBody),
+        (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
+        (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
+        (status = 413, description = "Body over `max_body_bytes` (`too_large`)", body = openapi::ErrorBody),
+        (status = 429, description = "A cap on live sessions is reached (`too_many_sessions`)", body = openapi::ErrorBody),
+        (status = 503, description = "No worker free in time (`busy`), environment unavailable (`env_unavailable`), or the replica is draining or shutting down (`draining`)", body = openapi::ErrorBody),
+    )
+)]
 async fn create_session(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<CreateSessionRequest>,
@@ -154,12 +176,34 @@ async fn create_session(
     Ok((StatusCode::CREATED, Json(info)))
 }
 
-/// `GET /sessions` -> `{"sessions": [...]}`.
+/// `GET /sessions` -> `{"sessions": [...]}`: this replica's live sessions.
+#[utoipa::path(
+    get,
+    path = "/sessions",
+    tag = "sessions",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The live sessions", body = ref("#/components/schemas/SessionList")),
+        (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+    )
+)]
 async fn list_sessions(State(state): State<AppState>) -> Response {
     Json(json!({ "sessions": state.executor.list_sessions() })).into_response()
 }
 
 /// `DELETE /sessions/{id}` -> the session as it was, `"closed": true`.
+#[utoipa::path(
+    delete,
+    path = "/sessions/{id}",
+    tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The session ended", body = ref("#/components/schemas/ClosedSession")),
+        (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 404, description = "No such live session here (`unknown_session`)", body = openapi::ErrorBody),
+    )
+)]
 async fn close_session(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -170,6 +214,23 @@ async fn close_session(
     Ok(Json(body).into_response())
 }
 
+/// Grade one program against many test cases, each a clean run.
+#[utoipa::path(
+    post,
+    path = "/grade",
+    tag = "grade",
+    request_body(content = ref("#/components/schemas/GradeRequest"), content_type = "application/json"),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Every case has a verdict (a server fault is the verdict `error`)", body = ref("#/components/schemas/GradeResult")),
+        (status = 400, description = "Malformed request (`bad_request`)", body = openapi::ErrorBody),
+        (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
+        (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
+        (status = 413, description = "Body, code, files or cases over a limit (`too_large`)", body = openapi::ErrorBody),
+        (status = 503, description = "Environment unavailable (`env_unavailable`) or shutting down (`unavailable`)", body = openapi::ErrorBody),
+    )
+)]
 async fn grade(
     State(state): State<AppState>,
     JsonBody(req): JsonBody<GradeRequest>,
@@ -180,6 +241,23 @@ async fn grade(
 /// `POST /grade/batch`: with `Accept: text/event-stream`, one `submission`
 /// event per submission as it finishes (`{"index", "result"}`), then one
 /// `result` event with the whole answer.
+#[utoipa::path(
+    post,
+    path = "/grade/batch",
+    tag = "grade",
+    request_body(content = ref("#/components/schemas/GradeBatchRequest"), content_type = "application/json"),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Every submission graded, in request order. Streamed: `submission` events (`GradeBatchEvent`), then one `result` event (this object)",
+            content((ref("#/components/schemas/GradeBatchResult") = "application/json"), (String = "text/event-stream"))),
+        (status = 400, description = "Malformed request (`bad_request`, naming the submission)", body = openapi::ErrorBody),
+        (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
+        (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
+        (status = 413, description = "Body, code, files or cases over a limit (`too_large`)", body = openapi::ErrorBody),
+        (status = 503, description = "Environment unavailable (`env_unavailable`) or shutting down (`unavailable`)", body = openapi::ErrorBody),
+    )
+)]
 async fn grade_batch(
     State(state): State<AppState>,
     headers: axum::http::HeaderMap,
@@ -198,6 +276,21 @@ async fn grade_batch(
 /// `GET /artifacts/{run}/{path}`: a file an MCP run wrote, while the store
 /// keeps it, to the client that ran it (the same bearer token); 404
 /// otherwise.
+#[utoipa::path(
+    get,
+    path = "/artifacts/{run}/{path}",
+    tag = "artifacts",
+    params(
+        ("run" = String, Path, description = "The run's id, from the artifact's `uri` (`artifact://{run}/{path}`)"),
+        ("path" = String, Path, description = "The file's path in the run's working directory (may hold `/`)"),
+    ),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The file's bytes, with its MIME type as `Content-Type`", content_type = "application/octet-stream"),
+        (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 404, description = "Expired, evicted or another client's (`not_found`)", body = openapi::ErrorBody),
+    )
+)]
 async fn artifact(
     State(state): State<AppState>,
     Path((run, path)): Path<(String, String)>,
@@ -241,7 +334,7 @@ fn wants_events(headers: &axum::http::HeaderMap) -> bool {
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The environments", body = openapi::EnvList),
-        (status = 401, description = "Missing or wrong token", body = openapi::ErrorBody),
+        (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
     )
 )]
 async fn list_envs(State(state): State<AppState>) -> Response {
@@ -263,8 +356,10 @@ struct PackagesQuery {
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The packages, sorted by name", body = openapi::PackageList),
-        (status = 401, description = "Missing or wrong token", body = openapi::ErrorBody),
-        (status = 404, description = "Unknown environment", body = openapi::ErrorBody),
+        (status = 400, description = "Malformed query (`bad_request`)", body = openapi::ErrorBody),
+        (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
+        (status = 503, description = "The environment cannot list its packages (`env_unavailable`) or shutting down (`unavailable`)", body = openapi::ErrorBody),
     )
 )]
 async fn list_packages(
@@ -285,9 +380,13 @@ async fn list_packages(
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The installer ran (whatever its exit status)", body = InstallResult),
-        (status = 400, description = "Refused package spec", body = openapi::ErrorBody),
-        (status = 403, description = "Installs disabled or not the admin token", body = openapi::ErrorBody),
-        (status = 404, description = "Unknown environment", body = openapi::ErrorBody),
+        (status = 400, description = "Refused package spec, or no conda for `manager: conda` (`bad_request`)", body = openapi::ErrorBody),
+        (status = 403, description = "Installs disabled (no admin token configured) or not the admin token (`forbidden`)", body = openapi::ErrorBody),
+        (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
+        (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
+        (status = 413, description = "Body over `max_body_bytes` (`too_large`)", body = openapi::ErrorBody),
+        (status = 500, description = "The installer could not be started (`internal`)", body = openapi::ErrorBody),
+        (status = 503, description = "Environment unavailable (`env_unavailable`) or shutting down (`unavailable`)", body = openapi::ErrorBody),
     )
 )]
 async fn install(

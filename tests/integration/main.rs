@@ -8,6 +8,7 @@ mod codec;
 mod concurrency;
 mod container;
 mod crashes;
+mod docs;
 mod drain;
 mod envs;
 mod execute;

@@ -1,4 +1,5 @@
-//! The README's curl example works verbatim against `--conda-prefix …/target_env`.
+//! The README's curl example works verbatim against `--conda-prefix …/target_env`,
+//! and `.ci/run` runs the test command the README gives.
 
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ async fn seed_curl_example_runs_in_the_named_conda_prefix() {
     std::fs::create_dir_all(prefix.join("conda-meta")).unwrap();
     std::os::unix::fs::symlink(common::python(), prefix.join("bin/python")).unwrap();
     let server = TestServer::with_config(code_executor::Config {
-        env: code_executor::env::EnvChoice::CondaPrefix(prefix.clone()),
+        env: code_executor::config::EnvChoice::CondaPrefix(prefix.clone()),
         ..common::config()
     })
     .await;
@@ -44,4 +45,50 @@ async fn seed_curl_example_runs_in_the_named_conda_prefix() {
         format!("target_env {}\n", canonical.display())
     );
     server.stop().await;
+}
+
+/// The command of the first `sh` block after "Run the tests" in the README.
+fn readme_test_command(readme: &str) -> String {
+    let after = readme
+        .split_once("Run the tests")
+        .expect("README says how to run the tests")
+        .1;
+    let block = after
+        .split_once("```sh\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("a sh block with the test command")
+        .0;
+    block.trim().to_string()
+}
+
+#[test]
+fn ci_runs_the_readmes_test_command_and_times_it() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let ci = std::fs::read_to_string(format!("{root}/.ci/run")).unwrap();
+    let command = readme_test_command(&readme);
+    assert_eq!(
+        command, "cargo nextest run",
+        "README's test command changed"
+    );
+    let runs: Vec<&str> = ci
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("cargo nextest") || l.starts_with("cargo test"))
+        .collect();
+    assert_eq!(
+        runs,
+        [command.as_str()],
+        ".ci/run must run exactly the README's test command"
+    );
+    // The wall time is printed on the way out, whatever the suite's status.
+    let timing = ci
+        .lines()
+        .position(|l| l.starts_with("trap ") && l.contains("suite took"))
+        .expect(".ci/run prints the suite's wall time");
+    let run = ci.lines().position(|l| l.trim() == command).unwrap();
+    assert!(
+        timing < run,
+        "the timing trap must be set before the suite runs"
+    );
 }
