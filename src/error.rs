@@ -200,6 +200,8 @@ pub enum StartError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
+    #[error("the sandbox probe failed")]
+    Probe(#[source] tokio::task::JoinError),
     #[error("error preparing the server's temporary directory")]
     TempDir(#[source] io::Error),
     #[error("error writing the worker bootstrap to {path}")]

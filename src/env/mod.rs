@@ -181,9 +181,14 @@ impl EnvSpec {
         Ok(EnvSpec::new(name, prefix, python))
     }
 
-    /// Any interpreter: ask it for its real executable and prefix (this also
-    /// sees through launcher shims such as pyenv's).
+    /// Any interpreter: its prefix from its layout when that says it as
+    /// Python would (see [`EnvSpec::from_layout`]), else asked from the
+    /// interpreter itself, which also sees through launcher shims such as
+    /// pyenv's.
     pub fn from_interpreter(python: &Path, name: Option<&str>) -> Result<EnvSpec, ConfigError> {
+        if let Some(spec) = EnvSpec::from_layout(python, name) {
+            return Ok(spec);
+        }
         let out = Command::new(python)
             .args([
                 "-I",
@@ -206,6 +211,49 @@ impl EnvSpec {
         let prefix = prefix.canonicalize().unwrap_or(prefix);
         let name = name.map(str::to_string).unwrap_or_else(|| name_of(&prefix));
         Ok(EnvSpec::new(name, prefix, PathBuf::from(exe)))
+    }
+
+    /// An interpreter binary (not a launcher script) at `PREFIX/bin/NAME`
+    /// whose `PREFIX` carries the landmark Python finds its prefix by: a
+    /// venv's `pyvenv.cfg`, or the standard library's
+    /// `lib/pythonX.Y/os.py`. Its prefix is then `PREFIX` and its executable
+    /// the path given, as `sys.prefix` and `sys.executable` would say, with
+    /// no interpreter started (a cold start saves one Python start).
+    fn from_layout(python: &Path, name: Option<&str>) -> Option<EnvSpec> {
+        use std::io::Read;
+        if !python.is_absolute() {
+            return None;
+        }
+        let mut magic = [0u8; 4];
+        std::fs::File::open(python)
+            .ok()?
+            .read_exact(&mut magic)
+            .ok()?;
+        if &magic != b"\x7fELF" {
+            return None; // a shim or wrapper script: only running it tells
+        }
+        let bin = python.parent()?;
+        if bin.file_name()? != "bin" {
+            return None;
+        }
+        let prefix = bin.parent()?;
+        let venv = prefix.join("pyvenv.cfg").is_file();
+        let stdlib = || {
+            std::fs::read_dir(prefix.join("lib"))
+                .ok()
+                .is_some_and(|entries| {
+                    entries.flatten().any(|e| {
+                        e.file_name().to_string_lossy().starts_with("python3")
+                            && e.path().join("os.py").is_file()
+                    })
+                })
+        };
+        if !venv && !stdlib() {
+            return None;
+        }
+        let prefix = prefix.canonicalize().ok()?;
+        let name = name.map(str::to_string).unwrap_or_else(|| name_of(&prefix));
+        Some(EnvSpec::new(name, prefix, python.to_path_buf()))
     }
 
     fn new(name: String, prefix: PathBuf, python: PathBuf) -> EnvSpec {

@@ -108,9 +108,23 @@ impl Executor {
     }
 
     async fn start_with(config: &Config, wait_for_warm: bool) -> Result<Executor, StartError> {
+        // The host's probe (a launcher start) and the environments' lookup
+        // (which may start an interpreter) run side by side: both are on the
+        // path to the first worker.
+        // The global network is some env's when an env takes the global
+        // settings: the default one, or discovered ones.
+        let global = config.envs.is_empty()
+            || config.env != crate::config::EnvChoice::Default
+            || config.discover;
+        let networks: Vec<_> = global
+            .then_some(config.sandbox.network)
+            .into_iter()
+            .chain(config.envs.iter().map(|e| e.settings.network))
+            .collect();
+        let sandbox_config = config.sandbox.clone();
+        let probe = tokio::spawn(async move { Sandbox::probe(&sandbox_config, &networks).await });
         let registry = Registry::build(&config.registry()).await?;
-        let networks: Vec<_> = registry.envs.iter().map(|p| p.settings.network).collect();
-        let sandbox = Sandbox::probe(&config.sandbox, &networks).await?;
+        let sandbox = probe.await.map_err(StartError::Probe)??;
         remove_stale_base_dirs(&std::env::temp_dir());
         let base_dir = tempfile::Builder::new()
             .prefix(&format!(

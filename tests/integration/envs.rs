@@ -708,3 +708,58 @@ async fn install_needs_the_admin_token_and_listing_needs_the_user_token() {
     );
     server.stop().await;
 }
+
+/// `--python` reads a binary's prefix from its layout, with no Python
+/// started: what it finds is what the interpreter itself says, for a plain
+/// install and for a venv; a launcher script is still asked.
+#[test]
+fn an_interpreters_prefix_from_its_layout_is_what_it_says_itself() {
+    use code_executor::testing::EnvSpec;
+    let asked = |python: &std::path::Path| {
+        let out = std::process::Command::new(python)
+            .args([
+                "-I",
+                "-c",
+                "import sys; print(sys.prefix); print(sys.executable)",
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut lines = text.lines().map(std::path::PathBuf::from);
+        let prefix = lines.next().unwrap();
+        (
+            prefix.canonicalize().unwrap_or(prefix),
+            lines.next().unwrap(),
+        )
+    };
+    let real = common::python();
+    let dir = tempfile::tempdir().unwrap();
+    let venv = dir.path().join("venv");
+    let made = std::process::Command::new(&real)
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&venv)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // A launcher script in front of the real interpreter (as pyenv's shims are).
+    let shim_bin = dir.path().join("shim/bin");
+    std::fs::create_dir_all(&shim_bin).unwrap();
+    let shim = shim_bin.join("python3");
+    std::fs::write(
+        &shim,
+        format!("#!/bin/sh\nexec {} \"$@\"\n", real.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for python in [real.clone(), venv.join("bin/python"), shim.clone()] {
+        let spec = EnvSpec::from_interpreter(&python, None).unwrap();
+        let (prefix, executable) = asked(&python);
+        assert_eq!(spec.prefix, prefix, "{}", python.display());
+        if python != shim {
+            assert_eq!(spec.python, executable, "{}", python.display());
+        } else {
+            // The shim is seen through: the workers run the real binary.
+            assert_eq!(spec.python, real, "{}", python.display());
+        }
+    }
+}
