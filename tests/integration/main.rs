@@ -28,6 +28,7 @@ mod ops;
 mod python_client;
 mod readme;
 mod results;
+mod router;
 mod sessions;
 mod shutdown;
 mod streaming;
