@@ -61,6 +61,8 @@ pub enum WorkerError {
     Retired(String),
     #[error("error talking to worker")]
     Io(#[source] io::Error),
+    #[error("error making the worker's egress proxy listener")]
+    Egress(#[source] io::Error),
     #[error("all {0} workers the server may run are busy and none is idle to retire")]
     AtCapacity(usize),
 }
@@ -202,6 +204,8 @@ pub enum StartError {
     Sandbox(#[from] crate::sandbox::SandboxError),
     #[error("the sandbox probe failed")]
     Probe(#[source] tokio::task::JoinError),
+    #[error("environment {env:?} has allowed_hosts, which cannot be enforced: {why}")]
+    Egress { env: String, why: String },
     #[error("error preparing the server's temporary directory")]
     TempDir(#[source] io::Error),
     #[error("error writing the worker bootstrap to {path}")]

@@ -66,6 +66,7 @@
 pub mod api;
 pub(crate) mod artifacts;
 pub mod config;
+pub(crate) mod egress;
 pub(crate) mod env;
 pub mod error;
 pub mod executor;

@@ -42,6 +42,9 @@ pub enum Limit {
     Disk,
     /// A stream cut at the output cap.
     Output,
+    /// A cap of the egress proxy (connections or bytes per run) refused or
+    /// cut a connection of a run that then failed.
+    Network,
 }
 
 impl Limit {
@@ -55,6 +58,7 @@ impl Limit {
             Limit::FileSize => "file_size",
             Limit::Disk => "disk",
             Limit::Output => "output",
+            Limit::Network => "network",
         }
     }
 }
@@ -105,7 +109,9 @@ impl Outcome {
     ///    check its allocations) with a peak resident set near the limit.
     /// 6. Any other failure while the pids cgroup refused a fork:
     ///    [`Limit::Processes`].
-    /// 7. A stream cut at the output cap: [`Limit::Output`].
+    /// 7. A run that failed after an egress cap refused or cut one of its
+    ///    connections: [`Limit::Network`].
+    /// 8. A stream cut at the output cap: [`Limit::Output`].
     pub fn of(out: &RunOutput, memory_limit: Option<u64>) -> Outcome {
         // A signal nix has no name for (a real-time one) is no limit's.
         let signal = out
@@ -179,6 +185,10 @@ fn classify(
     }
     if out.cgroup.pids_max {
         return Some(Limit::Processes);
+    }
+    let failed = out.exit_code != 0 || out.error.is_some();
+    if failed && out.network.as_ref().is_some_and(|n| n.capped) {
+        return Some(Limit::Network);
     }
     if out.stdout_truncated || out.stderr_truncated {
         return Some(Limit::Output);

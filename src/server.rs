@@ -62,6 +62,8 @@ pub async fn run<S: Into<Stop>>(
     config: &Config,
     shutdown: impl Future<Output = S> + Send + 'static,
 ) -> std::io::Result<()> {
+    // The egress proxies refuse this server's own addresses unless listed.
+    executor.set_listen_addresses(listener.local_addr().into_iter().collect());
     let state = AppState {
         executor: executor.clone(),
         token: config.token.as_deref().map(Arc::from),

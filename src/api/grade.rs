@@ -73,6 +73,9 @@ pub struct GradeRequest {
     /// Resource limits of every case (may only lower the server's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<RunLimits>,
+    /// The network of every case: narrows the environment's allow-list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<super::NetworkRequest>,
     /// Input files every case gets (a case's own `files` win on a clash).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files: Option<BTreeMap<String, FileContent>>,

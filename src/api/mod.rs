@@ -94,6 +94,50 @@ pub struct ExecRequest {
     /// (4300). Below 640 only `0` is allowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub int_max_str_digits: Option<u32>,
+    /// The run's network: `allowed_hosts` narrows the environment's
+    /// allow-list (never widens it; an empty list allows nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkRequest>,
+}
+
+/// A request's network policy.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRequest {
+    /// Hosts the run may reach: each entry within the environment's
+    /// `allowed_hosts` (`host`, `host:port`, `*.domain`, an address or CIDR
+    /// block with an optional `:port`).
+    pub allowed_hosts: Vec<String>,
+}
+
+/// What a run did through the egress proxy (environments with
+/// `allowed_hosts` only).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
+pub struct NetworkUsage {
+    /// Connections the run asked the proxy for, refused ones included.
+    pub connections: u64,
+    /// Bytes the run sent through the proxy.
+    pub bytes_sent: u64,
+    /// Bytes the run received through the proxy.
+    pub bytes_received: u64,
+    /// The refused connections (at most 32 listed), each with its rule.
+    pub denied: Vec<DeniedConnection>,
+    /// A cap (connections or bytes per run) refused or cut a connection.
+    #[serde(skip)]
+    #[schemars(skip)]
+    #[schema(ignore)]
+    pub capped: bool,
+}
+
+/// A connection the egress proxy refused.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
+pub struct DeniedConnection {
+    /// The host the run asked for.
+    pub host: String,
+    /// The port it asked for.
+    pub port: u16,
+    /// Why it was refused (the rule, or the cap).
+    pub reason: String,
 }
 
 /// Which artifacts a request wants.
@@ -199,6 +243,10 @@ pub struct ExecResult {
     /// this call, and why. The session is gone; later calls get 404.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_lost: Option<String>,
+    /// Environments with `allowed_hosts`: the run's connections through
+    /// the egress proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkUsage>,
 }
 
 /// Which installer `POST /install` runs.
@@ -257,8 +305,6 @@ pub struct PackageInfo {
     pub version: String,
 }
 
-/// Validate a relative path from `files`: no absolute paths, no `..`, no
-/// empty or NUL-containing names.
 /// An environment as `/list-envs` and MCP `list_environments` show it.
 #[derive(Debug, Clone, Serialize, schemars::JsonSchema, utoipa::ToSchema)]
 pub struct EnvInfo {
@@ -274,9 +320,22 @@ pub struct EnvInfo {
     pub default: bool,
     /// Its pool's worker counts.
     pub pool: PoolSummary,
+    /// What its runs may reach over the network.
+    pub network: EnvNetwork,
     /// Why the environment cannot run code (absent when it can).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// An environment's network policy.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema, utoipa::ToSchema)]
+pub struct EnvNetwork {
+    /// `isolated` (loopback only), `host` (the host's network) or
+    /// `allow_list` (only `allowed_hosts`, through the egress proxy).
+    pub mode: &'static str,
+    /// The hosts runs may reach (`allow_list` only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_hosts: Vec<String>,
 }
 
 /// Pool counts of one environment.
@@ -310,7 +369,9 @@ pub struct Health {
     pub request_limits: RequestLimits,
 }
 
-/// Check one path of `files`: relative, no `..`, within the caps on its length, names and depth.
+/// Validate a relative path from `files`: no absolute paths, no `..`, no
+/// empty or NUL-containing names, within the caps on its length, names and
+/// depth.
 pub fn check_file_path(path: &str) -> Result<(), String> {
     if path.is_empty() || path.contains('\0') {
         return Err(format!("file path {path:?} is empty or contains NUL"));

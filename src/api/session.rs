@@ -25,6 +25,10 @@ pub struct CreateSessionRequest {
     /// budget per call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<RunLimits>,
+    /// The session's network, fixed for its life: narrows the
+    /// environment's allow-list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<super::NetworkRequest>,
 }
 
 /// A live session as the API shows it.

@@ -128,6 +128,9 @@ pub struct EnvTable {
     pub processes: Option<u64>,
     /// This env's network (`isolated` or `host`); the global one when absent.
     pub network: Option<Network>,
+    /// Hosts this env's runs may reach through the egress proxy; the
+    /// global list when absent, none when empty.
+    pub allowed_hosts: Option<Vec<String>>,
     /// Size of this env's workers' scratch tmpfs; the global one when absent.
     pub disk_bytes: Option<u64>,
 }
@@ -174,6 +177,13 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// Resource limits applied to every run.
     pub run_limits: WireLimits,
+    /// Hosts runs may reach through the egress proxy (environments without
+    /// their own list); empty: none.
+    pub allowed_hosts: Vec<String>,
+    /// Caps on one run's connections and bytes through the egress proxy.
+    pub egress: crate::egress::EgressLimits,
+    /// Names the egress proxy resolves without DNS (`network_hosts`).
+    pub network_hosts: std::collections::HashMap<String, Vec<std::net::IpAddr>>,
     /// A bootstrap to run instead of the embedded `python/worker.py` (testing aid).
     pub worker_script: Option<PathBuf>,
     /// Environments configured one by one (`[[envs]]`); pre-warmed.
@@ -279,6 +289,9 @@ impl Default for Config {
                 disk_bytes: None,
             },
             worker_script: None,
+            allowed_hosts: Vec::new(),
+            egress: crate::egress::EgressLimits::default(),
+            network_hosts: std::collections::HashMap::new(),
             envs: Vec::new(),
             discover: true,
             max_workers: 32,
@@ -370,6 +383,8 @@ impl Config {
         };
         let network = o.network.unwrap_or_default();
         let disk_bytes = o.disk_bytes.unwrap_or(d.sandbox.disk_bytes);
+        let allowed_hosts = o.allowed_hosts.clone().unwrap_or_default();
+        let network_hosts = parse_network_hosts(o.network_hosts.as_deref().unwrap_or_default())?;
         let envs = o
             .envs
             .into_iter()
@@ -409,6 +424,7 @@ impl Config {
                             disk_bytes: None,
                         },
                         network: t.network.unwrap_or(network),
+                        allowed_hosts: t.allowed_hosts.unwrap_or_else(|| allowed_hosts.clone()),
                         disk_bytes: t.disk_bytes.unwrap_or(disk_bytes),
                     },
                 })
@@ -441,6 +457,15 @@ impl Config {
             grace_period: secs(o.grace_period_secs, d.grace_period),
             shutdown_timeout: secs(o.shutdown_timeout_secs, d.shutdown_timeout),
             run_limits,
+            allowed_hosts,
+            egress: crate::egress::EgressLimits {
+                max_connections: o
+                    .network_max_connections
+                    .unwrap_or(d.egress.max_connections),
+                max_bytes: o.network_max_bytes.unwrap_or(d.egress.max_bytes),
+                idle_timeout: secs(o.network_idle_timeout_secs, d.egress.idle_timeout),
+            },
+            network_hosts,
             sandbox: SandboxConfig {
                 enabled: o.sandbox.unwrap_or(d.sandbox.enabled),
                 launcher: o.launcher,
@@ -524,6 +549,7 @@ impl Config {
             max_timeout: self.max_timeout,
             run_limits: self.run_limits.clone(),
             network: self.sandbox.network,
+            allowed_hosts: self.allowed_hosts.clone(),
             disk_bytes: self.sandbox.disk_bytes,
         }
     }
@@ -594,8 +620,10 @@ impl Config {
                 "disk_bytes must be at least {MIN_DISK_BYTES} (1 MiB)"
             )));
         }
+        check_allowed_hosts("", &self.env_defaults())?;
         for env in &self.envs {
             let name = env.name.as_deref().unwrap_or("(unnamed)");
+            check_allowed_hosts(&format!("[[envs]] {name}: "), &env.settings)?;
             let settings = &env.settings;
             if settings.disk_bytes < MIN_DISK_BYTES {
                 return Err(ConfigError::Invalid(format!(
@@ -627,6 +655,45 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// An environment's `allowed_hosts` parse, and go with an isolated network.
+fn check_allowed_hosts(what: &str, settings: &EnvSettings) -> Result<(), ConfigError> {
+    if settings.allowed_hosts.is_empty() {
+        return Ok(());
+    }
+    crate::egress::Policy::parse(&settings.allowed_hosts)
+        .map_err(|e| ConfigError::Invalid(format!("{what}{e}")))?;
+    if settings.network == Network::Host {
+        return Err(ConfigError::Invalid(format!(
+            "{what}allowed_hosts needs network = \"isolated\": with the host's network the runs reach everything anyway"
+        )));
+    }
+    Ok(())
+}
+
+/// `network_hosts` entries, `NAME=IP`.
+fn parse_network_hosts(
+    entries: &[String],
+) -> Result<std::collections::HashMap<String, Vec<std::net::IpAddr>>, ConfigError> {
+    let mut hosts: std::collections::HashMap<String, Vec<std::net::IpAddr>> =
+        std::collections::HashMap::new();
+    for entry in entries {
+        let parsed = entry
+            .split_once('=')
+            .and_then(|(name, ip)| Some((name.trim(), ip.trim().parse().ok()?)))
+            .filter(|(name, _)| !name.is_empty());
+        let Some((name, ip)) = parsed else {
+            return Err(ConfigError::Invalid(format!(
+                "network_hosts entry {entry:?} is not NAME=IP"
+            )));
+        };
+        hosts
+            .entry(name.trim_end_matches('.').to_ascii_lowercase())
+            .or_default()
+            .push(ip);
+    }
+    Ok(hosts)
 }
 
 /// The default environment, from the highest source that names one: flags,

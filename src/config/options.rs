@@ -211,6 +211,24 @@ pub struct Options {
     /// Network of workers: `isolated` (own namespace, loopback only) or `host`.
     #[arg(long, env = "CODE_EXECUTOR_NETWORK")]
     pub network: Option<Network>,
+    /// Hosts runs may reach through the egress proxy (comma-separated):
+    /// `host`, `host:port`, `*.domain`, an IP address or CIDR block with an
+    /// optional `:port`. Empty or absent: no network beyond loopback.
+    #[arg(long, env = "CODE_EXECUTOR_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Connections one run may open through the egress proxy.
+    #[arg(long, env = "CODE_EXECUTOR_NETWORK_MAX_CONNECTIONS")]
+    pub network_max_connections: Option<u64>,
+    /// Bytes one run may send, and receive, through the egress proxy.
+    #[arg(long, env = "CODE_EXECUTOR_NETWORK_MAX_BYTES")]
+    pub network_max_bytes: Option<u64>,
+    /// Seconds an egress connection may idle before the proxy closes it.
+    #[arg(long, env = "CODE_EXECUTOR_NETWORK_IDLE_TIMEOUT_SECS")]
+    pub network_idle_timeout_secs: Option<Seconds>,
+    /// Names the egress proxy resolves without DNS, as NAME=IP
+    /// (comma-separated); the addresses are checked like resolved ones.
+    #[arg(long, env = "CODE_EXECUTOR_NETWORK_HOSTS", value_delimiter = ',')]
+    pub network_hosts: Option<Vec<String>>,
     /// Start workers through the sandbox launcher (default true).
     #[arg(long, env = "CODE_EXECUTOR_SANDBOX", value_parser = BoolishValueParser::new())]
     pub sandbox: Option<bool>,
@@ -325,7 +343,9 @@ impl Options {
             worker_script, memory_bytes, cpu_seconds, processes, open_files,
             file_size_bytes, disk_bytes, max_output_bytes, max_artifact_bytes,
             max_artifacts_bytes, max_result_chars, max_body_bytes, max_code_bytes,
-            max_files, max_files_bytes, max_grade_cases, network, sandbox,
+            max_files, max_files_bytes, max_grade_cases, network, allowed_hosts,
+            network_max_connections, network_max_bytes, network_idle_timeout_secs,
+            network_hosts, sandbox,
             sandbox_tier, launcher, landlock, run_as, run_as_group, session_ttl_secs,
             max_session_ttl_secs, max_sessions, max_sessions_per_env,
             session_interrupt_grace_secs, mcp_implicit_session, artifact_ttl_secs,

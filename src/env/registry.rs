@@ -32,6 +32,9 @@ pub struct EnvSettings {
     pub run_limits: WireLimits,
     /// The workers' network.
     pub network: crate::sandbox::Network,
+    /// Hosts runs may reach through the egress proxy (checked when the
+    /// configuration is read); empty: none, and no proxy.
+    pub allowed_hosts: Vec<String>,
     /// Size of each worker's scratch tmpfs.
     pub disk_bytes: u64,
 }

@@ -19,7 +19,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::api::{EnvInfo, Health, InstallRequest, InstallResult, PackageInfo, PoolSummary};
+use crate::api::{
+    EnvInfo, EnvNetwork, Health, InstallRequest, InstallResult, PackageInfo, PoolSummary,
+};
 use crate::env::install::{EnvCommands, check_install, run_bounded};
 use crate::env::{EnvSettings, EnvSpec};
 use crate::error::{ExecError, PoolError};
@@ -50,6 +52,8 @@ struct EnvEntry {
     install_lock: tokio::sync::Mutex<()>,
     /// This environment's run counters and histograms, resolved once.
     metrics: EnvMetrics,
+    /// Its egress proxy and allow-list (environments with `allowed_hosts`).
+    egress: Option<crate::worker::EgressSpec>,
 }
 
 /// Runs code in environments' worker pools.
@@ -166,6 +170,18 @@ impl Executor {
                         .python_version()
                         .or_else(|| e.spec.python_version_hint()),
                     default: i == self.default,
+                    network: EnvNetwork {
+                        mode: match (&e.egress, e.settings.network) {
+                            (Some(_), _) => "allow_list",
+                            (None, crate::config::Network::Host) => "host",
+                            (None, crate::config::Network::Isolated) => "isolated",
+                        },
+                        allowed_hosts: e
+                            .egress
+                            .as_ref()
+                            .map(|g| g.policy.entries())
+                            .unwrap_or_default(),
+                    },
                     pool: PoolSummary {
                         size: status.size,
                         idle: status.idle,
@@ -226,6 +242,16 @@ impl Executor {
             envs,
             sandbox: self.sandbox.clone(),
             request_limits: self.request_limits,
+        }
+    }
+
+    /// Where this server listens: the egress proxies refuse these addresses
+    /// unless an allow-list entry names the address and port.
+    pub fn set_listen_addresses(&self, addrs: Vec<std::net::SocketAddr>) {
+        for entry in &self.envs {
+            if let Some(egress) = &entry.egress {
+                egress.ctx.set_server_addresses(addrs.clone());
+            }
         }
     }
 

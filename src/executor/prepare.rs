@@ -4,7 +4,10 @@
 use std::sync::atomic::Ordering;
 
 use super::Executor;
-use crate::api::{ArtifactSelection, ExecRequest, check_file_path, check_file_set};
+use std::sync::Arc;
+
+use crate::api::{ArtifactSelection, ExecRequest, NetworkRequest, check_file_path, check_file_set};
+use crate::egress::Policy;
 use crate::env::EnvSettings;
 use crate::error::ExecError;
 use crate::limits::{RequestLimits, ResultLimits, narrow_limits, run_timeout};
@@ -26,6 +29,9 @@ pub struct PreparedRun {
     /// The run's `processes`, for the worker's pids cgroup, when the
     /// request lowered it.
     pub(super) processes: Option<u64>,
+    /// The run's allow-list, for the worker's egress proxy (environments
+    /// with `allowed_hosts`).
+    pub(super) network: Option<Arc<Policy>>,
 }
 
 impl PreparedRun {
@@ -74,6 +80,8 @@ pub(super) struct RunContext<'a> {
     pub(super) max_output_bytes: u64,
     /// Caps on artifacts and on the `result` repr.
     pub(super) results: ResultLimits,
+    /// The environment's allow-list, when it has one.
+    pub(super) egress: Option<&'a Arc<Policy>>,
 }
 
 /// A request checked and encoded as an `exec` frame.
@@ -83,6 +91,7 @@ pub(super) struct Checked {
     pub(super) timeout: f64,
     pub(super) memory_bytes: Option<u64>,
     pub(super) processes: Option<u64>,
+    pub(super) network: Option<Arc<Policy>>,
 }
 
 /// Check `req` against `ctx` and encode it as the `exec` frame `id`. Every
@@ -169,6 +178,7 @@ pub(super) fn check(
             "files total {total} bytes, over the request's limits.disk_bytes of {disk} bytes"
         )));
     }
+    let network = run_network(ctx.egress, req.network.as_ref())?;
     let results = options.artifacts.unwrap_or(ctx.results);
     let frame = protocol::encode_frame(&ExecFrame {
         t: "exec",
@@ -202,7 +212,27 @@ pub(super) fn check(
             .as_ref()
             .and_then(|l| l.processes)
             .and(run.processes),
+        network,
     })
+}
+
+/// A run's allow-list: the environment's, narrowed by the request's own.
+/// A request may not ask for a network where the environment has none.
+pub(super) fn run_network(
+    egress: Option<&Arc<Policy>>,
+    asked: Option<&NetworkRequest>,
+) -> Result<Option<Arc<Policy>>, ExecError> {
+    match (egress, asked) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(ExecError::BadRequest(
+            "network.allowed_hosts: this environment has no allowed_hosts, so its runs reach no host a request could narrow to".into(),
+        )),
+        (Some(policy), None) => Ok(Some(policy.clone())),
+        (Some(policy), Some(asked)) => policy
+            .narrow(&asked.allowed_hosts)
+            .map(|p| Some(Arc::new(p)))
+            .map_err(ExecError::BadRequest),
+    }
 }
 
 /// A run's `limits.disk_bytes`: watched by the worker below the size of its
@@ -251,6 +281,7 @@ impl Executor {
             disk_quota: self.sandbox.disk_quota,
             max_output_bytes: self.max_output_bytes,
             results: self.results,
+            egress: entry.egress.as_ref().map(|e| &e.policy),
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let checked = check(req, &ctx, options, id)?;
@@ -261,6 +292,7 @@ impl Executor {
             memory_bytes: checked.memory_bytes,
             session,
             processes: checked.processes,
+            network: checked.network,
         })
     }
 
@@ -281,6 +313,11 @@ impl Executor {
         if req.limits.is_some() {
             return Err(ExecError::BadRequest(
                 "a session's limits are set when it is created (POST /sessions with limits); a call cannot change them".into(),
+            ));
+        }
+        if req.network.is_some() {
+            return Err(ExecError::BadRequest(
+                "a session's network is set when it is created (POST /sessions with network); a call cannot change it".into(),
             ));
         }
         Ok(call)
@@ -307,6 +344,7 @@ mod tests {
                 ..WireLimits::default()
             },
             network: crate::sandbox::Network::Isolated,
+            allowed_hosts: Vec::new(),
             disk_bytes: 1 << 20,
         }
     }
@@ -330,6 +368,7 @@ mod tests {
                 max_artifacts_bytes: 1 << 20,
                 max_result_chars: 100,
             },
+            egress: None,
         };
         check(req, &ctx, &RunOptions::default(), 1)
     }

@@ -1,6 +1,7 @@
 //! Running a prepared request on a worker of its environment, and shaping
 //! the worker's report into the result a client sees.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -8,6 +9,7 @@ use base64::Engine;
 use super::prepare::PreparedRun;
 use super::{EnvEntry, Executor, pool_refusal};
 use crate::api::{Artifact, ExecRequest, ExecResult, RunError};
+use crate::egress::Policy;
 use crate::error::error_chain;
 use crate::error::{ExecError, PoolError, WorkerError};
 use crate::metrics::RunOutcome;
@@ -45,6 +47,17 @@ impl Drop for InFlight<'_> {
             self.pool.cancel(worker, self.restore_processes);
         }
     }
+}
+
+/// What one attempt of a run needs, on whichever worker it gets.
+#[derive(Clone, Copy)]
+struct Attempt<'a> {
+    frame: &'a [u8],
+    timeout: f64,
+    processes: Option<u64>,
+    memory_bytes: Option<u64>,
+    network: Option<&'a Arc<Policy>>,
+    output: Option<&'a OutputSink>,
 }
 
 /// A run's report as the worker sent it, with how the run ended.
@@ -94,6 +107,7 @@ fn shape_result(report: RunReport) -> ExecResult {
         }),
         limit: outcome.limit,
         session_lost: out.session_lost,
+        network: out.network,
     }
 }
 
@@ -134,6 +148,7 @@ impl Executor {
             session,
             processes,
             memory_bytes,
+            network,
         } = prepared;
         let entry = &self.envs[env];
         if let Some(call) = session {
@@ -153,17 +168,15 @@ impl Executor {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            match self
-                .run_on_pool(
-                    entry,
-                    &frame,
-                    timeout,
-                    processes,
-                    memory_bytes,
-                    output.as_ref(),
-                )
-                .await
-            {
+            let attempt = Attempt {
+                frame: &frame,
+                timeout,
+                processes,
+                memory_bytes,
+                network: network.as_ref(),
+                output: output.as_ref(),
+            };
+            match self.run_on_pool(entry, &attempt).await {
                 Err(ExecError::Worker(WorkerError::Retired(why))) if attempts < RETIRED_RETRIES => {
                     tracing::info!(
                         env = env_name,
@@ -179,12 +192,16 @@ impl Executor {
     async fn run_on_pool(
         &self,
         entry: &EnvEntry,
-        frame: &[u8],
-        timeout: f64,
-        processes: Option<u64>,
-        memory_bytes: Option<u64>,
-        output: Option<&OutputSink>,
+        attempt: &Attempt<'_>,
     ) -> Result<RunReport, ExecError> {
+        let Attempt {
+            frame,
+            timeout,
+            processes,
+            memory_bytes,
+            network,
+            output,
+        } = *attempt;
         let env_name = entry.spec.name.as_str();
         let queued = Instant::now();
         let got = entry.pool.get().await;
@@ -205,6 +222,9 @@ impl Executor {
             restore_processes: processes.is_some(),
         };
         let worker = in_flight.worker.as_mut().expect("set above");
+        if let Some(policy) = network {
+            worker.set_egress_policy(policy.clone());
+        }
         if processes.is_some()
             && let Err(e) = worker.set_run_processes(processes)
         {

@@ -52,6 +52,10 @@ impl Executor {
                 entry.settings.disk_bytes
             )));
         }
+        let network = super::prepare::run_network(
+            entry.egress.as_ref().map(|e| &e.policy),
+            req.network.as_ref(),
+        )?;
         let reservation = self.sessions.reserve(index, &entry.spec.name)?;
         // The worker serves this session alone from now on: a lower
         // `processes` stays in its cgroup for the session's life.
@@ -72,6 +76,10 @@ impl Executor {
             attempts += 1;
             let worker = entry.pool.get().await.map_err(|e| pool_refusal(entry, e))?;
             let mut worker = entry.pool.detach(worker);
+            if let Some(policy) = &network {
+                // Fixed for the session's life: every call begins with it.
+                worker.set_egress_policy(policy.clone());
+            }
             if let Err(e) = worker.set_run_processes(processes) {
                 tokio::spawn(worker.terminate(self.sessions.grace()));
                 return Err(ExecError::Cgroup(e));

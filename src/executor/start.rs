@@ -17,7 +17,8 @@ use crate::pool::{EnvPool, PoolConfig, WorkerBudget};
 use crate::replica::Replica;
 use crate::sandbox::{Sandbox, SandboxStatus};
 use crate::session::Sessions;
-use crate::worker::{WorkerSpec, worker_env};
+use crate::egress::{PROXY_PORT, Policy, ProxyContext};
+use crate::worker::{EgressSpec, WorkerSpec, worker_env};
 
 /// The bootstrap every worker runs, embedded in the binary.
 pub const WORKER_SCRIPT: &str = include_str!("../../python/worker.py");
@@ -74,6 +75,11 @@ fn sandbox_status(sandbox: Option<&Sandbox>, envs: &[EnvEntry]) -> SandboxStatus
             .iter()
             .map(|e| (e.spec.name.clone(), e.settings.disk_bytes))
             .collect();
+    }
+    if envs.iter().any(|e| e.egress.is_some()) {
+        // Only the allow-listed hosts, through the proxy in each worker's
+        // network namespace.
+        status.mechanisms.push("egress_proxy".into());
     }
     status.rlimits = ["cpu", "memory", "file_size", "open_files", "processes"]
         .iter()
@@ -169,12 +175,18 @@ impl Executor {
                     (plan.spec.activation.clone(), Some(reason))
                 }
             };
+            let egress = egress_of(&plan, sandbox.as_ref(), config)?;
+            let mut env = worker_env(&vars);
+            if egress.is_some() {
+                env.extend(proxy_env());
+            }
             let pool = EnvPool::with_budget(
                 WorkerSpec {
                     python: plan.spec.python.clone(),
                     script: script.clone(),
                     scratch_parent: base_dir.path().to_path_buf(),
-                    env: worker_env(&vars),
+                    env,
+                    egress: egress.clone(),
                     preload: plan.settings.preload.clone(),
                     start_timeout: config.worker_start_timeout,
                     grace_period: config.grace_period,
@@ -213,7 +225,7 @@ impl Executor {
                 budget.clone(),
                 plan.configured,
             );
-            pending.push((plan, pool, unavailable, vars));
+            pending.push((plan, pool, unavailable, vars, egress));
         }
         let replica = Arc::new(Replica::new(config.replica_id.clone()));
         let sessions = Sessions::start(config.sessions.clone(), config.grace_period, replica.id());
@@ -226,7 +238,7 @@ impl Executor {
             )
             .with_replica(replica.clone(), sessions.clone()),
         );
-        for (plan, pool, unavailable, vars) in pending {
+        for (plan, pool, unavailable, vars, egress) in pending {
             envs.push(EnvEntry {
                 metrics: metrics.env(&plan.spec.name),
                 spec: plan.spec,
@@ -235,6 +247,7 @@ impl Executor {
                 unavailable,
                 vars,
                 install_lock: tokio::sync::Mutex::new(()),
+                egress,
             });
         }
         let warm: Vec<&EnvEntry> = envs
@@ -325,4 +338,53 @@ impl Executor {
             replica,
         })
     }
+}
+
+/// The egress proxy of an environment with `allowed_hosts`, where it can be
+/// enforced: each worker needs a network namespace of its own (the
+/// namespace tier). Elsewhere the list is refused rather than pretended.
+fn egress_of(
+    plan: &crate::env::registry::EnvPlan,
+    sandbox: Option<&Sandbox>,
+    config: &Config,
+) -> Result<Option<EgressSpec>, StartError> {
+    if plan.settings.allowed_hosts.is_empty() {
+        return Ok(None);
+    }
+    let refuse = |why: &str| StartError::Egress {
+        env: plan.spec.name.clone(),
+        why: why.to_string(),
+    };
+    let Some(sandbox) = sandbox else {
+        return Err(refuse("the sandbox is disabled, so runs share the host's network"));
+    };
+    if !sandbox.has_network_namespaces() {
+        return Err(refuse(
+            "workers get no network namespace of their own here (the container tier): the proxy could not be the only way out",
+        ));
+    }
+    let policy = Policy::parse(&plan.settings.allowed_hosts)
+        .map_err(|e| refuse(&e))?;
+    Ok(Some(EgressSpec {
+        ctx: ProxyContext::new(
+            plan.spec.name.clone(),
+            config.egress,
+            config.network_hosts.clone(),
+        ),
+        policy: Arc::new(policy),
+    }))
+}
+
+/// What runs of an environment with an egress proxy see: every proxy
+/// variable pointing at it, and nothing that bypasses it.
+fn proxy_env() -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    let url = format!("http://127.0.0.1:{PROXY_PORT}");
+    let mut vars = Vec::new();
+    for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+        vars.push((name.into(), url.clone().into()));
+        vars.push((name.to_ascii_lowercase().into(), url.clone().into()));
+    }
+    vars.push(("NO_PROXY".into(), "".into()));
+    vars.push(("no_proxy".into(), "".into()));
+    vars
 }

@@ -355,6 +355,7 @@ impl Executor {
                 files.insert(TESTS_FILE.into(), FileContent::Text(tests.clone()));
             }
             let exec = ExecRequest {
+                network: None,
                 code: code.clone(),
                 env: req.env.clone(),
                 timeout: case.timeout.or(req.timeout),

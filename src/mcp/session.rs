@@ -25,6 +25,10 @@ pub struct CreateSessionArgs {
     /// Default wall-clock limit of each call in the session, seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<f64>,
+    /// The session's network: `allowed_hosts` narrows the environment's
+    /// allow-list (environments with one only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::api::NetworkRequest>,
 }
 
 impl CreateSessionArgs {
@@ -35,6 +39,7 @@ impl CreateSessionArgs {
             ttl: self.ttl,
             timeout: self.timeout,
             limits: None,
+            network: self.network,
         }
     }
 }

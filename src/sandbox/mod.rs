@@ -614,6 +614,12 @@ impl Sandbox {
         }
     }
 
+    /// Whether workers get network namespaces of their own (the namespace
+    /// tier with an isolated network): what the egress proxy needs.
+    pub(crate) fn has_network_namespaces(&self) -> bool {
+        self.tier == Tier::Namespaces && self.namespaces
+    }
+
     /// Where the workers' cgroups are made, if the host has a hierarchy.
     pub(crate) fn cgroups(&self) -> Option<Arc<CgroupRoot>> {
         self.cgroups.clone()

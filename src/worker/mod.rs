@@ -44,6 +44,15 @@ const STARTUP_TASKS: u64 = 1024;
 pub(crate) const LAUNCH: &str = "import io, sys; p = sys.argv.pop(1); sys.argv[0] = __file__ = p; \
     f = io.open_code(p); c = compile(f.read(), p, 'exec'); f.close(); del f; exec(c)";
 
+/// A worker's egress proxy settings.
+#[derive(Debug, Clone)]
+pub struct EgressSpec {
+    /// What the environment's proxies share.
+    pub(crate) ctx: Arc<crate::egress::ProxyContext>,
+    /// The environment's allow-list.
+    pub(crate) policy: Arc<crate::egress::Policy>,
+}
+
 /// How a worker process is started: everything but the per-run request.
 #[derive(Debug, Clone)]
 pub struct WorkerSpec {
@@ -65,6 +74,10 @@ pub struct WorkerSpec {
     pub sandbox: Option<crate::sandbox::SandboxPlan>,
     /// Owner (uid, gid) given the scratch root when workers run as another user.
     pub owner: Option<(u32, u32)>,
+    /// The environment's egress proxy and the allow-list its runs start
+    /// with, when it has `allowed_hosts`: each worker gets a listener in its
+    /// network namespace.
+    pub egress: Option<EgressSpec>,
     /// Tasks (processes and threads) one run may have, its main thread
     /// included; the worker's pids cgroup allows these plus the worker's own.
     pub run_processes: u64,
@@ -111,6 +124,9 @@ pub struct RunOutput {
     pub cpu_ms: Option<f64>,
     /// Peak resident set of the run's process in KiB, with `rusage`.
     pub peak_rss_kb: Option<u64>,
+    /// What the run did through the egress proxy (environments with
+    /// `allowed_hosts`).
+    pub network: Option<crate::api::NetworkUsage>,
     /// Session mode: why the session child is gone after this run.
     pub session_lost: Option<String>,
     /// The run was killed for going over its `limits.disk_bytes`.
@@ -163,6 +179,8 @@ pub struct Worker {
     sent: bool,
     runs: u64,
     terminated: bool,
+    /// The worker's egress proxy (environments with `allowed_hosts`).
+    proxy: Option<Arc<crate::egress::WorkerProxy>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -266,6 +284,7 @@ impl Worker {
             sent: false,
             runs: 0,
             terminated: false,
+            proxy: None,
         };
         let handshake = tokio::time::timeout(spec.start_timeout, worker.frames.next()).await;
         let failure = match handshake {
@@ -287,6 +306,25 @@ impl Worker {
                         {
                             worker.kill();
                             return Err(WorkerError::Io(e));
+                        }
+                        if let Some(egress) = &spec.egress {
+                            // The launcher (the child) made the namespace.
+                            let started = crate::egress::listen_in_namespace_of(pid).and_then(
+                                |listener| {
+                                    crate::egress::WorkerProxy::start(
+                                        listener,
+                                        egress.ctx.clone(),
+                                        egress.policy.clone(),
+                                    )
+                                },
+                            );
+                            match started {
+                                Ok(proxy) => worker.proxy = Some(proxy),
+                                Err(e) => {
+                                    worker.kill();
+                                    return Err(WorkerError::Egress(e));
+                                }
+                            }
                         }
                         tracing::debug!(
                             pid,
@@ -337,6 +375,14 @@ impl Worker {
     /// Pid, Python version and executable, from the handshake.
     pub fn info(&self) -> &WorkerInfo {
         &self.info
+    }
+
+    /// Set the allow-list of the runs from now on (a request's own, or a
+    /// session's); without a proxy there is nothing to set.
+    pub(crate) fn set_egress_policy(&self, policy: Arc<crate::egress::Policy>) {
+        if let Some(proxy) = &self.proxy {
+            proxy.set_policy(policy);
+        }
     }
 
     /// The worker process's pid.
@@ -411,9 +457,14 @@ impl Worker {
             pid: self.info.pid,
             armed: kill_on_drop,
         };
+        if let Some(proxy) = &self.proxy {
+            proxy.begin();
+        }
         let mut result = self.round_trip(frame, deadline, output).await;
         guard.disarm();
+        let network = self.proxy.as_ref().and_then(|p| p.end());
         if let Ok(out) = &mut result {
+            out.network = network;
             self.finish_run();
             // The counters are read after every run, so that what a run
             // caused is never laid at the next one's door; only a run that
@@ -526,6 +577,7 @@ impl Worker {
                         cpu_ms: frame.cpu_ms,
                         peak_rss_kb: frame.peak_rss_kb,
                         session_lost: frame.session_lost,
+                        network: None,
                         disk_exceeded: frame.disk_exceeded,
                         cgroup: LimitEvents::default(),
                     });
