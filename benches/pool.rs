@@ -32,6 +32,7 @@ fn checkout(c: &mut Criterion) {
                     scratch_parent: dir.path().to_path_buf(),
                     env: vec![("PATH".into(), "/usr/bin:/bin".into())],
                     preload: vec![],
+                    egress: None,
                     start_timeout: Duration::from_secs(30),
                     grace_period: Duration::from_millis(200),
                     sandbox: None,

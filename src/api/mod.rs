@@ -101,7 +101,9 @@ pub struct ExecRequest {
 }
 
 /// A request's network policy.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkRequest {
     /// Hosts the run may reach: each entry within the environment's
@@ -112,7 +114,9 @@ pub struct NetworkRequest {
 
 /// What a run did through the egress proxy (environments with
 /// `allowed_hosts` only).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema,
+)]
 pub struct NetworkUsage {
     /// Connections the run asked the proxy for, refused ones included.
     pub connections: u64,

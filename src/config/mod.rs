@@ -38,6 +38,7 @@ mod options;
 pub use options::{OptionDoc, Options, Seconds, option_docs};
 
 pub use crate::artifacts::ArtifactLimits;
+pub use crate::egress::EgressLimits;
 pub use crate::env::{EnvChoice, EnvConfig, EnvSettings, EnvVars, HostEnv};
 pub use crate::sandbox::launch::LaunchArgs;
 pub use crate::sandbox::{DEFAULT_DISK_BYTES, Network, SandboxConfig, TierChoice};

@@ -309,7 +309,8 @@ async fn serve(mut client: TcpStream, run: Option<Arc<RunNet>>, ctx: Arc<ProxyCo
         if upstream.write_all(&asked.rest).await.is_err() {
             return;
         }
-        run.sent.fetch_add(asked.rest.len() as u64, Ordering::AcqRel);
+        run.sent
+            .fetch_add(asked.rest.len() as u64, Ordering::AcqRel);
     }
     let (mut sent, received) = splice(client, upstream, &run, &ctx).await;
     sent += (asked.rest.len() + asked.head.len()) as u64;
@@ -467,7 +468,13 @@ async fn refuse(client: &mut TcpStream, status: u16, why: &str) -> std::io::Resu
     let text = format!("code-executor egress proxy: {why}");
     let phrase: String = text
         .chars()
-        .map(|c| if c.is_ascii() && !c.is_ascii_control() { c } else { ' ' })
+        .map(|c| {
+            if c.is_ascii() && !c.is_ascii_control() {
+                c
+            } else {
+                ' '
+            }
+        })
         .collect();
     let body = format!("{text}\n");
     let response = format!(
@@ -481,7 +488,12 @@ async fn refuse(client: &mut TcpStream, status: u16, why: &str) -> std::io::Resu
 /// Copy both ways until either side closes, the connection idles past the
 /// limit, or the run's byte cap is reached. Returns the bytes sent and
 /// received.
-async fn splice(client: TcpStream, upstream: TcpStream, run: &RunNet, ctx: &ProxyContext) -> (u64, u64) {
+async fn splice(
+    client: TcpStream,
+    upstream: TcpStream,
+    run: &RunNet,
+    ctx: &ProxyContext,
+) -> (u64, u64) {
     let started = Instant::now();
     let last = AtomicU64::new(0);
     let (mut cr, mut cw) = client.into_split();
@@ -489,7 +501,16 @@ async fn splice(client: TcpStream, upstream: TcpStream, run: &RunNet, ctx: &Prox
     let sent = AtomicU64::new(0);
     let received = AtomicU64::new(0);
     let max = ctx.limits.max_bytes;
-    let up = copy_half(&mut cr, &mut uw, &run.sent, &sent, &last, started, max, &run.capped);
+    let up = copy_half(
+        &mut cr,
+        &mut uw,
+        &run.sent,
+        &sent,
+        &last,
+        started,
+        max,
+        &run.capped,
+    );
     let down = copy_half(
         &mut ur,
         &mut cw,
@@ -514,7 +535,10 @@ async fn splice(client: TcpStream, upstream: TcpStream, run: &RunNet, ctx: &Prox
         _ = async { tokio::join!(up, down) } => {}
         () = watchdog => {}
     }
-    (sent.load(Ordering::Relaxed), received.load(Ordering::Relaxed))
+    (
+        sent.load(Ordering::Relaxed),
+        received.load(Ordering::Relaxed),
+    )
 }
 
 /// One direction of [`splice`]: `total` is the run's count for this
@@ -572,7 +596,10 @@ mod tests {
         assert_eq!(asked.port, 8080);
         assert!(!asked.tunnel);
         let head = String::from_utf8(asked.head).unwrap();
-        assert!(head.starts_with("GET /simple/pkg/?x=1 HTTP/1.1\r\n"), "{head}");
+        assert!(
+            head.starts_with("GET /simple/pkg/?x=1 HTTP/1.1\r\n"),
+            "{head}"
+        );
         assert!(!head.to_lowercase().contains("proxy-connection"), "{head}");
         assert!(head.ends_with("Connection: close\r\n\r\n"), "{head}");
         assert_eq!(asked.rest, b"BODY");

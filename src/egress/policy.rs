@@ -320,10 +320,9 @@ impl Policy {
         port: u16,
         server: &[std::net::SocketAddr],
     ) -> Result<(), Refusal> {
-        let listed = self
-            .rules
-            .iter()
-            .any(|r| r.lists_address(&ip, port) && (r.port.is_some() || !server_has(server, ip, port)));
+        let listed = self.rules.iter().any(|r| {
+            r.lists_address(&ip, port) && (r.port.is_some() || !server_has(server, ip, port))
+        });
         if server_has(server, ip, port) && !listed {
             return Err(Refusal::ServerAddress(ip));
         }
@@ -373,7 +372,16 @@ mod tests {
         ] {
             assert!(Rule::parse(good).is_ok(), "{good}");
         }
-        for bad in ["", "pypi.org:0", "pypi.org:99999", "*.", "a b", "[::1", "[::1]x", "*"] {
+        for bad in [
+            "",
+            "pypi.org:0",
+            "pypi.org:99999",
+            "*.",
+            "a b",
+            "[::1",
+            "[::1]x",
+            "*",
+        ] {
             let err = Rule::parse(bad).unwrap_err();
             assert!(err.contains("allowed_hosts entry"), "{bad}: {err}");
         }
@@ -381,7 +389,12 @@ mod tests {
 
     #[test]
     fn names_ports_subdomains_and_blocks_match() {
-        let p = policy(&["pypi.org:443", "*.pythonhosted.org", "10.1.0.0/16:80", "Example.TEST."]);
+        let p = policy(&[
+            "pypi.org:443",
+            "*.pythonhosted.org",
+            "10.1.0.0/16:80",
+            "Example.TEST.",
+        ]);
         assert!(p.check(&host("PyPI.org"), 443).is_ok());
         assert_eq!(p.check(&host("pypi.org"), 80), Err(Refusal::NotListed));
         assert!(p.check(&host("files.pythonhosted.org"), 443).is_ok());
@@ -390,13 +403,25 @@ mod tests {
         assert!(p.check(&host("10.2.0.1"), 80).is_err());
         assert!(p.check(&host("example.test"), 1).is_ok());
         // A name rule does not open an address literal, nor the reverse.
-        assert!(policy(&["1.2.3.4"]).check(&host("one.example"), 80).is_err());
+        assert!(
+            policy(&["1.2.3.4"])
+                .check(&host("one.example"), 80)
+                .is_err()
+        );
     }
 
     #[test]
     fn a_request_may_narrow_never_widen() {
         let p = policy(&["*.example.com", "10.0.0.0/8", "pypi.org:443"]);
-        assert!(p.narrow(&["api.example.com:443", "*.eu.example.com", "10.1.0.0/16:80", "pypi.org:443"]).is_ok());
+        assert!(
+            p.narrow(&[
+                "api.example.com:443",
+                "*.eu.example.com",
+                "10.1.0.0/16:80",
+                "pypi.org:443"
+            ])
+            .is_ok()
+        );
         assert_eq!(p.narrow::<&str>(&[]).unwrap(), Policy::default());
         for wide in ["example.com", "pypi.org", "11.0.0.1", "10.0.0.0/7", "*.com"] {
             let err = p.narrow(&[wide]).unwrap_err();
@@ -413,7 +438,12 @@ mod tests {
         let named = host("example.test");
         let rule = p.check(&named, 443).unwrap().clone();
         assert!(p.check_address(&named, &rule, public, 443, &[]).is_ok());
-        for special in [loopback, metadata, "10.0.0.1".parse().unwrap(), "::ffff:192.168.1.1".parse().unwrap()] {
+        for special in [
+            loopback,
+            metadata,
+            "10.0.0.1".parse().unwrap(),
+            "::ffff:192.168.1.1".parse().unwrap(),
+        ] {
             assert_eq!(
                 p.check_address(&named, &rule, special, 443, &[]),
                 Err(Refusal::SpecialAddress(special))
@@ -428,7 +458,10 @@ mod tests {
         let lit = host("127.0.0.1");
         let rule = p.check(&lit, 9000).unwrap().clone();
         let server = ["127.0.0.1:9000".parse().unwrap()];
-        assert!(p.check_address(&lit, &rule, loopback, 9000, &server).is_ok());
+        assert!(
+            p.check_address(&lit, &rule, loopback, 9000, &server)
+                .is_ok()
+        );
         let wide = policy(&["127.0.0.0/8"]);
         let rule = wide.check(&lit, 9000).unwrap().clone();
         assert_eq!(

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::{EnvEntry, Executor};
 use crate::config::Config;
+use crate::egress::{PROXY_PORT, Policy, ProxyContext};
 use crate::env::{Registry, activate::activate};
 use crate::error::StartError;
 use crate::error::error_chain;
@@ -17,7 +18,6 @@ use crate::pool::{EnvPool, PoolConfig, WorkerBudget};
 use crate::replica::Replica;
 use crate::sandbox::{Sandbox, SandboxStatus};
 use crate::session::Sessions;
-use crate::egress::{PROXY_PORT, Policy, ProxyContext};
 use crate::worker::{EgressSpec, WorkerSpec, worker_env};
 
 /// The bootstrap every worker runs, embedded in the binary.
@@ -356,15 +356,16 @@ fn egress_of(
         why: why.to_string(),
     };
     let Some(sandbox) = sandbox else {
-        return Err(refuse("the sandbox is disabled, so runs share the host's network"));
+        return Err(refuse(
+            "the sandbox is disabled, so runs share the host's network",
+        ));
     };
     if !sandbox.has_network_namespaces() {
         return Err(refuse(
             "workers get no network namespace of their own here (the container tier): the proxy could not be the only way out",
         ));
     }
-    let policy = Policy::parse(&plan.settings.allowed_hosts)
-        .map_err(|e| refuse(&e))?;
+    let policy = Policy::parse(&plan.settings.allowed_hosts).map_err(|e| refuse(&e))?;
     Ok(Some(EgressSpec {
         ctx: ProxyContext::new(
             plan.spec.name.clone(),

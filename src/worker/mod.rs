@@ -309,15 +309,14 @@ impl Worker {
                         }
                         if let Some(egress) = &spec.egress {
                             // The launcher (the child) made the namespace.
-                            let started = crate::egress::listen_in_namespace_of(pid).and_then(
-                                |listener| {
+                            let started =
+                                crate::egress::listen_in_namespace_of(pid).and_then(|listener| {
                                     crate::egress::WorkerProxy::start(
                                         listener,
                                         egress.ctx.clone(),
                                         egress.policy.clone(),
                                     )
-                                },
-                            );
+                                });
                             match started {
                                 Ok(proxy) => worker.proxy = Some(proxy),
                                 Err(e) => {

@@ -10,6 +10,7 @@ mod container;
 mod crashes;
 mod docs;
 mod drain;
+mod egress;
 mod envs;
 mod execute;
 mod forking;

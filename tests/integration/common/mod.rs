@@ -46,6 +46,7 @@ pub async fn bare_worker(
         scratch_parent: dir.path().to_path_buf(),
         env: vars,
         preload: vec![],
+        egress: None,
         start_timeout: Duration::from_secs(30),
         grace_period: Duration::from_millis(200),
         sandbox: None,
