@@ -278,6 +278,19 @@ impl Metrics {
         self
     }
 
+    /// Count the egress proxies' connections and bytes, per environment
+    /// with `allowed_hosts` (read from the proxies at scrape time).
+    pub(crate) fn with_egress(
+        mut self,
+        proxies: Vec<(String, Arc<crate::egress::ProxyContext>)>,
+    ) -> Metrics {
+        if !proxies.is_empty() {
+            self.registry
+                .register_collector(Box::new(EgressCollector { proxies }));
+        }
+        self
+    }
+
     /// The handles of one environment (every outcome shows from the start,
     /// at 0, so that rates work before the first failure).
     pub fn env(&self, name: &str) -> EnvMetrics {
@@ -351,6 +364,47 @@ impl Metrics {
             let _ = writeln!(out, "# encoding error");
         }
         out
+    }
+}
+
+/// The egress proxies' counts, read at scrape time.
+#[derive(Debug)]
+struct EgressCollector {
+    proxies: Vec<(String, Arc<crate::egress::ProxyContext>)>,
+}
+
+impl Collector for EgressCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        {
+            let counter = ConstCounter::new(0u64);
+            let mut family = encoder.encode_descriptor(
+                "egress_connections",
+                "Connections runs asked the egress proxy for, by environment and decision (allowed, denied)",
+                None,
+                counter.metric_type(),
+            )?;
+            for (name, ctx) in &self.proxies {
+                for (decision, n) in [("allowed", &ctx.allowed), ("denied", &ctx.denied)] {
+                    let labels = [("env", name.as_str()), ("decision", decision)];
+                    ConstCounter::new(n.load(Relaxed)).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        let counter = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
+            "egress",
+            "Bytes through the egress proxy, by environment and direction (sent, received)",
+            Some(&Unit::Bytes),
+            counter.metric_type(),
+        )?;
+        for (name, ctx) in &self.proxies {
+            for (direction, n) in [("sent", &ctx.bytes_sent), ("received", &ctx.bytes_received)] {
+                let labels = [("env", name.as_str()), ("direction", direction)];
+                ConstCounter::new(n.load(Relaxed)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -255,6 +255,7 @@ impl Executor {
                     env = env_name,
                     outcome = %label,
                     limit = outcome.limit.map(Limit::as_str),
+                    connections = out.network.as_ref().map(|n| n.connections),
                     duration_ms = (seconds * 1e6).round() / 1e3,
                     exit_code = out.exit_code,
                     worker_pid,

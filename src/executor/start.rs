@@ -236,7 +236,15 @@ impl Executor {
                     .map(|(plan, pool, ..)| (plan.spec.name.clone(), pool.clone()))
                     .collect(),
             )
-            .with_replica(replica.clone(), sessions.clone()),
+            .with_replica(replica.clone(), sessions.clone())
+            .with_egress(
+                pending
+                    .iter()
+                    .filter_map(|(plan, _, _, _, egress)| {
+                        Some((plan.spec.name.clone(), egress.as_ref()?.ctx.clone()))
+                    })
+                    .collect(),
+            ),
         );
         for (plan, pool, unavailable, vars, egress) in pending {
             envs.push(EnvEntry {

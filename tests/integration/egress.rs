@@ -165,6 +165,29 @@ async fn listed_hosts_are_reached_and_others_refused_with_the_rule() {
     )
     .await;
     assert_eq!(named["stdout"], "hello from the test server\n", "{named}");
+    // The metrics count each decision.
+    let metrics = server
+        .client
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (decision, n) in [("allowed", 2), ("denied", 1)] {
+        let line = metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("code_executor_egress_connections_total") && l.contains(decision)
+            })
+            .unwrap_or_else(|| panic!("no {decision} line in:\n{metrics}"));
+        assert!(line.ends_with(&format!(" {n}")), "{line}");
+    }
+    assert!(
+        metrics.contains("code_executor_egress_bytes_total"),
+        "{metrics}"
+    );
     // /list-envs shows the policy.
     let (_, envs) = server.get("/list-envs").await;
     assert_eq!(envs["envs"][0]["network"]["mode"], "allow_list", "{envs}");
