@@ -64,6 +64,8 @@
 #![warn(unreachable_pub, missing_docs)]
 
 pub mod api;
+pub mod audit;
+pub mod auth;
 pub(crate) mod artifacts;
 pub mod config;
 pub(crate) mod env;

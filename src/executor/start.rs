@@ -226,6 +226,19 @@ impl Executor {
             )
             .with_replica(replica.clone(), sessions.clone()),
         );
+        // A clients file or audit log that cannot be used stops the start
+        // before any pool warms.
+        let clients = Arc::new(crate::auth::Clients::load(
+            crate::auth::ClientsConfig {
+                file: config.clients_file.clone(),
+                token: config.token.clone(),
+                admin_token: config.admin_token.clone(),
+                metrics_token: config.metrics_token.is_some(),
+            },
+            metrics.clone(),
+        )?);
+        let audit = Arc::new(crate::audit::Audit::start(&config.audit, metrics.clone())?);
+        sessions.set_audit(audit.clone());
         for (plan, pool, unavailable, vars) in pending {
             envs.push(EnvEntry {
                 metrics: metrics.env(&plan.spec.name),
@@ -323,6 +336,8 @@ impl Executor {
             sessions,
             cgroups,
             replica,
+            audit,
+            clients,
         })
     }
 }

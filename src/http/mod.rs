@@ -1,6 +1,7 @@
 //! The HTTP/JSON front end (axum): a thin adapter over [`Executor`].
 
 mod error;
+mod gate;
 pub mod guard;
 pub mod observe;
 pub mod openapi;
@@ -18,13 +19,14 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use subtle::ConstantTimeEq;
-
 pub use error::ApiError;
+pub(crate) use gate::{Authenticated, admit};
+use gate::RuleKind;
 
 use crate::api::{CreateSessionRequest, SessionInfo};
 use crate::api::{ExecRequest, ExecResult, InstallRequest, InstallResult};
 use crate::api::{GradeBatchRequest, GradeBatchResult, GradeRequest, GradeResult};
+use crate::auth::Scope;
 use crate::executor::Executor;
 
 /// What every handler shares.
@@ -42,29 +44,50 @@ pub struct AppState {
 }
 
 /// The HTTP API. `max_body_bytes` bounds every request body (413 above it).
+///
+/// Each group of routes has its gate ([`gate`]): which scope it needs and
+/// whether its `POST`s run code (and so take the client's quotas).
 pub fn router(state: AppState, max_body_bytes: usize) -> Router {
-    let guarded = Router::new()
+    let gate = |scope, count_posts, kind| {
+        middleware::from_fn_with_state(
+            gate::Gated {
+                state: state.clone(),
+                rule: gate::Rule {
+                    scope,
+                    count_posts,
+                    kind,
+                },
+            },
+            gate::gate,
+        )
+    };
+    let runs = Router::new()
         .route("/execute", post(execute))
+        .route_layer(gate(None, true, RuleKind::Api));
+    let grading = Router::new()
         .route("/grade", post(grade))
         .route("/grade/batch", post(grade_batch))
+        .route_layer(gate(Some(Scope::Grade), true, RuleKind::Api));
+    let sessions = Router::new()
+        .route("/sessions", post(create_session).get(list_sessions))
+        .route("/sessions/{id}", delete(close_session))
+        .route_layer(gate(Some(Scope::Sessions), true, RuleKind::Api));
+    let reads = Router::new()
         .route("/artifacts/{run}/{*path}", get(artifact))
         .route("/list-envs", get(list_envs))
         .route("/list-packages", get(list_packages))
-        .route("/sessions", post(create_session).get(list_sessions))
-        .route("/sessions/{id}", delete(close_session))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+        .route_layer(gate(None, false, RuleKind::Api));
     let admin = Router::new()
         .route("/install", post(install))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
-    let scraped =
-        Router::new()
-            .route("/metrics", get(metrics))
-            .route_layer(middleware::from_fn_with_state(
-                state.clone(),
-                require_metrics_token,
-            ));
+        .route_layer(gate(Some(Scope::Install), true, RuleKind::Install));
+    let scraped = Router::new()
+        .route("/metrics", get(metrics))
+        .route_layer(gate(Some(Scope::Metrics), false, RuleKind::Metrics));
     Router::new()
-        .merge(guarded)
+        .merge(runs)
+        .merge(grading)
+        .merge(sessions)
+        .merge(reads)
         .merge(admin)
         .merge(scraped)
         .route("/health", get(health))
@@ -73,6 +96,26 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
+}
+
+/// The gate of `/mcp` (MCP over streamable HTTP): a known bearer token;
+/// each tool call is then checked for its scope and quotas.
+pub fn mcp_gate(
+    state: AppState,
+) -> impl Fn(Request, Next) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send>>
++ Clone
++ Send
++ Sync
++ 'static {
+    let gated = gate::Gated {
+        state,
+        rule: gate::Rule {
+            scope: None,
+            count_posts: false,
+            kind: RuleKind::Mcp,
+        },
+    };
+    move |req, next| Box::pin(gate::gate(State(gated.clone()), req, next))
 }
 
 /// Prometheus metrics (text exposition format 0.0.4).
@@ -95,26 +138,6 @@ async fn metrics(State(state): State<AppState>) -> Response {
         state.executor.metrics().render(),
     )
         .into_response()
-}
-
-/// `/metrics` takes the metrics token when one is configured, else the API
-/// token (open when neither is).
-async fn require_metrics_token(
-    State(state): State<AppState>,
-    req: Request,
-    next: Next,
-) -> Response {
-    if let Some(token) = state.metrics_token.as_ref().or(state.token.as_ref())
-        && !bool::from(bearer(&req).as_bytes().ct_eq(token.as_bytes()))
-    {
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "missing or wrong bearer token for /metrics",
-        )
-        .into_response();
-    }
-    next.run(req).await
 }
 
 /// Run code. With `Accept: text/event-stream` (or `"stream": true`) the
@@ -427,50 +450,6 @@ async fn health(State(state): State<AppState>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, Json(health)).into_response()
-}
-
-/// Bearer-token check, compared in constant time. Also guards MCP at `/mcp`.
-pub async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    // The admin token opens everything the API token opens.
-    let allowed = {
-        let given = bearer(&req).as_bytes();
-        let matches = |t: &Option<Arc<str>>| {
-            t.as_ref()
-                .is_some_and(|t| bool::from(given.ct_eq(t.as_bytes())))
-        };
-        state.token.is_none() || matches(&state.token) || matches(&state.admin_token)
-    };
-    if !allowed {
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "missing or wrong bearer token",
-        )
-        .into_response();
-    }
-    next.run(req).await
-}
-
-/// Admin bearer-token check for `/install`: 403 when no admin token is
-/// configured (installs disabled) or the request does not carry it.
-async fn require_admin(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let Some(token) = &state.admin_token else {
-        return ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "installs are disabled: the server has no admin token (start it with --admin-token)",
-        )
-        .into_response();
-    };
-    if !bool::from(bearer(&req).as_bytes().ct_eq(token.as_bytes())) {
-        return ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "this endpoint needs the admin bearer token",
-        )
-        .into_response();
-    }
-    next.run(req).await
 }
 
 fn bearer(req: &Request) -> &str {
