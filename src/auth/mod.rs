@@ -28,8 +28,8 @@ use crate::api::RunLimits;
 use crate::error::{ClientsError, ExecError};
 use crate::metrics::{ClientMetrics, Metrics};
 
-pub use quota::InFlight;
 use quota::ClientState;
+pub use quota::InFlight;
 
 /// What a client may do. Each HTTP route and MCP tool needs one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
@@ -423,10 +423,7 @@ impl Clients {
         let mut by_name = HashMap::new();
         for entry in &entries {
             let client = Arc::new(self.build(entry)?);
-            if by_name
-                .insert(entry.name.clone(), client.clone())
-                .is_some()
-            {
+            if by_name.insert(entry.name.clone(), client.clone()).is_some() {
                 return Err(ClientsError::Invalid(format!(
                     "two clients are named {:?}",
                     entry.name
@@ -460,7 +457,8 @@ impl Clients {
     }
 
     fn build(&self, entry: &ClientEntry) -> Result<Client, ClientsError> {
-        let invalid = |what: String| ClientsError::Invalid(format!("client {:?}: {what}", entry.name));
+        let invalid =
+            |what: String| ClientsError::Invalid(format!("client {:?}: {what}", entry.name));
         if entry.name.is_empty()
             || !entry
                 .name
@@ -480,7 +478,9 @@ impl Clients {
             ));
         }
         if entry.max_concurrent == Some(0) || entry.max_sessions == Some(0) {
-            return Err(invalid("max_concurrent and max_sessions must be positive".into()));
+            return Err(invalid(
+                "max_concurrent and max_sessions must be positive".into(),
+            ));
         }
         if entry.rate_per_minute == Some(0) || entry.burst == Some(0) {
             return Err(invalid("rate_per_minute and burst must be positive".into()));
@@ -488,27 +488,24 @@ impl Clients {
         if let Some(t) = entry.max_timeout
             && !(t.is_finite() && t > 0.0)
         {
-            return Err(invalid("max_timeout must be a positive number of seconds".into()));
+            return Err(invalid(
+                "max_timeout must be a positive number of seconds".into(),
+            ));
         }
         let state = self
             .states
             .lock()
             .entry(entry.name.clone())
-            .or_insert_with(|| {
-                Arc::new(ClientState::new(self.metrics.client(&entry.name)))
-            })
+            .or_insert_with(|| Arc::new(ClientState::new(self.metrics.client(&entry.name))))
             .clone();
         Ok(Client {
             name: Arc::from(entry.name.as_str()),
             scopes: entry.scopes.iter().fold(0, |acc, s| acc | s.bit()),
             envs: entry.envs.clone(),
             max_concurrent: entry.max_concurrent,
-            rate: entry.rate_per_minute.map(|r| {
-                (
-                    f64::from(r) / 60.0,
-                    f64::from(entry.burst.unwrap_or(r)),
-                )
-            }),
+            rate: entry
+                .rate_per_minute
+                .map(|r| (f64::from(r) / 60.0, f64::from(entry.burst.unwrap_or(r)))),
             max_sessions: entry.max_sessions,
             max_timeout: entry.max_timeout,
             limits: entry.limits.clone(),
@@ -637,6 +634,29 @@ mod tests {
         assert_eq!(
             hash_token("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn the_example_clients_file_loads() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/clients.toml");
+        let clients = Clients::load(
+            ClientsConfig {
+                file: Some(path.into()),
+                ..ClientsConfig::default()
+            },
+            Arc::new(Metrics::new(Vec::new())),
+        )
+        .unwrap();
+        let grader = clients.by_name("grader").unwrap();
+        assert!(grader.has(Scope::Grade) && !grader.has(Scope::Install));
+        assert!(grader.may_use_env("py311", None) && !grader.may_use_env("ml", None));
+        assert!(clients.anonymous().is_none());
+        assert!(clients.authenticate(None).is_none());
+        assert!(
+            clients
+                .authenticate(Some("test"))
+                .is_some_and(|c| c.name() == "grader")
         );
     }
 

@@ -77,7 +77,9 @@ impl Bucket {
     /// Take a token, or the whole seconds until one is there.
     pub(super) fn take(&mut self, per_sec: f64, burst: f64) -> Result<(), u64> {
         let now = Instant::now();
-        let elapsed = self.at.map_or(0.0, |at| now.duration_since(at).as_secs_f64());
+        let elapsed = self
+            .at
+            .map_or(0.0, |at| now.duration_since(at).as_secs_f64());
         let tokens = (self.tokens.unwrap_or(burst) + elapsed * per_sec).min(burst);
         self.at = Some(now);
         if tokens >= 1.0 {

@@ -108,7 +108,9 @@ pub(super) fn check(
     };
     let timeout = run_timeout(
         req.timeout,
-        ctx.session_timeout.unwrap_or(settings.timeout).min(max_timeout),
+        ctx.session_timeout
+            .unwrap_or(settings.timeout)
+            .min(max_timeout),
         max_timeout,
     )?;
     if let Some(digits @ 1..640) = req.int_max_str_digits {

@@ -75,7 +75,13 @@ impl Executor {
                 client.map(|c| (c.name_arc(), c.max_sessions())),
             )
             .inspect_err(|err| {
-                if let (Some(c), ExecError::TooManySessions { client: Some(_), .. }) = (client, err) {
+                if let (
+                    Some(c),
+                    ExecError::TooManySessions {
+                        client: Some(_), ..
+                    },
+                ) = (client, err)
+                {
                     c.metrics().refused("sessions");
                     self.audit_refusal(err, Some(&entry.spec.name));
                 }
@@ -115,9 +121,9 @@ impl Executor {
                 }
             }
         };
-        let info = self
-            .sessions
-            .insert(reservation, entry.spec.name.clone(), ttl, timeout, worker)?;
+        let info =
+            self.sessions
+                .insert(reservation, entry.spec.name.clone(), ttl, timeout, worker)?;
         self.audit_record(crate::audit::RecordKind::SessionCreate, |r| {
             r.env = Some(info.env.clone());
             r.session = Some(info.id.clone());
@@ -134,8 +140,7 @@ impl Executor {
     /// Every live session the caller may use, oldest first.
     pub fn list_sessions(&self) -> Vec<SessionInfo> {
         let caller = crate::auth::current();
-        self.sessions
-            .list(caller.as_ref().map(|c| c.client.name()))
+        self.sessions.list(caller.as_ref().map(|c| c.client.name()))
     }
 
     /// End a session: later calls get `unknown_session`; calls already

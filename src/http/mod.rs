@@ -16,12 +16,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
+pub use error::ApiError;
+use gate::RuleKind;
+pub(crate) use gate::{Authenticated, admit};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
-pub use error::ApiError;
-pub(crate) use gate::{Authenticated, admit};
-use gate::RuleKind;
 
 use crate::api::{CreateSessionRequest, SessionInfo};
 use crate::api::{ExecRequest, ExecResult, InstallRequest, InstallResult};
@@ -126,7 +126,7 @@ pub fn mcp_gate(
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Metrics", body = String, content_type = "text/plain; version=0.0.4"),
-        (status = 401, description = "Missing or wrong metrics token, or API token without one (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 401, description = "Missing or wrong metrics token, or a client without the `metrics` scope (`unauthorized`)", body = openapi::ErrorBody),
     )
 )]
 async fn metrics(State(state): State<AppState>) -> Response {
@@ -153,11 +153,13 @@ async fn metrics(State(state): State<AppState>) -> Response {
             content((ExecResult = "application/json"), (String = "text/event-stream"))),
         (status = 400, description = "Malformed request (`bad_request`)", body = openapi::ErrorBody),
         (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 403, description = "The client lacks the scope (`forbidden`, naming it) or may not use the environment (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "Unknown environment or session (`unknown_env`, `unknown_session`)", body = openapi::ErrorBody),
         (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
         (status = 413, description = "Body, code or files over a limit (`too_large`)", body = openapi::ErrorBody),
+        (status = 429, description = "The client's `max_concurrent` or `rate_per_minute` is spent (`too_many_requests`, with `Retry-After`)", body = openapi::ErrorBody),
         (status = 500, description = "The run broke its worker (`internal`)", body = openapi::ErrorBody),
-        (status = 503, description = "No worker free in time (`busy`, with `Retry-After`), environment unavailable (`env_unavailable`) or shutting down (`unavailable`)", body = openapi::ErrorBody),
+        (status = 503, description = "No worker free in time (`busy`, with `Retry-After`), environment unavailable (`env_unavailable`) or shutting down (`unavailable`), or the audit log cannot take the record (`audit_unavailable`)", body = openapi::ErrorBody),
     )
 )]
 async fn execute(
@@ -184,11 +186,12 @@ async fn execute(
         (status = 201, description = "The session was created", body = ref("#/components/schemas/SessionInfo")),
         (status = 400, description = "Malformed request (`bad_request`)", body = openapi::ErrorBody),
         (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 403, description = "The client lacks the scope (`forbidden`, naming it) or may not use the environment (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
         (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`too_large`)", body = openapi::ErrorBody),
-        (status = 429, description = "A cap on live sessions is reached (`too_many_sessions`)", body = openapi::ErrorBody),
-        (status = 503, description = "No worker free in time (`busy`), environment unavailable (`env_unavailable`), or the replica is draining or shutting down (`draining`)", body = openapi::ErrorBody),
+        (status = 429, description = "A cap on live sessions is reached, the server's or the client's (`too_many_sessions`), or the client's `max_concurrent` or `rate_per_minute` is spent (`too_many_requests`, with `Retry-After`)", body = openapi::ErrorBody),
+        (status = 503, description = "No worker free in time (`busy`), environment unavailable (`env_unavailable`), or the replica is draining or shutting down (`draining`), or the audit log cannot take the record (`audit_unavailable`)", body = openapi::ErrorBody),
     )
 )]
 async fn create_session(
@@ -208,6 +211,7 @@ async fn create_session(
     responses(
         (status = 200, description = "The live sessions", body = ref("#/components/schemas/SessionList")),
         (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 403, description = "The client lacks the `sessions` scope (`forbidden`)", body = openapi::ErrorBody),
     )
 )]
 async fn list_sessions(State(state): State<AppState>) -> Response {
@@ -224,6 +228,7 @@ async fn list_sessions(State(state): State<AppState>) -> Response {
     responses(
         (status = 200, description = "The session ended", body = ref("#/components/schemas/ClosedSession")),
         (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 403, description = "The client lacks the `sessions` scope (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "No such live session here (`unknown_session`)", body = openapi::ErrorBody),
     )
 )]
@@ -248,10 +253,12 @@ async fn close_session(
         (status = 200, description = "Every case has a verdict (a server fault is the verdict `error`)", body = ref("#/components/schemas/GradeResult")),
         (status = 400, description = "Malformed request (`bad_request`)", body = openapi::ErrorBody),
         (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 403, description = "The client lacks the scope (`forbidden`, naming it) or may not use the environment (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
         (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
         (status = 413, description = "Body, code, files or cases over a limit (`too_large`)", body = openapi::ErrorBody),
-        (status = 503, description = "Environment unavailable (`env_unavailable`) or shutting down (`unavailable`)", body = openapi::ErrorBody),
+        (status = 429, description = "The client's `max_concurrent` or `rate_per_minute` is spent (`too_many_requests`, with `Retry-After`)", body = openapi::ErrorBody),
+        (status = 503, description = "Environment unavailable (`env_unavailable`) or shutting down (`unavailable`), or the audit log cannot take the record (`audit_unavailable`)", body = openapi::ErrorBody),
     )
 )]
 async fn grade(
@@ -275,10 +282,12 @@ async fn grade(
             content((ref("#/components/schemas/GradeBatchResult") = "application/json"), (String = "text/event-stream"))),
         (status = 400, description = "Malformed request (`bad_request`, naming the submission)", body = openapi::ErrorBody),
         (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 403, description = "The client lacks the scope (`forbidden`, naming it) or may not use the environment (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
         (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
         (status = 413, description = "Body, code, files or cases over a limit (`too_large`)", body = openapi::ErrorBody),
-        (status = 503, description = "Environment unavailable (`env_unavailable`) or shutting down (`unavailable`)", body = openapi::ErrorBody),
+        (status = 429, description = "The client's `max_concurrent` or `rate_per_minute` is spent (`too_many_requests`, with `Retry-After`)", body = openapi::ErrorBody),
+        (status = 503, description = "Environment unavailable (`env_unavailable`) or shutting down (`unavailable`), or the audit log cannot take the record (`audit_unavailable`)", body = openapi::ErrorBody),
     )
 )]
 async fn grade_batch(
@@ -381,6 +390,7 @@ struct PackagesQuery {
         (status = 200, description = "The packages, sorted by name", body = openapi::PackageList),
         (status = 400, description = "Malformed query (`bad_request`)", body = openapi::ErrorBody),
         (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 403, description = "The client may not use the environment (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
         (status = 503, description = "The environment cannot list its packages (`env_unavailable`) or shutting down (`unavailable`)", body = openapi::ErrorBody),
     )
@@ -404,12 +414,13 @@ async fn list_packages(
     responses(
         (status = 200, description = "The installer ran (whatever its exit status)", body = InstallResult),
         (status = 400, description = "Refused package spec, or no conda for `manager: conda` (`bad_request`)", body = openapi::ErrorBody),
-        (status = 403, description = "Installs disabled (no admin token configured) or not the admin token (`forbidden`)", body = openapi::ErrorBody),
+        (status = 403, description = "Installs disabled (no admin token or client with `install` configured), not the admin token, a client without the `install` scope, or an environment outside its `envs` (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
         (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`too_large`)", body = openapi::ErrorBody),
+        (status = 429, description = "The client's `max_concurrent` or `rate_per_minute` is spent (`too_many_requests`, with `Retry-After`)", body = openapi::ErrorBody),
         (status = 500, description = "The installer could not be started (`internal`)", body = openapi::ErrorBody),
-        (status = 503, description = "Environment unavailable (`env_unavailable`) or shutting down (`unavailable`)", body = openapi::ErrorBody),
+        (status = 503, description = "Environment unavailable (`env_unavailable`) or shutting down (`unavailable`), or the audit log cannot take the record (`audit_unavailable`)", body = openapi::ErrorBody),
     )
 )]
 async fn install(

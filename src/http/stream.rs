@@ -115,9 +115,7 @@ pub(super) fn grade_batch_stream(executor: Arc<Executor>, batch: PreparedBatch) 
 /// `f` as the request's caller, in the task it is spawned on: the run's
 /// audit record names the client, and the client's `max_concurrent` slot
 /// stays held until the stream ends.
-fn as_caller(
-    f: impl std::future::Future<Output = ()>,
-) -> impl std::future::Future<Output = ()> {
+fn as_caller(f: impl std::future::Future<Output = ()>) -> impl std::future::Future<Output = ()> {
     // Read here, in the request's task: the spawned one has no caller.
     let caller = crate::auth::current();
     async move {

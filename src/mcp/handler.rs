@@ -22,12 +22,12 @@ use crate::api::SessionInfo;
 use crate::api::{ExecRequest, ExecResult, InstallRequest, InstallResult, PackageInfo};
 use crate::api::{GradeRequest, GradeResult};
 use crate::artifacts::{self, StoredArtifact};
+use crate::auth::{Caller, Client, FrontEnd, Scope};
 use crate::config::Config;
 use crate::executor::OutputStream;
 use crate::executor::{Executor, RunOptions};
 use crate::limits::ResultLimits;
 use crate::mcp::result::{grade_result, refusal, run_result};
-use crate::auth::{Caller, Client, FrontEnd, Scope};
 use crate::mcp::session::{CloseSessionArgs, CreateSessionArgs, ImplicitSession};
 
 /// Arguments of `list_packages`.
@@ -527,15 +527,13 @@ impl McpHandler {
             _ => (None, false),
         };
         let mut caller = Caller::new(client.clone(), request_id, remote, front);
-        let admitted = scope
-            .map_or(Ok(()), |s| client.require(s))
-            .and_then(|()| {
-                if runs {
-                    crate::http::admit(&self.executor, &client)
-                } else {
-                    Ok((None, None))
-                }
-            });
+        let admitted = scope.map_or(Ok(()), |s| client.require(s)).and_then(|()| {
+            if runs {
+                crate::http::admit(&self.executor, &client)
+            } else {
+                Ok((None, None))
+            }
+        });
         match admitted {
             Ok((in_flight, slot)) => {
                 caller.in_flight = in_flight;

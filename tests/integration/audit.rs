@@ -91,7 +91,10 @@ pub async fn post_as(
     request_id: Option<&str>,
     body: Value,
 ) -> (u16, reqwest::header::HeaderMap, Value) {
-    let mut req = server.client.post(format!("{}{path}", server.url)).json(&body);
+    let mut req = server
+        .client
+        .post(format!("{}{path}", server.url))
+        .json(&body);
     if let Some(token) = token {
         req = req.bearer_auth(token);
     }
@@ -108,11 +111,8 @@ pub async fn post_as(
 /// record: the first column of the tables under "### Fields" and
 /// "### Kinds" of "## Audit log".
 fn documented(section: &str) -> BTreeSet<String> {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/docs/operations.md"
-    ))
-    .expect("docs/operations.md");
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .expect("docs/operations.md");
     let start = text
         .find(&format!("### {section}\n"))
         .unwrap_or_else(|| panic!("docs/operations.md has no ### {section}"));
@@ -414,10 +414,21 @@ async fn code_and_output_are_recorded_only_with_audit_include_code() {
 }
 
 /// Runs `print(N)` until one is answered `want`; the last answer.
-async fn run_until(server: &TestServer, want: u16, id: &str) -> (u16, reqwest::header::HeaderMap, Value) {
+async fn run_until(
+    server: &TestServer,
+    want: u16,
+    id: &str,
+) -> (u16, reqwest::header::HeaderMap, Value) {
     let start = Instant::now();
     loop {
-        let answer = post_as(server, "/execute", None, Some(id), json!({"code": "print(1)"})).await;
+        let answer = post_as(
+            server,
+            "/execute",
+            None,
+            Some(id),
+            json!({"code": "print(1)"}),
+        )
+        .await;
         if answer.0 == want {
             return answer;
         }
@@ -455,7 +466,14 @@ async fn a_sink_failing_closed_refuses_runs_and_loses_no_acknowledged_record() {
         ..common::config()
     })
     .await;
-    let (status, _, _) = post_as(&server, "/execute", None, Some("closed-a"), json!({"code": "1"})).await;
+    let (status, _, _) = post_as(
+        &server,
+        "/execute",
+        None,
+        Some("closed-a"),
+        json!({"code": "1"}),
+    )
+    .await;
     assert_eq!(status, 200);
     wait_for_record(&log, "closed-a", |r| r["request_id"] == "closed-a").await;
     // The log's directory goes away and the file is reopened: the sink
@@ -465,7 +483,14 @@ async fn a_sink_failing_closed_refuses_runs_and_loses_no_acknowledged_record() {
     sighup();
     tokio::time::sleep(Duration::from_millis(200)).await;
     // The first run after that was acknowledged (its record queued) ...
-    let (status, _, body) = post_as(&server, "/execute", None, Some("closed-b"), json!({"code": "print(2)"})).await;
+    let (status, _, body) = post_as(
+        &server,
+        "/execute",
+        None,
+        Some("closed-b"),
+        json!({"code": "print(2)"}),
+    )
+    .await;
     assert_eq!(status, 200, "{body}");
     // ... and once the sink is seen failing, runs are refused, naming why.
     let (_, headers, refused) = run_until(&server, 503, "closed-refused").await;
@@ -484,9 +509,15 @@ async fn a_sink_failing_closed_refuses_runs_and_loses_no_acknowledged_record() {
         .iter()
         .filter_map(|r| r["request_id"].as_str())
         .collect();
-    assert!(ids.contains(&"closed-b"), "acknowledged record lost: {ids:?}");
+    assert!(
+        ids.contains(&"closed-b"),
+        "acknowledged record lost: {ids:?}"
+    );
     assert!(ids.contains(&"closed-c"), "{ids:?}");
-    assert!(!ids.contains(&"closed-refused"), "a refused run has a run record: {ids:?}");
+    assert!(
+        !ids.contains(&"closed-refused"),
+        "a refused run has a run record: {ids:?}"
+    );
     let before: Vec<Value> = records(&moved.join("audit.log"));
     assert_eq!(before.len(), 1, "{before:?}");
     server.stop().await;
@@ -515,7 +546,8 @@ async fn a_full_sink_fails_closed_with_503_and_open_with_counted_drops() {
     })
     .await;
     for _ in 0..3 {
-        let (status, _, body) = post_as(&server, "/execute", None, None, json!({"code": "1"})).await;
+        let (status, _, body) =
+            post_as(&server, "/execute", None, None, json!({"code": "1"})).await;
         assert_eq!(status, 200, "{body}");
     }
     let start = Instant::now();
@@ -538,7 +570,10 @@ async fn a_full_sink_fails_closed_with_503_and_open_with_counted_drops() {
         if dropped >= 3.0 {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "drops not counted: {dropped}");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "drops not counted: {dropped}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     server.stop().await;
@@ -555,14 +590,28 @@ async fn sighup_reopens_the_log_and_a_size_cap_rotates_it() {
         ..common::config()
     })
     .await;
-    post_as(&server, "/execute", None, Some("before-hup"), json!({"code": "1"})).await;
+    post_as(
+        &server,
+        "/execute",
+        None,
+        Some("before-hup"),
+        json!({"code": "1"}),
+    )
+    .await;
     wait_for_record(&log, "before-hup", |r| r["request_id"] == "before-hup").await;
     // logrotate: move the file, then SIGHUP.
     let rotated = dir.path().join("audit.log.1");
     std::fs::rename(&log, &rotated).unwrap();
     sighup();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    post_as(&server, "/execute", None, Some("after-hup"), json!({"code": "1"})).await;
+    post_as(
+        &server,
+        "/execute",
+        None,
+        Some("after-hup"),
+        json!({"code": "1"}),
+    )
+    .await;
     wait_for_record(&log, "after-hup", |r| r["request_id"] == "after-hup").await;
     assert_eq!(records(&log).len(), 1);
     assert_eq!(records(&rotated).len(), 1);
@@ -579,10 +628,24 @@ async fn sighup_reopens_the_log_and_a_size_cap_rotates_it() {
         ..common::config()
     })
     .await;
-    post_as(&server, "/execute", None, Some("cap-1"), json!({"code": "1"})).await;
+    post_as(
+        &server,
+        "/execute",
+        None,
+        Some("cap-1"),
+        json!({"code": "1"}),
+    )
+    .await;
     let first = dir.path().join("capped.log.1");
     wait_for_record(&first, "cap-1", |r| r["request_id"] == "cap-1").await;
-    post_as(&server, "/execute", None, Some("cap-2"), json!({"code": "1"})).await;
+    post_as(
+        &server,
+        "/execute",
+        None,
+        Some("cap-2"),
+        json!({"code": "1"}),
+    )
+    .await;
     wait_for_record(&first, "cap-2", |r| r["request_id"] == "cap-2").await;
     server.stop().await;
 }

@@ -26,7 +26,11 @@ fn token(name: &str) -> String {
     format!("{name}-token")
 }
 
-async fn execute_as(server: &TestServer, name: &str, body: Value) -> (u16, reqwest::header::HeaderMap, Value) {
+async fn execute_as(
+    server: &TestServer,
+    name: &str,
+    body: Value,
+) -> (u16, reqwest::header::HeaderMap, Value) {
     post_as(server, "/execute", Some(&token(name)), None, body).await
 }
 
@@ -41,7 +45,10 @@ async fn scopes_and_env_allow_lists_are_refused_with_403_naming_what_is_missing(
     let clients = clients_file(
         dir.path(),
         &(client("runner", "scopes = [\"execute\"]\nenvs = [\"a\"]")
-            + &client("everything", "scopes = [\"execute\", \"sessions\", \"grade\", \"install\"]\nenvs = [\"*\"]")),
+            + &client(
+                "everything",
+                "scopes = [\"execute\", \"sessions\", \"grade\", \"install\"]\nenvs = [\"*\"]",
+            )),
     );
     let server = TestServer::with_config(Config {
         clients_file: Some(clients),
@@ -50,24 +57,40 @@ async fn scopes_and_env_allow_lists_are_refused_with_403_naming_what_is_missing(
     .await;
     // No token: nobody (a clients file turns anonymous access off).
     let (status, _, body) = post_as(&server, "/execute", None, None, json!({"code": "1"})).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (401, Some("unauthorized")));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (401, Some("unauthorized"))
+    );
 
-    let (status, _, body) = execute_as(&server, "runner", json!({"code": "print(1)", "env": "a"})).await;
+    let (status, _, body) =
+        execute_as(&server, "runner", json!({"code": "print(1)", "env": "a"})).await;
     assert_eq!(status, 200, "{body}");
-    let (status, _, body) = execute_as(&server, "runner", json!({"code": "print(1)", "env": "b"})).await;
+    let (status, _, body) =
+        execute_as(&server, "runner", json!({"code": "print(1)", "env": "b"})).await;
     assert_eq!(status, 403, "{body}");
     assert_eq!(body["error"]["code"], "forbidden");
     assert!(message(&body).contains("\"b\""), "{body}");
     assert!(message(&body).contains("runner"), "{body}");
     for (path, scope, payload) in [
-        ("/install", "install", json!({"env": "a", "packages": ["zlib"], "manager": "conda"})),
-        ("/grade", "grade", json!({"code": "print(1)", "tests": [{"expected_stdout": "1"}]})),
+        (
+            "/install",
+            "install",
+            json!({"env": "a", "packages": ["zlib"], "manager": "conda"}),
+        ),
+        (
+            "/grade",
+            "grade",
+            json!({"code": "print(1)", "tests": [{"expected_stdout": "1"}]}),
+        ),
         ("/sessions", "sessions", json!({})),
     ] {
         let (status, _, body) = post_as(&server, path, Some("runner-token"), None, payload).await;
         assert_eq!(status, 403, "{path}: {body}");
         assert_eq!(body["error"]["code"], "forbidden", "{path}");
-        assert!(message(&body).contains(&format!("`{scope}`")), "{path}: {body}");
+        assert!(
+            message(&body).contains(&format!("`{scope}`")),
+            "{path}: {body}"
+        );
     }
     let (status, _, body) = post_as(
         &server,
@@ -79,15 +102,29 @@ async fn scopes_and_env_allow_lists_are_refused_with_403_naming_what_is_missing(
     .await;
     assert_eq!(status, 200, "{body}");
     // /health never lists clients.
-    let health = server.client.get(format!("{}/health", server.url)).send().await.unwrap().text().await.unwrap();
-    assert!(!health.contains("runner") && !health.contains("everything"), "{health}");
+    let health = server
+        .client
+        .get(format!("{}/health", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !health.contains("runner") && !health.contains("everything"),
+        "{health}"
+    );
     server.stop().await;
 }
 
 #[tokio::test]
 async fn max_concurrent_refuses_past_the_cap_at_once_with_retry_after() {
     let dir = tempfile::tempdir().unwrap();
-    let clients = clients_file(dir.path(), &client("pair", "scopes = [\"execute\"]\nmax_concurrent = 2"));
+    let clients = clients_file(
+        dir.path(),
+        &client("pair", "scopes = [\"execute\"]\nmax_concurrent = 2"),
+    );
     let server = TestServer::with_config(Config {
         clients_file: Some(clients),
         pool_size: 2,
@@ -96,12 +133,21 @@ async fn max_concurrent_refuses_past_the_cap_at_once_with_retry_after() {
     .await;
     let started = Instant::now();
     let answers = futures_util::future::join_all((0..10).map(|_| {
-        execute_as(&server, "pair", json!({"code": "import time; time.sleep(1.5)"}))
+        execute_as(
+            &server,
+            "pair",
+            json!({"code": "import time; time.sleep(1.5)"}),
+        )
     }))
     .await;
     let ok = answers.iter().filter(|a| a.0 == 200).count();
     let limited: Vec<_> = answers.iter().filter(|a| a.0 == 429).collect();
-    assert_eq!(ok, 2, "{:?}", answers.iter().map(|a| a.0).collect::<Vec<_>>());
+    assert_eq!(
+        ok,
+        2,
+        "{:?}",
+        answers.iter().map(|a| a.0).collect::<Vec<_>>()
+    );
     assert_eq!(limited.len(), 8);
     for (_, headers, body) in &limited {
         assert_eq!(body["error"]["code"], "too_many_requests");
@@ -109,7 +155,11 @@ async fn max_concurrent_refuses_past_the_cap_at_once_with_retry_after() {
         assert_eq!(headers["retry-after"], "1");
     }
     // Refused at once: the whole batch took about one run.
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
     // The slots are free again.
     let (status, _, _) = execute_as(&server, "pair", json!({"code": "1"})).await;
     assert_eq!(status, 200);
@@ -121,7 +171,10 @@ async fn rate_per_minute_refuses_past_the_budget_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let clients = clients_file(
         dir.path(),
-        &client("metered", "scopes = [\"execute\"]\nrate_per_minute = 60\nburst = 2"),
+        &client(
+            "metered",
+            "scopes = [\"execute\"]\nrate_per_minute = 60\nburst = 2",
+        ),
     );
     let server = TestServer::with_config(Config {
         clients_file: Some(clients),
@@ -159,8 +212,10 @@ async fn sessions_belong_to_their_client_and_ceilings_hold() {
     let dir = tempfile::tempdir().unwrap();
     let clients = clients_file(
         dir.path(),
-        &(client("alice", "scopes = [\"execute\", \"sessions\", \"metrics\"]\nmax_sessions = 1\nmax_timeout = 1")
-            + &client("bob", "scopes = [\"execute\", \"sessions\"]")),
+        &(client(
+            "alice",
+            "scopes = [\"execute\", \"sessions\", \"metrics\"]\nmax_sessions = 1\nmax_timeout = 1",
+        ) + &client("bob", "scopes = [\"execute\", \"sessions\"]")),
     );
     let server = TestServer::with_config(Config {
         clients_file: Some(clients),
@@ -168,13 +223,16 @@ async fn sessions_belong_to_their_client_and_ceilings_hold() {
         ..crate::common::config()
     })
     .await;
-    let (status, _, session) = post_as(&server, "/sessions", Some("alice-token"), None, json!({})).await;
+    let (status, _, session) =
+        post_as(&server, "/sessions", Some("alice-token"), None, json!({})).await;
     assert_eq!(status, 201, "{session}");
     let id = session["id"].as_str().unwrap();
-    let (status, _, body) = execute_as(&server, "alice", json!({"code": "x = 41", "session": id})).await;
+    let (status, _, body) =
+        execute_as(&server, "alice", json!({"code": "x = 41", "session": id})).await;
     assert_eq!(status, 200, "{body}");
     // Bob gets what a session that never existed gets.
-    let (status, _, body) = execute_as(&server, "bob", json!({"code": "print(x)", "session": id})).await;
+    let (status, _, body) =
+        execute_as(&server, "bob", json!({"code": "print(x)", "session": id})).await;
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["error"]["code"], "unknown_session");
     let gone = server
@@ -197,9 +255,15 @@ async fn sessions_belong_to_their_client_and_ceilings_hold() {
         .unwrap();
     assert_eq!(listed["sessions"], json!([]), "{listed}");
     // Alice's session is intact, and she may hold only one.
-    let (_, _, body) = execute_as(&server, "alice", json!({"code": "print(x + 1)", "session": id})).await;
+    let (_, _, body) = execute_as(
+        &server,
+        "alice",
+        json!({"code": "print(x + 1)", "session": id}),
+    )
+    .await;
     assert_eq!(body["stdout"], "42\n", "{body}");
-    let (status, _, body) = post_as(&server, "/sessions", Some("alice-token"), None, json!({})).await;
+    let (status, _, body) =
+        post_as(&server, "/sessions", Some("alice-token"), None, json!({})).await;
     assert_eq!(status, 429, "{body}");
     assert_eq!(body["error"]["code"], "too_many_sessions");
     assert!(message(&body).contains("alice"), "{body}");
@@ -229,10 +293,15 @@ async fn sessions_belong_to_their_client_and_ceilings_hold() {
         "{metrics}"
     );
     assert!(
-        metrics.contains("code_executor_client_refusals_total{client=\"alice\",reason=\"sessions\"} 1"),
+        metrics.contains(
+            "code_executor_client_refusals_total{client=\"alice\",reason=\"sessions\"} 1"
+        ),
         "{metrics}"
     );
-    assert!(metrics.contains("code_executor_client_queue_wait_seconds_count{client=\"bob\"}"), "{metrics}");
+    assert!(
+        metrics.contains("code_executor_client_queue_wait_seconds_count{client=\"bob\"}"),
+        "{metrics}"
+    );
     server.stop().await;
 }
 
@@ -248,7 +317,8 @@ async fn a_reload_under_load_changes_rights_without_failing_a_request() {
     })
     .await;
     let grade = json!({"code": "print(1)", "tests": [{"expected_stdout": "1"}]});
-    let (status, _, _) = post_as(&server, "/grade", Some("worker-token"), None, grade.clone()).await;
+    let (status, _, _) =
+        post_as(&server, "/grade", Some("worker-token"), None, grade.clone()).await;
     assert_eq!(status, 403);
     let load = async {
         let mut statuses = Vec::new();
@@ -296,7 +366,10 @@ fn hash_token_prints_the_sha256_of_the_argument_or_stdin() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), sha256("s3cret"));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        sha256("s3cret")
+    );
     let mut child = std::process::Command::new(binary)
         .arg("hash-token")
         .stdin(std::process::Stdio::piped())
@@ -306,7 +379,10 @@ fn hash_token_prints_the_sha256_of_the_argument_or_stdin() {
     use std::io::Write;
     child.stdin.take().unwrap().write_all(b"s3cret\n").unwrap();
     let out = child.wait_with_output().unwrap();
-    assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), sha256("s3cret"));
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        sha256("s3cret")
+    );
 }
 
 /// The first text of an MCP result.
@@ -322,8 +398,10 @@ async fn every_rule_holds_over_mcp_streamable_http_by_bearer_token() {
     let log = dir.path().join("audit.log");
     let clients = clients_file(
         dir.path(),
-        &(client("runner", "scopes = [\"execute\"]\nenvs = [\"a\"]\nrate_per_minute = 60\nburst = 2")
-            + &client("owner", "scopes = [\"execute\", \"sessions\"]")
+        &(client(
+            "runner",
+            "scopes = [\"execute\"]\nenvs = [\"a\"]\nrate_per_minute = 60\nburst = 2",
+        ) + &client("owner", "scopes = [\"execute\", \"sessions\"]")
             + &client("intruder", "scopes = [\"execute\", \"sessions\"]")),
     );
     let server = TestServer::with_config(Config {
@@ -334,29 +412,58 @@ async fn every_rule_holds_over_mcp_streamable_http_by_bearer_token() {
     .await;
     let url = format!("{}/mcp", server.url);
     let runner = connect_http(&url, Some("runner-token")).await;
-    let result = execute_code(&runner, json!({"code": "print(6*7)", "env": "a"})).await.unwrap();
+    let result = execute_code(&runner, json!({"code": "print(6*7)", "env": "a"}))
+        .await
+        .unwrap();
     assert_ne!(result.is_error, Some(true), "{}", text(&result));
     let run = wait_for_record(&log, "mcp run", |r| r["front_end"] == "mcp-http").await;
     assert_eq!(run["client"], "runner");
     assert!(!run["request_id"].as_str().unwrap().is_empty(), "{run}");
-    let shown = refused(&execute_code(&runner, json!({"code": "1", "env": "b"})).await.unwrap());
-    assert!(shown.contains("forbidden") && shown.contains("\"b\""), "{shown}");
+    let shown = refused(
+        &execute_code(&runner, json!({"code": "1", "env": "b"}))
+            .await
+            .unwrap(),
+    );
+    assert!(
+        shown.contains("forbidden") && shown.contains("\"b\""),
+        "{shown}"
+    );
     let shown = refused(&call(&runner, "create_session", json!({})).await.unwrap());
-    assert!(shown.contains("forbidden") && shown.contains("`sessions`"), "{shown}");
+    assert!(
+        shown.contains("forbidden") && shown.contains("`sessions`"),
+        "{shown}"
+    );
     // The second token of the bucket went on the refused env (a missing
     // scope takes none): the next run is over the budget.
-    let shown = refused(&execute_code(&runner, json!({"code": "1", "env": "a"})).await.unwrap());
+    let shown = refused(
+        &execute_code(&runner, json!({"code": "1", "env": "a"}))
+            .await
+            .unwrap(),
+    );
     assert!(shown.contains("too_many_requests"), "{shown}");
 
     let owner = connect_http(&url, Some("owner-token")).await;
     let created = call(&owner, "create_session", json!({})).await.unwrap();
-    let id = created.structured_content.as_ref().unwrap()["id"].as_str().unwrap().to_string();
+    let id = created.structured_content.as_ref().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let other = connect_http(&url, Some("intruder-token")).await;
-    let shown = refused(&execute_code(&other, json!({"code": "1", "session": id})).await.unwrap());
+    let shown = refused(
+        &execute_code(&other, json!({"code": "1", "session": id}))
+            .await
+            .unwrap(),
+    );
     assert!(shown.contains("unknown_session"), "{shown}");
-    let shown = refused(&call(&other, "close_session", json!({"session": id})).await.unwrap());
+    let shown = refused(
+        &call(&other, "close_session", json!({"session": id}))
+            .await
+            .unwrap(),
+    );
     assert!(shown.contains("unknown_session"), "{shown}");
-    let result = execute_code(&owner, json!({"code": "print('mine')", "session": id})).await.unwrap();
+    let result = execute_code(&owner, json!({"code": "print('mine')", "session": id}))
+        .await
+        .unwrap();
     assert_ne!(result.is_error, Some(true), "{}", text(&result));
     let _ = runner.cancel().await;
     let _ = other.cancel().await;
@@ -370,8 +477,10 @@ async fn mcp_over_stdio_acts_as_its_configured_client() {
     let log = dir.path().join("audit.log");
     let clients = clients_file(
         dir.path(),
-        &(client("notebook", "scopes = [\"execute\"]\nmax_timeout = 1\nrate_per_minute = 6\nburst = 2")
-            + &client("other", "scopes = [\"execute\", \"sessions\"]")),
+        &(client(
+            "notebook",
+            "scopes = [\"execute\"]\nmax_timeout = 1\nrate_per_minute = 6\nburst = 2",
+        ) + &client("other", "scopes = [\"execute\", \"sessions\"]")),
     );
     let python = crate::common::python();
     let (stdio, _child) = connect_stdio(
@@ -391,16 +500,26 @@ async fn mcp_over_stdio_acts_as_its_configured_client() {
         &[("TMPDIR", dir.path() as &Path)],
     )
     .await;
-    let result = execute_code(&stdio, json!({"code": "import time; time.sleep(4)", "timeout": 30}))
-        .await
-        .unwrap();
-    assert!(text(&result).contains("timed out after 1"), "{}", text(&result));
+    let result = execute_code(
+        &stdio,
+        json!({"code": "import time; time.sleep(4)", "timeout": 30}),
+    )
+    .await
+    .unwrap();
+    assert!(
+        text(&result).contains("timed out after 1"),
+        "{}",
+        text(&result)
+    );
     let run = wait_for_record(&log, "stdio run", |r| r["kind"] == "run").await;
     assert_eq!(run["front_end"], "mcp-stdio");
     assert_eq!(run["client"], "notebook");
     assert!(!run["request_id"].as_str().unwrap().is_empty(), "{run}");
     let shown = refused(&call(&stdio, "create_session", json!({})).await.unwrap());
-    assert!(shown.contains("forbidden") && shown.contains("`sessions`"), "{shown}");
+    assert!(
+        shown.contains("forbidden") && shown.contains("`sessions`"),
+        "{shown}"
+    );
     let _ = execute_code(&stdio, json!({"code": "1"})).await.unwrap();
     let shown = refused(&execute_code(&stdio, json!({"code": "1"})).await.unwrap());
     assert!(shown.contains("too_many_requests"), "{shown}");
@@ -416,5 +535,8 @@ async fn mcp_over_stdio_acts_as_its_configured_client() {
         .await
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("\"nobody\""), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("\"nobody\""),
+        "{out:?}"
+    );
 }
