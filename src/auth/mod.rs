@@ -356,7 +356,9 @@ pub struct ClientsConfig {
 
 /// Every known client, reloadable.
 pub struct Clients {
-    config: ClientsConfig,
+    /// The file and the implicit tokens; the tokens are the HTTP router's
+    /// (see [`Clients::use_tokens`]).
+    config: Mutex<ClientsConfig>,
     /// Swapped whole on reload; a request holds the `Arc<Client>` it
     /// authenticated as until it ends.
     table: ArcSwap<Table>,
@@ -370,7 +372,7 @@ impl Clients {
     /// The clients of `config` (reading the file).
     pub fn load(config: ClientsConfig, metrics: Arc<Metrics>) -> Result<Clients, ClientsError> {
         let clients = Clients {
-            config,
+            config: Mutex::new(config),
             table: ArcSwap::from_pointee(Table {
                 by_hash: HashMap::new(),
                 by_name: HashMap::new(),
@@ -386,7 +388,8 @@ impl Clients {
     /// Re-read the clients file and swap the table in; on error the old
     /// table stays in force.
     pub fn reload(&self) -> Result<usize, ClientsError> {
-        let mut entries = match &self.config.file {
+        let config = self.config.lock().clone();
+        let mut entries = match &config.file {
             Some(path) => read_clients(path)?,
             None => Vec::new(),
         };
@@ -403,21 +406,21 @@ impl Clients {
             limits: None,
         };
         let mut user = vec![Scope::Execute, Scope::Sessions, Scope::Grade];
-        if !self.config.metrics_token {
+        if !config.metrics_token {
             user.push(Scope::Metrics);
         }
-        if let Some(token) = &self.config.token {
+        if let Some(token) = &config.token {
             entries.push(implicit(TOKEN_CLIENT, token, user.clone()));
         }
-        if let Some(token) = &self.config.admin_token {
+        if let Some(token) = &config.admin_token {
             let mut all = vec![Scope::Execute, Scope::Sessions, Scope::Grade];
             all.extend([Scope::Install, Scope::EnvsAdmin]);
-            if !self.config.metrics_token {
+            if !config.metrics_token {
                 all.push(Scope::Metrics);
             }
             entries.push(implicit(ADMIN_CLIENT, token, all));
         }
-        let anonymous_entry = (self.config.file.is_none() && self.config.token.is_none())
+        let anonymous_entry = (config.file.is_none() && config.token.is_none())
             .then(|| implicit(ANONYMOUS_CLIENT, "", user));
         let mut by_hash = HashMap::new();
         let mut by_name = HashMap::new();
@@ -511,6 +514,30 @@ impl Clients {
             limits: entry.limits.clone(),
             state,
         })
+    }
+
+    /// Make `token` and `admin_token` the implicit clients (`default`,
+    /// `admin`), as the HTTP router's state names them; the server's own
+    /// router names the configured ones, so this changes nothing there.
+    pub fn use_tokens(
+        &self,
+        token: Option<&str>,
+        admin_token: Option<&str>,
+        metrics_token: bool,
+    ) -> Result<(), ClientsError> {
+        {
+            let mut config = self.config.lock();
+            let same = config.token.as_deref() == token
+                && config.admin_token.as_deref() == admin_token
+                && config.metrics_token == metrics_token;
+            if same {
+                return Ok(());
+            }
+            config.token = token.map(str::to_string);
+            config.admin_token = admin_token.map(str::to_string);
+            config.metrics_token = metrics_token;
+        }
+        self.reload().map(|_| ())
     }
 
     /// The client a bearer token (or its absence) is, if any.

@@ -47,7 +47,20 @@ pub struct AppState {
 ///
 /// Each group of routes has its gate ([`gate`]): which scope it needs and
 /// whether its `POST`s run code (and so take the client's quotas).
+///
+/// `state`'s `token` and `admin_token` are the implicit clients `default`
+/// and `admin` beside the clients file's.
 pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+    if let Err(err) = state.executor.clients().use_tokens(
+        state.token.as_deref(),
+        state.admin_token.as_deref(),
+        state.metrics_token.is_some(),
+    ) {
+        tracing::error!(
+            "the clients file no longer loads; the clients in force stay: {}",
+            crate::error::error_chain(&err)
+        );
+    }
     let gate = |scope, count_posts, kind| {
         middleware::from_fn_with_state(
             gate::Gated {
