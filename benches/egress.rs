@@ -98,10 +98,21 @@ async fn main() {
     let python = python.to_str().unwrap();
     let port = origin().await;
     let listed = format!("127.0.0.1:{port}");
-    let proxied = Server::start(&["--python", python, "--pool-size", "1", "--allowed-hosts", &listed]).await;
+    let proxied = Server::start(&[
+        "--python",
+        python,
+        "--pool-size",
+        "1",
+        "--allowed-hosts",
+        &listed,
+    ])
+    .await;
     let host = Server::start(&["--python", python, "--pool-size", "1", "--network", "host"]).await;
     let isolated = Server::start(&["--python", python, "--pool-size", "1"]).await;
-    let client = reqwest::Client::builder().tcp_nodelay(true).build().unwrap();
+    let client = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .build()
+        .unwrap();
     let download = format!(
         "import urllib.request\nprint(len(urllib.request.urlopen('http://127.0.0.1:{port}/', timeout=30).read()))"
     );
@@ -124,13 +135,24 @@ async fn main() {
     };
     let (p, d) = (mid(&mut through_proxy), mid(&mut direct));
     let (l, i) = (mid(&mut clean_listed), mid(&mut clean_isolated));
-    println!("egress benchmark: median of 3 rounds of {rounds} runs each (client-side wall time of POST /execute)");
+    println!(
+        "egress benchmark: median of 3 rounds of {rounds} runs each (client-side wall time of POST /execute)"
+    );
     println!("| scenario | p50 (ms) |");
     println!("|---|---|");
     println!("| 1 MB download through the egress proxy | {:.2} |", ms(p));
-    println!("| 1 MB download over the host's network (no proxy) | {:.2} |", ms(d));
-    println!("| clean run, environment with allowed_hosts | {:.2} |", ms(l));
-    println!("| clean run, isolated environment (no proxy) | {:.2} |", ms(i));
+    println!(
+        "| 1 MB download over the host's network (no proxy) | {:.2} |",
+        ms(d)
+    );
+    println!(
+        "| clean run, environment with allowed_hosts | {:.2} |",
+        ms(l)
+    );
+    println!(
+        "| clean run, isolated environment (no proxy) | {:.2} |",
+        ms(i)
+    );
     println!(
         "proxy overhead on 1 MB: {:+.2} ms ({:.2}x); clean run with an allow-list: {:+.2} ms ({:.2}x)",
         ms(p) - ms(d),

@@ -113,10 +113,15 @@ pub enum ExecError {
     Draining { replica: String },
     #[error("{0}")]
     UnknownSession(String),
-    /// A cap on live sessions is reached: the server's (`env` is `None`)
-    /// or one environment's.
-    #[error("{}", too_many_sessions(env.as_deref(), *limit))]
-    TooManySessions { env: Option<String>, limit: usize },
+    /// A cap on live sessions is reached: the server's (`env` and
+    /// `client` are `None`), one environment's or one client's
+    /// (`max_sessions` in the clients file).
+    #[error("{}", too_many_sessions(env.as_deref(), client.as_deref(), *limit))]
+    TooManySessions {
+        env: Option<String>,
+        client: Option<String>,
+        limit: usize,
+    },
     /// The worker's pids cgroup could not be set for the run or session.
     #[error("cannot cap the run's processes in the worker's cgroup")]
     Cgroup(#[source] io::Error),
@@ -126,12 +131,24 @@ pub enum ExecError {
     SessionId(#[source] io::Error),
     #[error("error running the installer")]
     Installer(#[source] io::Error),
+    /// The client may not do this: a scope it lacks or an environment
+    /// outside its allow-list (named in the message).
+    #[error("{0}")]
+    Forbidden(String),
+    /// A client's quota (in-flight runs, rate) is spent for now.
+    #[error("{message}")]
+    TooManyRequests { message: String, retry_after: u64 },
+    /// `audit_fail = "closed"` and the audit log cannot take the request's
+    /// record: nothing runs.
+    #[error("{0}")]
+    AuditUnavailable(String),
 }
 
-fn too_many_sessions(env: Option<&str>, limit: usize) -> String {
-    let whose = match env {
-        None => "the server".to_string(),
-        Some(env) => format!("environment {env:?}"),
+fn too_many_sessions(env: Option<&str>, client: Option<&str>, limit: usize) -> String {
+    let whose = match (env, client) {
+        (_, Some(client)) => format!("client {client:?}"),
+        (None, None) => "the server".to_string(),
+        (Some(env), None) => format!("environment {env:?}"),
     };
     format!(
         "{whose} already runs its maximum of {limit} sessions; close one (DELETE /sessions/{{id}}) or wait for one to expire"
@@ -151,6 +168,9 @@ impl ExecError {
             ExecError::Draining { .. } => "draining",
             ExecError::UnknownSession(_) => "unknown_session",
             ExecError::TooManySessions { .. } => "too_many_sessions",
+            ExecError::Forbidden(_) => "forbidden",
+            ExecError::TooManyRequests { .. } => "too_many_requests",
+            ExecError::AuditUnavailable(_) => "audit_unavailable",
             ExecError::Worker(_)
             | ExecError::Cgroup(_)
             | ExecError::Encode(_)
@@ -165,7 +185,9 @@ impl ExecError {
             ExecError::BadRequest(_) => 400,
             ExecError::TooLarge(_) => 413,
             ExecError::UnknownEnv { .. } | ExecError::UnknownSession(_) => 404,
-            ExecError::TooManySessions { .. } => 429,
+            ExecError::Forbidden(_) => 403,
+            ExecError::TooManySessions { .. } | ExecError::TooManyRequests { .. } => 429,
+            ExecError::AuditUnavailable(_) => 503,
             ExecError::Busy(_)
             | ExecError::EnvUnavailable { .. }
             | ExecError::ShuttingDown
@@ -182,7 +204,10 @@ impl ExecError {
     pub fn retry_after(&self) -> Option<u64> {
         match self {
             ExecError::Busy(PoolError::Busy(wait)) => Some(wait.as_secs().clamp(1, 60)),
-            ExecError::ShuttingDown | ExecError::Draining { .. } => Some(1),
+            ExecError::ShuttingDown
+            | ExecError::Draining { .. }
+            | ExecError::AuditUnavailable(_) => Some(1),
+            ExecError::TooManyRequests { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }
@@ -220,6 +245,28 @@ pub enum StartError {
         #[source]
         source: WorkerError,
     },
+    #[error("error opening the audit log")]
+    Audit(#[source] io::Error),
+    #[error(transparent)]
+    Clients(#[from] ClientsError),
+}
+
+/// The clients file cannot be used (at start: the server does not start;
+/// on reload: the clients in force stay).
+// Each variant's `#[error]` message says what it is.
+#[allow(missing_docs)]
+#[derive(Debug, thiserror::Error)]
+pub enum ClientsError {
+    #[error("error reading clients file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("invalid clients file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid clients file: {0}")]
+    Invalid(String),
 }
 
 /// A configuration that cannot be used.

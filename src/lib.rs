@@ -53,6 +53,14 @@
 //!   (`openapi.rs`).
 //! * [`mcp`]: the MCP server (`rmcp`): tools over the executor
 //!   (`handler.rs`), tool results (`result.rs`), stdio and streamable HTTP.
+//! * [`auth`]: who is calling and what they may do: the clients file
+//!   (scopes, env allow-lists, ceilings), token hashing, the request's
+//!   [`auth::Caller`]; quotas (in-flight runs, token-bucket rate) in
+//!   `quota.rs`. Enforced by the HTTP gate (`http/gate.rs`), the MCP
+//!   handler and the executor.
+//! * [`audit`]: the audit record (versioned schema) and its non-blocking
+//!   sink: a bounded queue, one writer thread, fail open or closed,
+//!   SIGHUP reopen and size rotation.
 //! * [`server`]: serving the HTTP API (and MCP at `/mcp`): connection
 //!   limits, drain on SIGTERM, graceful shutdown.
 //! * [`metrics`]: Prometheus metrics: runs, queues, workers, HTTP and MCP.
@@ -65,6 +73,8 @@
 
 pub mod api;
 pub(crate) mod artifacts;
+pub mod audit;
+pub mod auth;
 pub mod config;
 pub(crate) mod egress;
 pub(crate) mod env;

@@ -12,6 +12,9 @@ fn main() {
         // The launcher: no runtime, no threads; it execs the worker.
         code_executor::sandbox_exec(args);
     }
+    if let Command::HashToken(args) = &cli.command {
+        hash_token(args.token.clone());
+    }
     if let Err(err) = server::harden_process() {
         eprintln!("error: cannot harden the server process: {err}");
         std::process::exit(1);
@@ -64,7 +67,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let config = Config::load(&args)?;
             init_logging(config.log_format);
             let executor = Arc::new(Executor::start_warming(&config).await?);
+            if let Some(name) = &config.mcp_client
+                && executor.clients().by_name(name).is_none()
+            {
+                anyhow::bail!("mcp_client {name:?} names no client of the clients file");
+            }
+            let reload = tokio::spawn(server::reload_on_sighup(executor.clone()));
             code_executor::mcp::serve_stdio(executor, &config, server::shutdown_signal()).await?;
+            reload.abort();
             Ok(())
         }
         Command::Envs(args) => {
@@ -73,8 +83,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", config.describe_envs().await?);
             Ok(())
         }
-        Command::SandboxExec(_) => unreachable!("handled before the runtime starts"),
+        Command::SandboxExec(_) | Command::HashToken(_) => {
+            unreachable!("handled before the runtime starts")
+        }
     }
+}
+
+/// `code-executor hash-token [TOKEN]`: print the token's SHA-256 (the
+/// token from stdin when not given) and exit.
+fn hash_token(token: Option<String>) -> ! {
+    let token = token.unwrap_or_else(|| {
+        let mut line = String::new();
+        if let Err(err) = std::io::stdin().read_line(&mut line) {
+            eprintln!("error: cannot read the token from stdin: {err}");
+            std::process::exit(1);
+        }
+        line.trim_end_matches(['\r', '\n']).to_string()
+    });
+    if token.is_empty() {
+        eprintln!("error: the token is empty");
+        std::process::exit(1);
+    }
+    println!("{}", code_executor::auth::hash_token(&token));
+    std::process::exit(0);
 }
 
 /// Log to stderr, filtered by `CODE_EXECUTOR_LOG` (default `info`), as text

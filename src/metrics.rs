@@ -150,6 +150,68 @@ impl EncodeLabelSet for ToolLabels {
     }
 }
 
+/// Labels of the per-client metrics: the client's name (bounded by the
+/// clients file) and one more label.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ClientLabels {
+    client: Arc<str>,
+    key: &'static str,
+    value: &'static str,
+}
+
+impl EncodeLabelSet for ClientLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        [("client", &*self.client), (self.key, self.value)].encode(encoder)
+    }
+}
+
+/// The `client` label alone.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ClientLabel(Arc<str>);
+
+impl EncodeLabelSet for ClientLabel {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        [("client", &*self.0)].encode(encoder)
+    }
+}
+
+/// Why a client's request was refused, as the `reason` label shows it.
+pub(crate) const REFUSALS: [&str; 5] = ["scope", "env", "concurrency", "rate", "sessions"];
+
+/// One client's metrics, resolved once per client (at load, kept across
+/// reloads), so that recording needs no label lookup.
+#[derive(Debug, Clone)]
+pub struct ClientMetrics {
+    /// `client_runs_total` for each [`RunOutcome`], in [`RunOutcome::ALL`] order.
+    runs: [Counter; 6],
+    /// `client_refusals_total` for each of [`REFUSALS`].
+    refusals: [Counter; 5],
+    queue_wait: Histogram,
+}
+
+impl ClientMetrics {
+    /// A run of this client that ended with `outcome`.
+    pub fn run(&self, outcome: RunOutcome) {
+        let i = RunOutcome::ALL
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or(0);
+        self.runs[i].inc();
+    }
+
+    /// A request of this client refused for `reason` (one of [`REFUSALS`]).
+    pub fn refused(&self, reason: &str) {
+        if let Some(i) = REFUSALS.iter().position(|r| *r == reason) {
+            self.refusals[i].inc();
+        }
+    }
+
+    /// Time a request of this client waited for a worker.
+    pub fn queue_wait(&self, seconds: f64) {
+        self.queue_wait.observe(seconds);
+    }
+}
+
 /// One environment's run metrics, resolved once so that recording needs no
 /// label lookup.
 #[derive(Debug, Clone)]
@@ -194,6 +256,10 @@ pub struct Metrics {
     http_requests: Family<HttpLabels, Counter>,
     http_in_flight: Gauge,
     mcp_calls: Family<ToolLabels, Counter>,
+    client_runs: Family<ClientLabels, Counter>,
+    client_refusals: Family<ClientLabels, Counter>,
+    client_queue_wait: Family<ClientLabel, Histogram, fn() -> Histogram>,
+    audit_dropped: Counter,
     /// Route templates seen so far, shared so that a request's labels cost
     /// a reference count, not a string copy.
     routes: RwLock<HashMap<Box<str>, Arc<str>>>,
@@ -257,8 +323,37 @@ impl Metrics {
             "MCP tool calls by tool and outcome (ok, error, failed)",
             mcp_calls.clone(),
         );
+        let client_runs = Family::<ClientLabels, Counter>::default();
+        let client_refusals = Family::<ClientLabels, Counter>::default();
+        let client_queue_wait = Family::new_with_constructor(wait_buckets as fn() -> Histogram);
+        let audit_dropped = Counter::default();
+        registry.register(
+            "client_runs",
+            "Runs by client and outcome (ok, error, timeout, limit, busy, failed)",
+            client_runs.clone(),
+        );
+        registry.register(
+            "client_refusals",
+            "Requests refused by a client's rights or quotas, by client and reason (scope, env, concurrency, rate, sessions)",
+            client_refusals.clone(),
+        );
+        registry.register_with_unit(
+            "client_queue_wait",
+            "Time a request waited for a free worker, by client",
+            Unit::Seconds,
+            client_queue_wait.clone(),
+        );
+        registry.register(
+            "audit_dropped",
+            "Audit records dropped (audit_fail = \"open\": the queue was full or the sink failed)",
+            audit_dropped.clone(),
+        );
         registry.register_collector(Box::new(PoolCollector { pools }));
         Metrics {
+            client_runs,
+            client_refusals,
+            client_queue_wait,
+            audit_dropped,
             registry,
             runs,
             run_duration,
@@ -310,6 +405,35 @@ impl Metrics {
     }
 
     /// Count one answered HTTP request.
+    /// The metrics handles of client `name`.
+    pub fn client(&self, name: &str) -> ClientMetrics {
+        let client: Arc<str> = Arc::from(name);
+        ClientMetrics {
+            runs: RunOutcome::ALL.map(|outcome| {
+                self.client_runs.get_or_create_owned(&ClientLabels {
+                    client: client.clone(),
+                    key: "outcome",
+                    value: outcome.as_str(),
+                })
+            }),
+            refusals: REFUSALS.map(|reason| {
+                self.client_refusals.get_or_create_owned(&ClientLabels {
+                    client: client.clone(),
+                    key: "reason",
+                    value: reason,
+                })
+            }),
+            queue_wait: self
+                .client_queue_wait
+                .get_or_create_owned(&ClientLabel(client)),
+        }
+    }
+
+    /// An audit record dropped.
+    pub fn audit_dropped(&self) {
+        self.audit_dropped.inc();
+    }
+
     pub fn http_request(&self, method: &axum::http::Method, route: &str, status: u16) {
         let route = self.route(route);
         let method = match *method {

@@ -32,7 +32,7 @@ use crate::config::{Config, ConnectionLimits};
 use crate::executor::Executor;
 use crate::http::guard::{self, BodyLimits};
 use crate::http::observe::observe;
-use crate::http::{AppState, require_token, router};
+use crate::http::{AppState, mcp_gate, router};
 use crate::mcp;
 
 /// How a stop was asked for.
@@ -78,7 +78,7 @@ pub async fn run<S: Into<Stop>>(
             "/mcp",
             mcp::http_service(executor.clone(), config, mcp_stop.child_token()),
         )
-        .layer(middleware::from_fn_with_state(state.clone(), require_token));
+        .layer(middleware::from_fn(mcp_gate(state.clone())));
     // Request ids, request spans and HTTP metrics cover every route, MCP too.
     let app = router(state.clone(), config.max_body_bytes)
         .merge(mcp)
@@ -113,7 +113,9 @@ pub async fn run<S: Into<Stop>>(
             tokio::time::sleep(drain_delay).await;
         }
     };
+    let reload = tokio::spawn(reload_on_sighup(executor.clone()));
     serve_connections(listener, app, limits, &graceful, stop_accepting).await;
+    reload.abort();
     tracing::info!("shutting down: finishing in-flight requests");
     mcp_stop.cancel();
     if tokio::time::timeout(drain_limit, graceful.shutdown())
@@ -143,7 +145,7 @@ async fn serve_connections(
         .keep_alive(true);
     tokio::pin!(shutdown);
     loop {
-        let (tcp, _remote) = tokio::select! {
+        let (tcp, remote) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => conn,
                 Err(err) => {
@@ -167,7 +169,16 @@ async fn serve_connections(
             tokio::spawn(refuse(tcp, limits.max_connections));
             continue;
         };
-        let service = TowerToHyperService::new(app.clone());
+        // The peer's address, for the audit log (`ConnectInfo`, as axum's
+        // own server would give it).
+        let service = TowerToHyperService::new(tower::ServiceExt::map_request(
+            app.clone(),
+            move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(remote));
+                req
+            },
+        ));
         let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
         tokio::spawn(async move {
             // Errors here are the client's (reset, timed out): not ours to log.
@@ -253,6 +264,23 @@ fn connection_budget(configured: usize) -> usize {
 /// Descriptors kept back from connections: workers' pipes, cgroup files,
 /// installs, logs.
 const DESCRIPTOR_RESERVE: u64 = 512;
+
+/// On every SIGHUP: reopen the audit log (logrotate moved it) and re-read
+/// the clients file. Runs until aborted; requests in flight keep the
+/// client they authenticated as, new ones get the new rights.
+pub async fn reload_on_sighup(executor: Arc<Executor>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(hup) => hup,
+        Err(err) => {
+            tracing::error!("cannot listen for SIGHUP (no reloads): {err}");
+            return;
+        }
+    };
+    while hup.recv().await.is_some() {
+        let _ = executor.reload();
+    }
+}
 
 /// Resolves on SIGTERM ([`Stop::Drain`]) or SIGINT ([`Stop::Now`]).
 pub async fn drain_signal() -> Stop {

@@ -66,6 +66,9 @@ pub enum Command {
     Mcp(Options),
     /// Print the environments this server can see.
     Envs(Options),
+    /// Print the SHA-256 of a bearer token (the argument, else a line of
+    /// stdin), for `token_sha256` in the clients file.
+    HashToken(HashTokenCommand),
     /// Internal: start a program inside the worker sandbox (see `sandbox::launch`).
     #[command(hide = true)]
     SandboxExec(LaunchArgs),
@@ -81,6 +84,14 @@ pub struct ServeCommand {
     /// and exit (0 when valid) without serving.
     #[arg(long)]
     pub check_config: bool,
+}
+
+/// `code-executor hash-token`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct HashTokenCommand {
+    /// The token; read from stdin when absent (keeps it out of the shell's
+    /// history and the process list).
+    pub token: Option<String>,
 }
 
 /// How log lines are written (to stderr).
@@ -239,6 +250,12 @@ pub struct Config {
     /// How long readiness is off after SIGTERM before the server stops
     /// accepting: the time a balancer needs to notice and stop sending.
     pub drain_delay: Duration,
+    /// The audit log: where, fail open or closed, with code or not.
+    pub audit: crate::audit::AuditConfig,
+    /// The clients file (named clients), re-read on SIGHUP.
+    pub clients_file: Option<PathBuf>,
+    /// The client MCP over stdio acts as (by name).
+    pub mcp_client: Option<String>,
 }
 
 /// Bounds on the HTTP server's connections.
@@ -323,6 +340,12 @@ impl Default for Config {
             },
             replica_id: crate::replica::default_replica_id(),
             drain_delay: Duration::from_secs(5),
+            audit: crate::audit::AuditConfig {
+                queue: crate::audit::DEFAULT_QUEUE,
+                ..crate::audit::AuditConfig::default()
+            },
+            clients_file: None,
+            mcp_client: None,
         }
     }
 }
@@ -529,12 +552,25 @@ impl Config {
                 .filter(|id| !id.is_empty())
                 .unwrap_or(d.replica_id),
             drain_delay: secs(o.drain_delay_secs, d.drain_delay),
+            audit: crate::audit::AuditConfig {
+                target: o.audit_log.as_deref().map(crate::audit::AuditTarget::parse),
+                fail: o.audit_fail.unwrap_or_default(),
+                include_code: o.audit_include_code.unwrap_or(false),
+                queue: o.audit_queue.unwrap_or(d.audit.queue),
+                max_bytes: o.audit_max_bytes,
+            },
+            clients_file: o.clients,
+            mcp_client: o.mcp_client.filter(|c| !c.is_empty()),
         };
         config.validate()?;
         // As Jupyter does: beyond loopback, a server nobody gave a token
         // makes its own (printed once in the log) rather than refusing to
         // start; only --insecure-no-auth serves without one.
-        if !config.host.is_loopback() && config.token.is_none() && !config.insecure_no_auth {
+        if !config.host.is_loopback()
+            && config.token.is_none()
+            && config.clients_file.is_none()
+            && !config.insecure_no_auth
+        {
             config.token = Some(random_token().map_err(ConfigError::Token)?);
             config.token_generated = true;
         }

@@ -13,6 +13,7 @@ use clap::builder::BoolishValueParser;
 use serde::Deserialize;
 
 use super::{EnvTable, LogFormat};
+use crate::audit::AuditFail;
 use crate::sandbox::{Network, TierChoice};
 
 /// A duration in seconds, as every option that is one is given: a
@@ -310,6 +311,32 @@ pub struct Options {
     /// server still serves everything, before it stops accepting.
     #[arg(long = "drain-delay", env = "CODE_EXECUTOR_DRAIN_DELAY")]
     pub drain_delay_secs: Option<Seconds>,
+    /// Audit log: a JSON-lines file, or `-` for stderr (see
+    /// docs/operations.md); none by default.
+    #[arg(long, env = "CODE_EXECUTOR_AUDIT_LOG")]
+    pub audit_log: Option<PathBuf>,
+    /// When audit records cannot be kept: `open` (serve on, count the drops)
+    /// or `closed` (refuse runs with 503 audit_unavailable).
+    #[arg(long, env = "CODE_EXECUTOR_AUDIT_FAIL", value_enum)]
+    pub audit_fail: Option<AuditFail>,
+    /// Audit records carry the code and its output (default false).
+    #[arg(long, env = "CODE_EXECUTOR_AUDIT_INCLUDE_CODE", num_args = 0..=1, default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub audit_include_code: Option<bool>,
+    /// Audit records queued for the writer at most.
+    #[arg(long, env = "CODE_EXECUTOR_AUDIT_QUEUE")]
+    pub audit_queue: Option<usize>,
+    /// Rotate the audit log (PATH to PATH.1) when it grows past this many
+    /// bytes; without it, only SIGHUP reopens it (logrotate).
+    #[arg(long, env = "CODE_EXECUTOR_AUDIT_MAX_BYTES")]
+    pub audit_max_bytes: Option<u64>,
+    /// Clients file (TOML, `[[clients]]`): named clients with their token
+    /// hashes, scopes, envs and quotas; reloaded on SIGHUP.
+    #[arg(long, env = "CODE_EXECUTOR_CLIENTS")]
+    pub clients: Option<PathBuf>,
+    /// The client (by name) MCP over stdio acts as; default: the admin
+    /// client if there is one, else the token's, else anonymous.
+    #[arg(long, env = "CODE_EXECUTOR_MCP_CLIENT")]
+    pub mcp_client: Option<String>,
     /// Log line format: text (default) or json.
     #[arg(long, env = "CODE_EXECUTOR_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
@@ -352,7 +379,8 @@ impl Options {
             artifact_store_bytes, artifact_owner_bytes, mcp_max_artifact_bytes,
             mcp_inline_image_bytes, max_image_pixels, header_read_timeout_secs,
             body_read_timeout_secs, max_connections, replica_id, drain_delay_secs,
-            log_format,
+            log_format, audit_log, audit_fail, audit_include_code, audit_queue,
+            audit_max_bytes, clients, mcp_client,
         )
     }
 }

@@ -91,6 +91,10 @@ pub struct Executor {
     replica: Arc<Replica>,
     /// MCP runs' artifacts, kept for `resources/read` and `GET /artifacts`.
     artifacts: Arc<crate::artifacts::ArtifactStore>,
+    /// The audit log's queue (a no-op without `--audit-log`).
+    audit: Arc<crate::audit::Audit>,
+    /// The clients in force (reloaded on SIGHUP).
+    clients: Arc<crate::auth::Clients>,
 }
 
 /// Why no worker could be had from an environment's pool, for the caller.
@@ -143,8 +147,19 @@ impl Executor {
 
     /// Like [`Executor::env_entry`], refusing an environment that cannot
     /// run code.
+    /// The caller's env allow-list is checked here, so every request that
+    /// names an environment (runs, sessions, gradings, installs, package
+    /// listings) is held to it.
     fn available_entry(&self, name: Option<&str>) -> Result<&EnvEntry, ExecError> {
         let entry = self.env_entry(name)?;
+        if let Some(caller) = crate::auth::current()
+            && let Err(err) = caller
+                .client
+                .require_env(&entry.spec.name, name.filter(|n| *n != entry.spec.name))
+        {
+            self.audit_refusal(&err, Some(&entry.spec.name));
+            return Err(err);
+        }
         match &entry.unavailable {
             Some(reason) => Err(ExecError::EnvUnavailable {
                 env: entry.spec.name.clone(),
@@ -272,6 +287,7 @@ impl Executor {
     pub async fn shutdown(&self) {
         self.closing.store(true, Ordering::Release);
         self.sessions.shutdown().await;
+        self.audit.flush(std::time::Duration::from_secs(5)).await;
         futures_util::future::join_all(self.envs.iter().map(|e| e.pool.close())).await;
         if let Some(cgroups) = self.cgroups.clone() {
             let _ = tokio::task::spawn_blocking(move || {
@@ -289,6 +305,81 @@ impl Executor {
     /// The server's metrics (`GET /metrics`).
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// The audit log.
+    pub fn audit(&self) -> &crate::audit::Audit {
+        &self.audit
+    }
+
+    /// The clients in force.
+    pub fn clients(&self) -> &crate::auth::Clients {
+        &self.clients
+    }
+
+    /// SIGHUP: reopen the audit log and re-read the clients file. A clients
+    /// file that cannot be used is logged and the clients in force stay.
+    pub fn reload(&self) -> Result<usize, crate::error::ClientsError> {
+        self.audit.reopen();
+        let loaded = self.clients.reload();
+        match &loaded {
+            Ok(n) => tracing::info!(clients = n, "reloaded: audit log reopened, clients re-read"),
+            Err(e) => tracing::error!(
+                "clients file not reloaded, the clients in force stay: {}",
+                crate::error::error_chain(e)
+            ),
+        }
+        loaded
+    }
+
+    /// The audit record of a refusal the executor made for the caller's
+    /// rights or quotas (403, 429); other refusals leave none.
+    pub(crate) fn audit_refusal(&self, err: &ExecError, env: Option<&str>) {
+        self.audit_refusal_as(crate::auth::current().as_deref(), err, env);
+    }
+
+    /// [`Executor::audit_refusal`] for `caller`.
+    pub(crate) fn audit_refusal_as(
+        &self,
+        caller: Option<&crate::auth::Caller>,
+        err: &ExecError,
+        env: Option<&str>,
+    ) {
+        if !self.audit.enabled() {
+            return;
+        }
+        let kind = match err {
+            ExecError::Forbidden(_) => crate::audit::RecordKind::AuthFailure,
+            ExecError::TooManyRequests { .. } | ExecError::TooManySessions { .. } => {
+                crate::audit::RecordKind::RateLimited
+            }
+            _ => return,
+        };
+        let mut r = crate::audit::Record::new(kind, caller);
+        {
+            r.env = env.map(str::to_string);
+            r.outcome = Some("refused");
+            r.status = Some(err.status());
+            r.error = Some(err.code());
+            r.message = Some(err.to_string());
+        }
+        self.audit.emit(r, None);
+    }
+
+    /// Write an audit record of `kind` for the current caller, built by
+    /// `fill` (not called when there is no audit log).
+    pub(crate) fn audit_record(
+        &self,
+        kind: crate::audit::RecordKind,
+        fill: impl FnOnce(&mut crate::audit::Record),
+    ) {
+        if !self.audit.enabled() {
+            return;
+        }
+        let caller = crate::auth::current();
+        let mut record = crate::audit::Record::new(kind, caller.as_deref());
+        fill(&mut record);
+        self.audit.emit(record, caller.as_deref());
     }
 
     /// Directory holding the bootstrap and the workers' scratch roots.
@@ -344,6 +435,18 @@ impl Executor {
         let out = run_bounded(cmd, self.install_timeout)
             .await
             .map_err(ExecError::Installer)?;
+        self.audit_record(crate::audit::RecordKind::Install, |r| {
+            r.env = Some(entry.spec.name.clone());
+            r.packages = Some(req.packages.clone());
+            r.outcome = Some(if out.timed_out {
+                "timeout"
+            } else if out.exit_code == 0 {
+                "ok"
+            } else {
+                "error"
+            });
+            r.exit_code = Some(out.exit_code);
+        });
         let mut installed = Vec::new();
         if out.exit_code == 0 && !out.timed_out {
             entry.pool.replace();

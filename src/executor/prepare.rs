@@ -32,6 +32,9 @@ pub struct PreparedRun {
     /// The run's allow-list, for the worker's egress proxy (environments
     /// with `allowed_hosts`).
     pub(super) network: Option<Arc<Policy>>,
+    /// What the audit log keeps of the code (`None`: no audit log, or a
+    /// grading case, audited with its grading).
+    pub(super) audit: Option<crate::audit::CodeFacts>,
 }
 
 impl PreparedRun {
@@ -60,6 +63,9 @@ pub struct RunOptions {
     pub artifacts: Option<ResultLimits>,
     /// Plots are saved at a resolution of at most this many pixels.
     pub max_image_pixels: Option<u64>,
+    /// A case of a grading: needs the caller's `grade` scope (checked with
+    /// the grading), not `execute`, and is audited with its grading.
+    pub graded: bool,
 }
 
 /// What checking a request against one environment needs: no worker, no
@@ -82,6 +88,8 @@ pub(super) struct RunContext<'a> {
     pub(super) results: ResultLimits,
     /// The environment's allow-list, when it has one.
     pub(super) egress: Option<&'a Arc<Policy>>,
+    /// The caller's ceilings on timeout and limits, when it has any.
+    pub(super) client: Option<&'a crate::auth::Client>,
 }
 
 /// A request checked and encoded as an `exec` frame.
@@ -103,10 +111,16 @@ pub(super) fn check(
     id: u64,
 ) -> Result<Checked, ExecError> {
     let settings = ctx.settings;
+    let max_timeout = match ctx.client.and_then(|c| c.max_timeout()) {
+        Some(ceiling) => settings.max_timeout.min(ceiling),
+        None => settings.max_timeout,
+    };
     let timeout = run_timeout(
         req.timeout,
-        ctx.session_timeout.unwrap_or(settings.timeout),
-        settings.max_timeout,
+        ctx.session_timeout
+            .unwrap_or(settings.timeout)
+            .min(max_timeout),
+        max_timeout,
     )?;
     if let Some(digits @ 1..640) = req.int_max_str_digits {
         return Err(ExecError::BadRequest(format!(
@@ -166,6 +180,9 @@ pub(super) fn check(
     };
     let mut run = settings.run_limits.clone();
     run.cpu_seconds.get_or_insert(timeout.ceil() as u64 + 1);
+    if let Some(ceiling) = ctx.client.and_then(|c| c.limits()) {
+        run = narrow_limits(&run, ceiling)?;
+    }
     if let Some(asked) = &req.limits {
         run = narrow_limits(&run, asked)?;
     }
@@ -251,6 +268,11 @@ fn run_disk_bytes(ctx: &RunContext<'_>, asked: Option<u64>) -> Result<Option<u64
 }
 
 impl Executor {
+    /// The name of the environment a prepared run runs in.
+    pub(crate) fn env_name(&self, prepared: &PreparedRun) -> &str {
+        &self.envs[prepared.env].spec.name
+    }
+
     /// Validate a request and encode its frame; every refusal of a request
     /// happens here, before any worker is involved.
     pub fn prepare(&self, req: &ExecRequest) -> Result<PreparedRun, ExecError> {
@@ -265,6 +287,19 @@ impl Executor {
     ) -> Result<PreparedRun, ExecError> {
         if self.closing.load(Ordering::Acquire) {
             return Err(ExecError::ShuttingDown);
+        }
+        let caller = crate::auth::current();
+        if let Some(caller) = &caller
+            && !options.graded
+        {
+            let scope = match req.session {
+                Some(_) => crate::auth::Scope::Sessions,
+                None => crate::auth::Scope::Execute,
+            };
+            if let Err(err) = caller.client.require(scope) {
+                self.audit_refusal(&err, req.env.as_deref());
+                return Err(err);
+            }
         }
         let session = match &req.session {
             Some(id) => Some(self.session_call(id, req)?),
@@ -282,9 +317,12 @@ impl Executor {
             max_output_bytes: self.max_output_bytes,
             results: self.results,
             egress: entry.egress.as_ref().map(|e| &e.policy),
+            client: caller.as_ref().map(|c| &*c.client),
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let checked = check(req, &ctx, options, id)?;
+        let audit = (self.audit.enabled() && !options.graded)
+            .then(|| crate::audit::CodeFacts::of(&req.code, self.audit.include_code()));
         Ok(PreparedRun {
             env: self.index_of(entry),
             frame: checked.frame,
@@ -293,6 +331,7 @@ impl Executor {
             session,
             processes: checked.processes,
             network: checked.network,
+            audit,
         })
     }
 
@@ -300,6 +339,12 @@ impl Executor {
     /// request; it stays active (cannot expire) while the call lives.
     fn session_call(&self, id: &str, req: &ExecRequest) -> Result<ActiveCall, ExecError> {
         let call = self.sessions.begin(id)?;
+        // Another client's session is not there for this one.
+        if let Some(caller) = crate::auth::current()
+            && !call.session().owned_by(caller.client.name())
+        {
+            return Err(self.sessions.not_yours(id));
+        }
         let env = &self.envs[call.session().env()];
         if let Some(name) = req.env.as_deref().filter(|n| !n.is_empty()) {
             let asked = self.env_entry(Some(name))?;
@@ -369,6 +414,7 @@ mod tests {
                 max_result_chars: 100,
             },
             egress: None,
+            client: None,
         };
         check(req, &ctx, &RunOptions::default(), 1)
     }

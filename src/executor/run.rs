@@ -9,10 +9,11 @@ use base64::Engine;
 use super::prepare::PreparedRun;
 use super::{EnvEntry, Executor, pool_refusal};
 use crate::api::{Artifact, ExecRequest, ExecResult, RunError};
+use crate::audit::{CodeFacts, RecordKind};
 use crate::egress::Policy;
 use crate::error::error_chain;
 use crate::error::{ExecError, PoolError, WorkerError};
-use crate::metrics::RunOutcome;
+use crate::metrics::{ClientMetrics, RunOutcome};
 use crate::outcome::{Limit, Outcome};
 use crate::pool::{EnvPool, RestartCause};
 use crate::worker::{OutputSink, RunOutput};
@@ -58,6 +59,8 @@ struct Attempt<'a> {
     memory_bytes: Option<u64>,
     network: Option<&'a Arc<Policy>>,
     output: Option<&'a OutputSink>,
+    /// The caller's metrics, when it is a named client.
+    client: Option<&'a ClientMetrics>,
 }
 
 /// A run's report as the worker sent it, with how the run ended.
@@ -67,6 +70,85 @@ pub struct RunReport {
     pub output: RunOutput,
     /// How the run ended, computed from the report once.
     pub outcome: Outcome,
+}
+
+/// A run's audit record while the run goes on: written when it ends, or
+/// as `cancelled` if the run's future is dropped first.
+struct AuditedRun<'a> {
+    executor: &'a Executor,
+    facts: CodeFacts,
+    env: String,
+    session: Option<String>,
+    started: Instant,
+    done: bool,
+}
+
+impl AuditedRun<'_> {
+    /// Write the record of a run that ended with `ran`.
+    fn finish(&mut self, ran: &Result<RunReport, ExecError>) {
+        self.done = true;
+        let include = self.executor.audit().include_code();
+        let wall_ms = (self.started.elapsed().as_secs_f64() * 1e6).round() / 1e3;
+        self.executor.audit_record(self.kind(), |r| {
+            self.fill(r);
+            r.wall_ms = Some(wall_ms);
+            match ran {
+                Ok(report) => {
+                    let out = &report.output;
+                    r.outcome = Some(RunOutcome::of(out, &report.outcome).as_str());
+                    r.limit = report.outcome.limit.map(Limit::as_str);
+                    r.exit_code = Some(out.exit_code);
+                    r.wall_ms = Some((out.duration_ms * 1e3).round() / 1e3);
+                    r.cpu_ms = out.cpu_ms;
+                    r.peak_rss_kb = out.peak_rss_kb;
+                    r.output_bytes = Some((out.stdout.len() + out.stderr.len()) as u64);
+                    if let Some(net) = &out.network {
+                        r.net_bytes_out = Some(net.bytes_sent);
+                        r.net_bytes_in = Some(net.bytes_received);
+                    }
+                    if include {
+                        r.stdout = Some(String::from_utf8_lossy(&out.stdout).into_owned());
+                        r.stderr = Some(String::from_utf8_lossy(&out.stderr).into_owned());
+                    }
+                }
+                Err(err) => {
+                    r.outcome = Some(match err {
+                        ExecError::Busy(_) => RunOutcome::Busy.as_str(),
+                        _ => RunOutcome::Failed.as_str(),
+                    });
+                    r.error = Some(err.code());
+                    r.status = Some(err.status());
+                }
+            }
+        });
+    }
+
+    fn kind(&self) -> RecordKind {
+        match self.session {
+            Some(_) => RecordKind::SessionCall,
+            None => RecordKind::Run,
+        }
+    }
+
+    fn fill(&self, r: &mut crate::audit::Record) {
+        r.set_code(&self.facts);
+        r.env = Some(self.env.clone());
+        r.session = self.session.clone();
+    }
+}
+
+impl Drop for AuditedRun<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let wall_ms = (self.started.elapsed().as_secs_f64() * 1e6).round() / 1e3;
+        self.executor.audit_record(self.kind(), |r| {
+            self.fill(r);
+            r.outcome = Some("cancelled");
+            r.wall_ms = Some(wall_ms);
+        });
+    }
 }
 
 /// The result a client sees.
@@ -149,24 +231,46 @@ impl Executor {
             processes,
             memory_bytes,
             network,
+            audit,
         } = prepared;
         let entry = &self.envs[env];
+        let caller = crate::auth::current();
+        let client = caller.as_ref().map(|c| c.client.metrics());
+        // The run's audit record, written however the run ends (a dropped
+        // future — the client went away — is `cancelled`).
+        let mut record = audit.map(|facts| AuditedRun {
+            executor: self,
+            facts,
+            env: entry.spec.name.clone(),
+            session: session.as_ref().map(|c| c.session().id().to_string()),
+            started: Instant::now(),
+            done: false,
+        });
         if let Some(call) = session {
             let deadline = Duration::from_secs_f64(timeout)
                 + self.sessions.config().interrupt_grace
                 + HARD_DEADLINE_SLACK;
-            let output = self
+            let ran = self
                 .sessions
                 .execute(call, &frame, deadline, output.as_ref())
-                .await?;
-            let outcome = Outcome::of(&output, memory_bytes);
-            return Ok(RunReport { output, outcome });
+                .await
+                .map(|output| {
+                    let outcome = Outcome::of(&output, memory_bytes);
+                    RunReport { output, outcome }
+                });
+            if let Some(record) = &mut record {
+                record.finish(&ran);
+            }
+            if let (Some(client), Ok(report)) = (client, &ran) {
+                client.run(RunOutcome::of(&report.output, &report.outcome));
+            }
+            return ran;
         }
         let env_name = entry.spec.name.as_str();
         // A worker that ran nothing because its scratch root stayed dirty
         // hands the request on: the next worker runs it.
         let mut attempts = 0;
-        loop {
+        let ran = loop {
             attempts += 1;
             let attempt = Attempt {
                 frame: &frame,
@@ -175,6 +279,7 @@ impl Executor {
                 memory_bytes,
                 network: network.as_ref(),
                 output: output.as_ref(),
+                client,
             };
             match self.run_on_pool(entry, &attempt).await {
                 Err(ExecError::Worker(WorkerError::Retired(why))) if attempts < RETIRED_RETRIES => {
@@ -183,12 +288,17 @@ impl Executor {
                         "worker retired before the run ({why}); running it on another"
                     );
                 }
-                other => return other,
+                other => break other,
             }
+        };
+        if let Some(record) = &mut record {
+            record.finish(&ran);
         }
+        ran
     }
 
     /// One attempt of [`Executor::run_output`] on a worker of `entry`'s pool.
+    #[allow(clippy::too_many_arguments)]
     async fn run_on_pool(
         &self,
         entry: &EnvEntry,
@@ -201,17 +311,25 @@ impl Executor {
             memory_bytes,
             network,
             output,
+            client,
         } = *attempt;
         let env_name = entry.spec.name.as_str();
         let queued = Instant::now();
         let got = entry.pool.get().await;
-        entry.metrics.queue_wait(queued.elapsed().as_secs_f64());
+        let waited = queued.elapsed().as_secs_f64();
+        entry.metrics.queue_wait(waited);
+        if let Some(client) = client {
+            client.queue_wait(waited);
+        }
         let worker = got.map_err(|e| {
             let outcome = match e {
                 PoolError::Busy(_) => RunOutcome::Busy,
                 PoolError::Closed | PoolError::Unavailable(_) => RunOutcome::Failed,
             };
             entry.metrics.outcome(outcome);
+            if let Some(client) = client {
+                client.run(outcome);
+            }
             tracing::info!(env = env_name, %outcome, "run refused: {e}");
             pool_refusal(entry, e)
         })?;
@@ -250,6 +368,9 @@ impl Executor {
                 let outcome = Outcome::of(&out, memory_bytes);
                 let label = RunOutcome::of(&out, &outcome);
                 entry.metrics.run(label, seconds);
+                if let Some(client) = client {
+                    client.run(label);
+                }
                 // One line per run; never the code or its output.
                 tracing::info!(
                     env = env_name,
@@ -276,6 +397,9 @@ impl Executor {
                     _ => RestartCause::Crash,
                 };
                 entry.metrics.run(RunOutcome::Failed, seconds);
+                if let Some(client) = client {
+                    client.run(RunOutcome::Failed);
+                }
                 tracing::warn!(
                     env = env_name,
                     outcome = %RunOutcome::Failed,

@@ -25,6 +25,14 @@ impl Executor {
             });
         }
         let config = self.sessions.config();
+        let caller = crate::auth::current();
+        if let Some(caller) = &caller
+            && let Err(err) = caller.client.require(crate::auth::Scope::Sessions)
+        {
+            self.audit_refusal(&err, req.env.as_deref());
+            return Err(err);
+        }
+        let client = caller.as_ref().map(|c| &*c.client);
         let entry = self.available_entry(req.env.as_deref())?;
         let index = self.index_of(entry);
         let ttl = match req.ttl {
@@ -36,12 +44,19 @@ impl Executor {
                 )));
             }
         };
+        let max_timeout = match client.and_then(|c| c.max_timeout()) {
+            Some(ceiling) => entry.settings.max_timeout.min(ceiling),
+            None => entry.settings.max_timeout,
+        };
         let timeout = run_timeout(
             req.timeout,
-            entry.settings.timeout,
-            entry.settings.max_timeout,
+            entry.settings.timeout.min(max_timeout),
+            max_timeout,
         )?;
         let mut limits = entry.settings.run_limits.clone();
+        if let Some(ceiling) = client.and_then(|c| c.limits()) {
+            limits = narrow_limits(&limits, ceiling)?;
+        }
         if let Some(asked) = &req.limits {
             limits = narrow_limits(&limits, asked)?;
         }
@@ -56,7 +71,25 @@ impl Executor {
             entry.egress.as_ref().map(|e| &e.policy),
             req.network.as_ref(),
         )?;
-        let reservation = self.sessions.reserve(index, &entry.spec.name)?;
+        let reservation = self
+            .sessions
+            .reserve(
+                index,
+                &entry.spec.name,
+                client.map(|c| (c.name_arc(), c.max_sessions())),
+            )
+            .inspect_err(|err| {
+                if let (
+                    Some(c),
+                    ExecError::TooManySessions {
+                        client: Some(_), ..
+                    },
+                ) = (client, err)
+                {
+                    c.metrics().refused("sessions");
+                    self.audit_refusal(err, Some(&entry.spec.name));
+                }
+            })?;
         // The worker serves this session alone from now on: a lower
         // `processes` stays in its cgroup for the session's life.
         let processes = req
@@ -96,8 +129,15 @@ impl Executor {
                 }
             }
         };
-        self.sessions
-            .insert(reservation, entry.spec.name.clone(), ttl, timeout, worker)
+        let info =
+            self.sessions
+                .insert(reservation, entry.spec.name.clone(), ttl, timeout, worker)?;
+        self.audit_record(crate::audit::RecordKind::SessionCreate, |r| {
+            r.env = Some(info.env.clone());
+            r.session = Some(info.id.clone());
+            r.outcome = Some("ok");
+        });
+        Ok(info)
     }
 
     /// Whether session `id` is live (it may still end before its next call).
@@ -105,14 +145,30 @@ impl Executor {
         self.sessions.contains(id)
     }
 
-    /// Every live session, oldest first.
+    /// Every live session the caller may use, oldest first.
     pub fn list_sessions(&self) -> Vec<SessionInfo> {
-        self.sessions.list()
+        let caller = crate::auth::current();
+        self.sessions.list(caller.as_ref().map(|c| c.client.name()))
     }
 
     /// End a session: later calls get `unknown_session`; calls already
-    /// accepted finish first.
+    /// accepted finish first. Another client's session is `unknown_session`.
     pub fn close_session(&self, id: &str) -> Result<SessionInfo, ExecError> {
-        self.sessions.close(id)
+        let caller = crate::auth::current();
+        if let Some(caller) = &caller
+            && let Err(err) = caller.client.require(crate::auth::Scope::Sessions)
+        {
+            self.audit_refusal(&err, None);
+            return Err(err);
+        }
+        let info = self
+            .sessions
+            .close(id, caller.as_ref().map(|c| c.client.name()))?;
+        self.audit_record(crate::audit::RecordKind::SessionClose, |r| {
+            r.env = Some(info.env.clone());
+            r.session = Some(info.id.clone());
+            r.outcome = Some("ok");
+        });
+        Ok(info)
     }
 }

@@ -246,6 +246,19 @@ impl Executor {
                     .collect(),
             ),
         );
+        // A clients file or audit log that cannot be used stops the start
+        // before any pool warms.
+        let clients = Arc::new(crate::auth::Clients::load(
+            crate::auth::ClientsConfig {
+                file: config.clients_file.clone(),
+                token: config.token.clone(),
+                admin_token: config.admin_token.clone(),
+                metrics_token: config.metrics_token.is_some(),
+            },
+            metrics.clone(),
+        )?);
+        let audit = Arc::new(crate::audit::Audit::start(&config.audit, metrics.clone())?);
+        sessions.set_audit(audit.clone());
         for (plan, pool, unavailable, vars, egress) in pending {
             envs.push(EnvEntry {
                 metrics: metrics.env(&plan.spec.name),
@@ -344,6 +357,8 @@ impl Executor {
             sessions,
             cgroups,
             replica,
+            audit,
+            clients,
         })
     }
 }

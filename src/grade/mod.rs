@@ -60,6 +60,9 @@ struct Plan {
     stop_on_first_failure: bool,
     /// The checker's run, encoded but for each case's arguments.
     checker: Option<CheckerPlan>,
+    /// What the audit log keeps of the submission, and its env's name
+    /// (`None` without an audit log).
+    audit: Option<(crate::audit::CodeFacts, String)>,
 }
 
 /// A checker ready to run once per case.
@@ -217,6 +220,20 @@ impl Executor {
                     &first_failure[s],
                     started,
                 );
+                if let Some((facts, env)) = &plans[s].audit {
+                    self.audit_record(crate::audit::RecordKind::Grade, |r| {
+                        r.set_code(facts);
+                        r.env = Some(env.clone());
+                        r.cases = Some(result.total);
+                        r.verdicts = Some(result.counts.clone());
+                        r.outcome = Some(if result.passed == result.total {
+                            "ok"
+                        } else {
+                            "error"
+                        });
+                        r.wall_ms = Some(result.wall_ms);
+                    });
+                }
                 if let Some(done) = done {
                     let _ = done.send((s, result.clone()));
                 }
@@ -231,6 +248,12 @@ impl Executor {
 
     /// Validate a grading request and encode every case.
     fn prepare_grade(&self, mut req: GradeRequest) -> Result<(Plan, Vec<Ready>), ExecError> {
+        if let Some(caller) = crate::auth::current()
+            && let Err(err) = caller.client.require(crate::auth::Scope::Grade)
+        {
+            self.audit_refusal(&err, req.env.as_deref());
+            return Err(err);
+        }
         let submission = match (req.prompt.take(), req.completion.take()) {
             (None, None) => std::mem::take(&mut req.code),
             (Some(prompt), Some(completion)) if req.code.is_empty() => prompt + &completion,
@@ -289,6 +312,10 @@ impl Executor {
             (Some(entry), false) => with_harness(&submission, entry),
             (None, false) => submission.clone(),
         };
+        let audit_code = self
+            .audit()
+            .enabled()
+            .then(|| crate::audit::CodeFacts::of(&submission, self.audit().include_code()));
         let checker = req.checker.as_ref().map(|c| CheckerPlan {
             code: checker_harness(&c.code, c.entry.as_deref().unwrap_or("check")),
             env: req.env.clone(),
@@ -374,6 +401,7 @@ impl Executor {
             let options = RunOptions {
                 argv: case.args.clone().unwrap_or_default(),
                 rusage: true,
+                graded: true,
                 ..RunOptions::default()
             };
             let prepared = self.prepare_with(&exec, &options).map_err(|e| match e {
@@ -400,6 +428,13 @@ impl Executor {
                 function,
                 stop_on_first_failure: req.stop_on_first_failure,
                 checker,
+                audit: audit_code.map(|facts| {
+                    let env = ready
+                        .first()
+                        .map(|r| self.env_name(&r.prepared).to_string())
+                        .unwrap_or_default();
+                    (facts, env)
+                }),
             },
             ready,
         ))

@@ -1,6 +1,7 @@
 //! The HTTP/JSON front end (axum): a thin adapter over [`Executor`].
 
 mod error;
+mod gate;
 pub mod guard;
 pub mod observe;
 pub mod openapi;
@@ -15,16 +16,17 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
+pub use error::ApiError;
+use gate::RuleKind;
+pub(crate) use gate::{Authenticated, admit};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use subtle::ConstantTimeEq;
-
-pub use error::ApiError;
 
 use crate::api::{CreateSessionRequest, SessionInfo};
 use crate::api::{ExecRequest, ExecResult, InstallRequest, InstallResult};
 use crate::api::{GradeBatchRequest, GradeBatchResult, GradeRequest, GradeResult};
+use crate::auth::Scope;
 use crate::executor::Executor;
 
 /// What every handler shares.
@@ -42,29 +44,63 @@ pub struct AppState {
 }
 
 /// The HTTP API. `max_body_bytes` bounds every request body (413 above it).
+///
+/// Each group of routes has its gate ([`gate`]): which scope it needs and
+/// whether its `POST`s run code (and so take the client's quotas).
+///
+/// `state`'s `token` and `admin_token` are the implicit clients `default`
+/// and `admin` beside the clients file's.
 pub fn router(state: AppState, max_body_bytes: usize) -> Router {
-    let guarded = Router::new()
+    if let Err(err) = state.executor.clients().use_tokens(
+        state.token.as_deref(),
+        state.admin_token.as_deref(),
+        state.metrics_token.is_some(),
+    ) {
+        tracing::error!(
+            "the clients file no longer loads; the clients in force stay: {}",
+            crate::error::error_chain(&err)
+        );
+    }
+    let gate = |scope, count_posts, kind| {
+        middleware::from_fn_with_state(
+            gate::Gated {
+                state: state.clone(),
+                rule: gate::Rule {
+                    scope,
+                    count_posts,
+                    kind,
+                },
+            },
+            gate::gate,
+        )
+    };
+    let runs = Router::new()
         .route("/execute", post(execute))
+        .route_layer(gate(None, true, RuleKind::Api));
+    let grading = Router::new()
         .route("/grade", post(grade))
         .route("/grade/batch", post(grade_batch))
+        .route_layer(gate(Some(Scope::Grade), true, RuleKind::Api));
+    let sessions = Router::new()
+        .route("/sessions", post(create_session).get(list_sessions))
+        .route("/sessions/{id}", delete(close_session))
+        .route_layer(gate(Some(Scope::Sessions), true, RuleKind::Api));
+    let reads = Router::new()
         .route("/artifacts/{run}/{*path}", get(artifact))
         .route("/list-envs", get(list_envs))
         .route("/list-packages", get(list_packages))
-        .route("/sessions", post(create_session).get(list_sessions))
-        .route("/sessions/{id}", delete(close_session))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+        .route_layer(gate(None, false, RuleKind::Api));
     let admin = Router::new()
         .route("/install", post(install))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
-    let scraped =
-        Router::new()
-            .route("/metrics", get(metrics))
-            .route_layer(middleware::from_fn_with_state(
-                state.clone(),
-                require_metrics_token,
-            ));
+        .route_layer(gate(Some(Scope::Install), true, RuleKind::Install));
+    let scraped = Router::new()
+        .route("/metrics", get(metrics))
+        .route_layer(gate(Some(Scope::Metrics), false, RuleKind::Metrics));
     Router::new()
-        .merge(guarded)
+        .merge(runs)
+        .merge(grading)
+        .merge(sessions)
+        .merge(reads)
         .merge(admin)
         .merge(scraped)
         .route("/health", get(health))
@@ -75,6 +111,26 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .with_state(state)
 }
 
+/// The gate of `/mcp` (MCP over streamable HTTP): a known bearer token;
+/// each tool call is then checked for its scope and quotas.
+pub fn mcp_gate(
+    state: AppState,
+) -> impl Fn(Request, Next) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send>>
++ Clone
++ Send
++ Sync
++ 'static {
+    let gated = gate::Gated {
+        state,
+        rule: gate::Rule {
+            scope: None,
+            count_posts: false,
+            kind: RuleKind::Mcp,
+        },
+    };
+    move |req, next| Box::pin(gate::gate(State(gated.clone()), req, next))
+}
+
 /// Prometheus metrics (text exposition format 0.0.4).
 #[utoipa::path(
     get,
@@ -83,7 +139,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
     security(("bearer" = [])),
     responses(
         (status = 200, description = "Metrics", body = String, content_type = "text/plain; version=0.0.4"),
-        (status = 401, description = "Missing or wrong metrics token, or API token without one (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 401, description = "Missing or wrong metrics token, or a client without the `metrics` scope (`unauthorized`)", body = openapi::ErrorBody),
     )
 )]
 async fn metrics(State(state): State<AppState>) -> Response {
@@ -95,26 +151,6 @@ async fn metrics(State(state): State<AppState>) -> Response {
         state.executor.metrics().render(),
     )
         .into_response()
-}
-
-/// `/metrics` takes the metrics token when one is configured, else the API
-/// token (open when neither is).
-async fn require_metrics_token(
-    State(state): State<AppState>,
-    req: Request,
-    next: Next,
-) -> Response {
-    if let Some(token) = state.metrics_token.as_ref().or(state.token.as_ref())
-        && !bool::from(bearer(&req).as_bytes().ct_eq(token.as_bytes()))
-    {
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "missing or wrong bearer token for /metrics",
-        )
-        .into_response();
-    }
-    next.run(req).await
 }
 
 /// Run code. With `Accept: text/event-stream` (or `"stream": true`) the
@@ -130,11 +166,13 @@ async fn require_metrics_token(
             content((ExecResult = "application/json"), (String = "text/event-stream"))),
         (status = 400, description = "Malformed request (`bad_request`)", body = openapi::ErrorBody),
         (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 403, description = "The client lacks the scope (`forbidden`, naming it) or may not use the environment (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "Unknown environment or session (`unknown_env`, `unknown_session`)", body = openapi::ErrorBody),
         (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
         (status = 413, description = "Body, code or files over a limit (`too_large`)", body = openapi::ErrorBody),
+        (status = 429, description = "The client's `max_concurrent` or `rate_per_minute` is spent (`too_many_requests`, with `Retry-After`)", body = openapi::ErrorBody),
         (status = 500, description = "The run broke its worker (`internal`)", body = openapi::ErrorBody),
-        (status = 503, description = "No worker free in time (`busy`, with `Retry-After`), environment unavailable (`env_unavailable`) or shutting down (`unavailable`)", body = openapi::ErrorBody),
+        (status = 503, description = "No worker free in time (`busy`, with `Retry-After`), environment unavailable (`env_unavailable`) or shutting down (`unavailable`), or the audit log cannot take the record (`audit_unavailable`)", body = openapi::ErrorBody),
     )
 )]
 async fn execute(
@@ -161,11 +199,12 @@ async fn execute(
         (status = 201, description = "The session was created", body = ref("#/components/schemas/SessionInfo")),
         (status = 400, description = "Malformed request (`bad_request`)", body = openapi::ErrorBody),
         (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 403, description = "The client lacks the scope (`forbidden`, naming it) or may not use the environment (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
         (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`too_large`)", body = openapi::ErrorBody),
-        (status = 429, description = "A cap on live sessions is reached (`too_many_sessions`)", body = openapi::ErrorBody),
-        (status = 503, description = "No worker free in time (`busy`), environment unavailable (`env_unavailable`), or the replica is draining or shutting down (`draining`)", body = openapi::ErrorBody),
+        (status = 429, description = "A cap on live sessions is reached, the server's or the client's (`too_many_sessions`), or the client's `max_concurrent` or `rate_per_minute` is spent (`too_many_requests`, with `Retry-After`)", body = openapi::ErrorBody),
+        (status = 503, description = "No worker free in time (`busy`), environment unavailable (`env_unavailable`), or the replica is draining or shutting down (`draining`), or the audit log cannot take the record (`audit_unavailable`)", body = openapi::ErrorBody),
     )
 )]
 async fn create_session(
@@ -185,6 +224,7 @@ async fn create_session(
     responses(
         (status = 200, description = "The live sessions", body = ref("#/components/schemas/SessionList")),
         (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 403, description = "The client lacks the `sessions` scope (`forbidden`)", body = openapi::ErrorBody),
     )
 )]
 async fn list_sessions(State(state): State<AppState>) -> Response {
@@ -201,6 +241,7 @@ async fn list_sessions(State(state): State<AppState>) -> Response {
     responses(
         (status = 200, description = "The session ended", body = ref("#/components/schemas/ClosedSession")),
         (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 403, description = "The client lacks the `sessions` scope (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "No such live session here (`unknown_session`)", body = openapi::ErrorBody),
     )
 )]
@@ -225,10 +266,12 @@ async fn close_session(
         (status = 200, description = "Every case has a verdict (a server fault is the verdict `error`)", body = ref("#/components/schemas/GradeResult")),
         (status = 400, description = "Malformed request (`bad_request`)", body = openapi::ErrorBody),
         (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 403, description = "The client lacks the scope (`forbidden`, naming it) or may not use the environment (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
         (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
         (status = 413, description = "Body, code, files or cases over a limit (`too_large`)", body = openapi::ErrorBody),
-        (status = 503, description = "Environment unavailable (`env_unavailable`) or shutting down (`unavailable`)", body = openapi::ErrorBody),
+        (status = 429, description = "The client's `max_concurrent` or `rate_per_minute` is spent (`too_many_requests`, with `Retry-After`)", body = openapi::ErrorBody),
+        (status = 503, description = "Environment unavailable (`env_unavailable`) or shutting down (`unavailable`), or the audit log cannot take the record (`audit_unavailable`)", body = openapi::ErrorBody),
     )
 )]
 async fn grade(
@@ -252,10 +295,12 @@ async fn grade(
             content((ref("#/components/schemas/GradeBatchResult") = "application/json"), (String = "text/event-stream"))),
         (status = 400, description = "Malformed request (`bad_request`, naming the submission)", body = openapi::ErrorBody),
         (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 403, description = "The client lacks the scope (`forbidden`, naming it) or may not use the environment (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
         (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
         (status = 413, description = "Body, code, files or cases over a limit (`too_large`)", body = openapi::ErrorBody),
-        (status = 503, description = "Environment unavailable (`env_unavailable`) or shutting down (`unavailable`)", body = openapi::ErrorBody),
+        (status = 429, description = "The client's `max_concurrent` or `rate_per_minute` is spent (`too_many_requests`, with `Retry-After`)", body = openapi::ErrorBody),
+        (status = 503, description = "Environment unavailable (`env_unavailable`) or shutting down (`unavailable`), or the audit log cannot take the record (`audit_unavailable`)", body = openapi::ErrorBody),
     )
 )]
 async fn grade_batch(
@@ -358,6 +403,7 @@ struct PackagesQuery {
         (status = 200, description = "The packages, sorted by name", body = openapi::PackageList),
         (status = 400, description = "Malformed query (`bad_request`)", body = openapi::ErrorBody),
         (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 403, description = "The client may not use the environment (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
         (status = 503, description = "The environment cannot list its packages (`env_unavailable`) or shutting down (`unavailable`)", body = openapi::ErrorBody),
     )
@@ -381,12 +427,13 @@ async fn list_packages(
     responses(
         (status = 200, description = "The installer ran (whatever its exit status)", body = InstallResult),
         (status = 400, description = "Refused package spec, or no conda for `manager: conda` (`bad_request`)", body = openapi::ErrorBody),
-        (status = 403, description = "Installs disabled (no admin token configured) or not the admin token (`forbidden`)", body = openapi::ErrorBody),
+        (status = 403, description = "Installs disabled (no admin token or client with `install` configured), not the admin token, a client without the `install` scope, or an environment outside its `envs` (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
         (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` (`too_large`)", body = openapi::ErrorBody),
+        (status = 429, description = "The client's `max_concurrent` or `rate_per_minute` is spent (`too_many_requests`, with `Retry-After`)", body = openapi::ErrorBody),
         (status = 500, description = "The installer could not be started (`internal`)", body = openapi::ErrorBody),
-        (status = 503, description = "Environment unavailable (`env_unavailable`) or shutting down (`unavailable`)", body = openapi::ErrorBody),
+        (status = 503, description = "Environment unavailable (`env_unavailable`) or shutting down (`unavailable`), or the audit log cannot take the record (`audit_unavailable`)", body = openapi::ErrorBody),
     )
 )]
 async fn install(
@@ -427,50 +474,6 @@ async fn health(State(state): State<AppState>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, Json(health)).into_response()
-}
-
-/// Bearer-token check, compared in constant time. Also guards MCP at `/mcp`.
-pub async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    // The admin token opens everything the API token opens.
-    let allowed = {
-        let given = bearer(&req).as_bytes();
-        let matches = |t: &Option<Arc<str>>| {
-            t.as_ref()
-                .is_some_and(|t| bool::from(given.ct_eq(t.as_bytes())))
-        };
-        state.token.is_none() || matches(&state.token) || matches(&state.admin_token)
-    };
-    if !allowed {
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "missing or wrong bearer token",
-        )
-        .into_response();
-    }
-    next.run(req).await
-}
-
-/// Admin bearer-token check for `/install`: 403 when no admin token is
-/// configured (installs disabled) or the request does not carry it.
-async fn require_admin(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let Some(token) = &state.admin_token else {
-        return ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "installs are disabled: the server has no admin token (start it with --admin-token)",
-        )
-        .into_response();
-    };
-    if !bool::from(bearer(&req).as_bytes().ct_eq(token.as_bytes())) {
-        return ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "this endpoint needs the admin bearer token",
-        )
-        .into_response();
-    }
-    next.run(req).await
 }
 
 fn bearer(req: &Request) -> &str {

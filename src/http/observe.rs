@@ -73,6 +73,11 @@ fn is_sane(id: &[u8]) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_.:/+=@".contains(b))
 }
 
+/// A new request id as text (MCP calls get one each).
+pub(crate) fn new_request_id_str() -> std::sync::Arc<str> {
+    std::sync::Arc::from(new_request_id().to_str().unwrap_or("0"))
+}
+
 /// 32 hex digits: a per-process random prefix and a counter, unique within
 /// the process and unlikely to repeat across replicas.
 fn new_request_id() -> HeaderValue {

@@ -64,7 +64,7 @@ pub(super) fn execute_stream(
     };
     // The run goes on in its own task; it keeps the request's span (its id).
     tokio::spawn(tracing::Instrument::instrument(
-        run_and_send,
+        as_caller(run_and_send),
         tracing::Span::current(),
     ));
     Ok(sse(rx))
@@ -106,10 +106,24 @@ pub(super) fn grade_batch_stream(executor: Arc<Executor>, batch: PreparedBatch) 
         let _ = events.send(last).await;
     };
     tokio::spawn(tracing::Instrument::instrument(
-        run_and_send,
+        as_caller(run_and_send),
         tracing::Span::current(),
     ));
     sse(rx)
+}
+
+/// `f` as the request's caller, in the task it is spawned on: the run's
+/// audit record names the client, and the client's `max_concurrent` slot
+/// stays held until the stream ends.
+fn as_caller(f: impl std::future::Future<Output = ()>) -> impl std::future::Future<Output = ()> {
+    // Read here, in the request's task: the spawned one has no caller.
+    let caller = crate::auth::current();
+    async move {
+        match caller {
+            Some(caller) => caller.scope(f).await,
+            None => f.await,
+        }
+    }
 }
 
 /// The response streaming what `rx` receives.

@@ -22,6 +22,7 @@ use crate::api::SessionInfo;
 use crate::api::{ExecRequest, ExecResult, InstallRequest, InstallResult, PackageInfo};
 use crate::api::{GradeRequest, GradeResult};
 use crate::artifacts::{self, StoredArtifact};
+use crate::auth::{Caller, Client, FrontEnd, Scope};
 use crate::config::Config;
 use crate::executor::OutputStream;
 use crate::executor::{Executor, RunOptions};
@@ -57,9 +58,6 @@ pub struct EnvListing {
 #[derive(Clone)]
 pub struct McpHandler {
     executor: Arc<Executor>,
-    /// Token an HTTP caller of `install_packages` must present; the tool is
-    /// not listed without one.
-    admin_token: Option<Arc<str>>,
     /// Base64 bytes of images a tool result carries inline.
     inline_image_bytes: usize,
     /// Options of every `execute_code` run: MCP keeps artifacts in the store,
@@ -74,6 +72,10 @@ pub struct McpHandler {
     /// `execute_code` without `session` runs in it. One per connection
     /// (see [`McpHandler::for_connection`]); closed when the connection ends.
     implicit: Option<Arc<ImplicitSession>>,
+    /// The client MCP over stdio acts as (`mcp_client`), by name, looked up
+    /// at each call so that a reload applies; `None`: the admin client if
+    /// there is one, else the token's, else anonymous.
+    stdio_client: Option<Arc<str>>,
 }
 
 #[tool_router]
@@ -104,7 +106,7 @@ impl McpHandler {
         // Installing changes an environment for every client: the tool exists
         // only when an admin token is configured (and over HTTP it checks the
         // caller presents it).
-        if config.admin_token.is_none() {
+        if config.admin_token.is_none() && !executor.clients().any_has(Scope::Install) {
             tool_router.remove_route("install_packages");
         }
         let state = if config.mcp_implicit_session {
@@ -125,7 +127,6 @@ impl McpHandler {
             .then(|| Arc::new(ImplicitSession::new(executor.clone())));
         McpHandler {
             executor,
-            admin_token: config.admin_token.as_deref().map(Arc::from),
             inline_image_bytes: config.mcp_inline_image_bytes,
             run_options: RunOptions {
                 artifacts: Some(ResultLimits {
@@ -139,6 +140,7 @@ impl McpHandler {
             instructions: instructions.into(),
             tool_router,
             implicit,
+            stdio_client: config.mcp_client.as_deref().map(Arc::from),
         }
     }
 
@@ -420,27 +422,7 @@ impl McpHandler {
         Parameters(args): Parameters<InstallRequest>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        // Over streamable HTTP the caller must hold the admin token; over
-        // stdio the client that launched the server owns it.
-        if let (Some(token), Some(parts)) = (
-            &self.admin_token,
-            ctx.extensions.get::<axum::http::request::Parts>(),
-        ) {
-            let given = parts
-                .headers
-                .get(axum::http::header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .unwrap_or("");
-            if !bool::from(subtle::ConstantTimeEq::ct_eq(
-                given.as_bytes(),
-                token.as_bytes(),
-            )) {
-                return CallToolResult::error(vec![ContentBlock::text(
-                    "error (forbidden): install_packages needs the admin bearer token",
-                )]);
-            }
-        }
+        // The caller's `install` scope was checked with the call.
         let outcome = tokio::select! {
             _ = ctx.ct.cancelled() => {
                 return CallToolResult::error(vec![ContentBlock::text("cancelled")]);
@@ -482,6 +464,89 @@ impl McpHandler {
 }
 
 impl McpHandler {
+    /// The client of a call: the one the `/mcp` request authenticated as,
+    /// or over stdio the configured one.
+    fn client_of(&self, ctx: &RequestContext<RoleServer>) -> Option<Arc<Client>> {
+        let clients = self.executor.clients();
+        if let Some(parts) = ctx.extensions.get::<axum::http::request::Parts>() {
+            return parts
+                .extensions
+                .get::<crate::http::Authenticated>()
+                .map(|a| a.0.clone());
+        }
+        match &self.stdio_client {
+            Some(name) => clients.by_name(name),
+            None => clients
+                .by_name(crate::auth::ADMIN_CLIENT)
+                .or_else(|| clients.by_name(crate::auth::TOKEN_CLIENT))
+                .or_else(|| clients.anonymous()),
+        }
+    }
+
+    /// Who a tool call is, with its request id and, for a tool that runs
+    /// code, its client's quotas; or the refusal (an `isError` result,
+    /// audited).
+    fn admit(
+        &self,
+        tool: &str,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Arc<Caller>, CallToolResult> {
+        let parts = ctx.extensions.get::<axum::http::request::Parts>();
+        let (front, request_id): (FrontEnd, Arc<str>) = match parts {
+            Some(parts) => (
+                FrontEnd::McpHttp,
+                parts
+                    .headers
+                    .get(crate::http::observe::REQUEST_ID)
+                    .and_then(|v| v.to_str().ok())
+                    .map(Arc::from)
+                    .unwrap_or_else(crate::http::observe::new_request_id_str),
+            ),
+            None => (
+                FrontEnd::McpStdio,
+                crate::http::observe::new_request_id_str(),
+            ),
+        };
+        let remote = parts.and_then(|p| {
+            p.extensions
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|c| c.0)
+        });
+        let Some(client) = self.client_of(ctx) else {
+            return Err(CallToolResult::error(vec![ContentBlock::text(
+                "error (unauthorized): this MCP connection acts as no client (set mcp_client to a \
+                 client of the clients file)",
+            )]));
+        };
+        let (scope, runs) = match tool {
+            "execute_code" => (None, true),
+            "grade_code" => (Some(Scope::Grade), true),
+            "create_session" => (Some(Scope::Sessions), true),
+            "close_session" => (Some(Scope::Sessions), false),
+            "install_packages" => (Some(Scope::Install), true),
+            _ => (None, false),
+        };
+        let mut caller = Caller::new(client.clone(), request_id, remote, front);
+        let admitted = scope.map_or(Ok(()), |s| client.require(s)).and_then(|()| {
+            if runs {
+                crate::http::admit(&self.executor, &client)
+            } else {
+                Ok((None, None))
+            }
+        });
+        match admitted {
+            Ok((in_flight, slot)) => {
+                caller.in_flight = in_flight;
+                *caller.audit_slot.get_mut() = slot;
+                Ok(Arc::new(caller))
+            }
+            Err(err) => {
+                self.executor.audit_refusal_as(Some(&caller), &err, None);
+                Err(refusal(err))
+            }
+        }
+    }
+
     /// Put a run's artifacts in the store (for `owner`) and give each its
     /// `uri`.
     fn keep_artifacts(&self, owner: &str, result: &mut ExecResult) {
@@ -596,8 +661,17 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
         let tool = request.name.to_string();
+        let caller = match self.admit(&tool, &context) {
+            Ok(caller) => caller,
+            Err(refused) => {
+                self.executor.metrics().mcp_call(&tool, "error");
+                return Ok(refused.into());
+            }
+        };
         let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
-        guard_panics(&tool, self.tool_router.call(call)).await
+        caller
+            .scope(guard_panics(&tool, self.tool_router.call(call)))
+            .await
     }
 
     fn get_info(&self) -> ServerConfig {

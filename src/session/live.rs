@@ -17,6 +17,9 @@ pub struct Session {
     /// Index of the session's environment in the executor.
     pub(super) env: usize,
     pub(super) env_name: String,
+    /// The client that created it (`None`: created in-process, no
+    /// client): only that client's calls find it.
+    pub(super) owner: Option<Arc<str>>,
     pub(super) ttl: Duration,
     /// Default wall-clock limit of a call, seconds.
     pub(super) timeout: f64,
@@ -41,6 +44,7 @@ impl Session {
         id: String,
         env: usize,
         env_name: String,
+        owner: Option<Arc<str>>,
         ttl: Duration,
         timeout: f64,
         worker: PooledWorker,
@@ -49,6 +53,7 @@ impl Session {
             id,
             env,
             env_name,
+            owner,
             ttl,
             timeout,
             created: SystemTime::now(),
@@ -62,6 +67,22 @@ impl Session {
 
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Whether client `name` may use the session (its creator, or anyone
+    /// for a session no client created).
+    pub fn owned_by(&self, name: &str) -> bool {
+        self.owner.as_deref().is_none_or(|owner| owner == name)
+    }
+
+    /// The name of the session's environment.
+    pub fn env_name(&self) -> &str {
+        &self.env_name
+    }
+
+    /// The client that created the session, if one did.
+    pub fn owner(&self) -> Option<&Arc<str>> {
+        self.owner.as_ref()
     }
 
     /// Index of the session's environment in the executor.

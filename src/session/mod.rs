@@ -14,7 +14,7 @@
 //! * [`live`]: one live session: its worker, serialized calls, expiry.
 //! * [`clock`]: RFC 3339 timestamps for the API.
 
-mod clock;
+pub(crate) mod clock;
 mod live;
 mod registry;
 

@@ -32,6 +32,8 @@ pub struct Sessions {
     /// This replica's id: every session id names it, so that a call that
     /// reaches another replica is told where its session lives.
     replica: Arc<str>,
+    /// The audit log, for sessions that expire (no request is there).
+    audit: std::sync::OnceLock<Arc<crate::audit::Audit>>,
 }
 
 #[derive(Default)]
@@ -40,6 +42,8 @@ struct Inner {
     /// Sessions being created, per environment index: they count against
     /// the caps before their process exists.
     starting: HashMap<usize, usize>,
+    /// Sessions being created, per client.
+    starting_by: HashMap<Arc<str>, usize>,
     /// Why recently ended sessions ended, oldest first.
     ended: VecDeque<(String, String)>,
 }
@@ -65,11 +69,21 @@ impl Inner {
 pub struct Reservation {
     sessions: Arc<Sessions>,
     env: usize,
+    /// The client it is for, counted in `starting_by`.
+    owner: Option<Arc<str>>,
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
         let mut inner = self.sessions.inner.lock();
+        if let Some(owner) = &self.owner
+            && let Some(n) = inner.starting_by.get_mut(owner)
+        {
+            *n -= 1;
+            if *n == 0 {
+                inner.starting_by.remove(owner);
+            }
+        }
         if let Some(n) = inner.starting.get_mut(&self.env) {
             *n -= 1;
             if *n == 0 {
@@ -89,9 +103,15 @@ impl Sessions {
             inner: Mutex::new(Inner::default()),
             closed: AtomicBool::new(false),
             replica: Arc::from(replica),
+            audit: std::sync::OnceLock::new(),
         });
         tokio::spawn(reap(Arc::downgrade(&sessions)));
         sessions
+    }
+
+    /// Where expiries are recorded (set once, at start).
+    pub fn set_audit(&self, audit: Arc<crate::audit::Audit>) {
+        let _ = self.audit.set(audit);
     }
 
     pub fn config(&self) -> &SessionConfig {
@@ -103,9 +123,15 @@ impl Sessions {
         self.grace
     }
 
-    /// A slot for a new session in environment `env` (named `env_name`),
-    /// or `too_many_sessions`.
-    pub fn reserve(self: &Arc<Self>, env: usize, env_name: &str) -> Result<Reservation, ExecError> {
+    /// A slot for a new session in environment `env` (named `env_name`)
+    /// for client `owner` (holding at most `owner_max`), or
+    /// `too_many_sessions`.
+    pub fn reserve(
+        self: &Arc<Self>,
+        env: usize,
+        env_name: &str,
+        owner: Option<(&Arc<str>, Option<usize>)>,
+    ) -> Result<Reservation, ExecError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(ExecError::ShuttingDown);
         }
@@ -114,19 +140,40 @@ impl Sessions {
         if total >= self.config.max_sessions {
             return Err(ExecError::TooManySessions {
                 env: None,
+                client: None,
                 limit: self.config.max_sessions,
             });
         }
         if in_env >= self.config.max_sessions_per_env {
             return Err(ExecError::TooManySessions {
                 env: Some(env_name.to_string()),
+                client: None,
                 limit: self.config.max_sessions_per_env,
             });
         }
+        if let Some((name, Some(max))) = owner {
+            let held = inner
+                .live
+                .values()
+                .filter(|s| s.owner.as_ref() == Some(name))
+                .count()
+                + inner.starting_by.get(name).copied().unwrap_or(0);
+            if held >= max {
+                return Err(ExecError::TooManySessions {
+                    env: None,
+                    client: Some(name.to_string()),
+                    limit: max,
+                });
+            }
+        }
         *inner.starting.entry(env).or_default() += 1;
+        if let Some((name, _)) = owner {
+            *inner.starting_by.entry(name.clone()).or_default() += 1;
+        }
         Ok(Reservation {
             sessions: self.clone(),
             env,
+            owner: owner.map(|(name, _)| name.clone()),
         })
     }
 
@@ -150,6 +197,7 @@ impl Sessions {
             id.clone(),
             reservation.env,
             env_name,
+            reservation.owner.clone(),
             ttl,
             timeout,
             worker,
@@ -229,18 +277,32 @@ impl Sessions {
         }
     }
 
-    /// Every live session, oldest first.
-    pub fn list(&self) -> Vec<SessionInfo> {
-        let mut sessions: Vec<Arc<Session>> = self.inner.lock().live.values().cloned().collect();
+    /// Every live session client `owner` may use (all with `None`),
+    /// oldest first.
+    pub fn list(&self, owner: Option<&str>) -> Vec<SessionInfo> {
+        let mut sessions: Vec<Arc<Session>> = self
+            .inner
+            .lock()
+            .live
+            .values()
+            .filter(|s| owner.is_none_or(|o| s.owned_by(o)))
+            .cloned()
+            .collect();
         sessions.sort_by_key(|s| s.created);
         sessions.iter().map(|s| s.info()).collect()
     }
 
-    /// End session `id`: later calls get 404 at once; calls already
-    /// accepted finish first, then its process is terminated.
-    pub fn close(&self, id: &str) -> Result<SessionInfo, ExecError> {
+    /// End session `id` (for client `owner`; any with `None`): later calls
+    /// get 404 at once; calls already accepted finish first, then its
+    /// process is terminated.
+    pub fn close(&self, id: &str, owner: Option<&str>) -> Result<SessionInfo, ExecError> {
         let session = {
             let mut inner = self.inner.lock();
+            match inner.live.get(id) {
+                Some(s) if owner.is_none_or(|o| s.owned_by(o)) => {}
+                Some(_) => return Err(self.not_yours(id)),
+                None => return Err(self.unknown(&inner, id)),
+            }
             let Some(session) = inner.live.remove(id) else {
                 return Err(self.unknown(&inner, id));
             };
@@ -299,6 +361,14 @@ impl Sessions {
         };
         for session in expired {
             tracing::info!(session = %session.id, "session expired");
+            if let Some(audit) = self.audit.get().filter(|a| a.enabled()) {
+                let mut record =
+                    crate::audit::Record::new(crate::audit::RecordKind::SessionExpire, None);
+                record.client = session.owner.clone();
+                record.session = Some(session.id.clone());
+                record.env = Some(session.env_name.clone());
+                audit.emit(record, None);
+            }
             let grace = self.grace;
             tokio::spawn(async move {
                 let worker = session.worker.lock().await.take();
@@ -347,6 +417,14 @@ async fn worker_terminate(worker: Option<PooledWorker>, grace: Duration) {
 }
 
 impl Sessions {
+    /// `unknown_session` for a session of another client: the same answer
+    /// as for one that never existed, so that ids cannot be probed.
+    pub fn not_yours(&self, id: &str) -> ExecError {
+        ExecError::UnknownSession(format!(
+            "unknown session {id:?}; create one with POST /sessions"
+        ))
+    }
+
     /// `unknown_session`, saying why the session ended when it is
     /// remembered, and where it lives when its id names another replica.
     fn unknown(&self, inner: &Inner, id: &str) -> ExecError {

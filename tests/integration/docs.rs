@@ -597,8 +597,15 @@ fn exec_errors() -> Vec<ExecError> {
         ExecError::UnknownSession(String::new()),
         ExecError::TooManySessions {
             env: None,
+            client: None,
             limit: 1,
         },
+        ExecError::Forbidden(String::new()),
+        ExecError::TooManyRequests {
+            message: String::new(),
+            retry_after: 1,
+        },
+        ExecError::AuditUnavailable(String::new()),
         ExecError::Cgroup(io()),
         ExecError::SessionId(io()),
         ExecError::Installer(io()),
@@ -618,7 +625,10 @@ fn exec_errors() -> Vec<ExecError> {
             | ExecError::Cgroup(_)
             | ExecError::Encode(_)
             | ExecError::SessionId(_)
-            | ExecError::Installer(_) => {}
+            | ExecError::Installer(_)
+            | ExecError::Forbidden(_)
+            | ExecError::TooManyRequests { .. }
+            | ExecError::AuditUnavailable(_) => {}
         }
     }
     all
@@ -629,7 +639,12 @@ fn exec_errors() -> Vec<ExecError> {
 /// in `src/http/`, and the JSON `503` past the connection cap.
 fn http_layer_errors() -> BTreeSet<(String, u16)> {
     let mut out = BTreeSet::new();
-    for file in ["src/http/mod.rs", "src/http/guard.rs", "src/http/error.rs"] {
+    for file in [
+        "src/http/mod.rs",
+        "src/http/gate.rs",
+        "src/http/guard.rs",
+        "src/http/error.rs",
+    ] {
         let source = repo_file(file);
         for call in source.split("StatusCode::").skip(1) {
             let (name, rest) = call.split_at(

@@ -484,7 +484,7 @@ async fn sessions_and_grading_keep_the_policy() {
             json!({"network": {"allowed_hosts": [format!("127.0.0.1:{}", a.port)]}}),
         )
         .await;
-    assert_eq!(status, 200, "{session}");
+    assert_eq!(status, 201, "{session}");
     let id = session["id"].as_str().unwrap();
     for (port, ok) in [(a.port, true), (b.port, false), (a.port, true)] {
         let got = run(

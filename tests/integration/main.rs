@@ -3,7 +3,9 @@
 mod common;
 
 mod adversarial;
+mod audit;
 mod balancer;
+mod clients;
 mod codec;
 mod concurrency;
 mod container;

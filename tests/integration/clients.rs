@@ -1,0 +1,542 @@
+//! Named clients (`--clients`): scopes, env allow-lists, quotas and
+//! ceilings over HTTP and MCP (stdio with `--mcp-client`, streamable HTTP
+//! by bearer token), sessions owned by their client, reloads under load,
+//! the `client` metrics label and `code-executor hash-token`.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use code_executor::Config;
+use serde_json::{Value, json};
+
+use crate::audit::{clients_file, config_over, post_as, sha256, two_envs, wait_for_record};
+use crate::common::TestServer;
+use crate::common::mcp::{call, connect_http, connect_stdio, execute_code, text};
+
+/// A `[[clients]]` table for `name` with token `<name>-token` and `extra`
+/// TOML lines.
+fn client(name: &str, extra: &str) -> String {
+    format!(
+        "[[clients]]\nname = \"{name}\"\ntoken_sha256 = \"{}\"\n{extra}\n\n",
+        sha256(&format!("{name}-token"))
+    )
+}
+
+fn token(name: &str) -> String {
+    format!("{name}-token")
+}
+
+async fn execute_as(
+    server: &TestServer,
+    name: &str,
+    body: Value,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    post_as(server, "/execute", Some(&token(name)), None, body).await
+}
+
+fn message(body: &Value) -> &str {
+    crate::common::error_message(body)
+}
+
+#[tokio::test]
+async fn scopes_and_env_allow_lists_are_refused_with_403_naming_what_is_missing() {
+    let fixture = two_envs();
+    let dir = tempfile::tempdir().unwrap();
+    let clients = clients_file(
+        dir.path(),
+        &(client("runner", "scopes = [\"execute\"]\nenvs = [\"a\"]")
+            + &client(
+                "everything",
+                "scopes = [\"execute\", \"sessions\", \"grade\", \"install\"]\nenvs = [\"*\"]",
+            )),
+    );
+    let server = TestServer::with_config(Config {
+        clients_file: Some(clients),
+        ..config_over(&fixture)
+    })
+    .await;
+    // No token: nobody (a clients file turns anonymous access off).
+    let (status, _, body) = post_as(&server, "/execute", None, None, json!({"code": "1"})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (401, Some("unauthorized"))
+    );
+
+    let (status, _, body) =
+        execute_as(&server, "runner", json!({"code": "print(1)", "env": "a"})).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) =
+        execute_as(&server, "runner", json!({"code": "print(1)", "env": "b"})).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["code"], "forbidden");
+    assert!(message(&body).contains("\"b\""), "{body}");
+    assert!(message(&body).contains("runner"), "{body}");
+    for (path, scope, payload) in [
+        (
+            "/install",
+            "install",
+            json!({"env": "a", "packages": ["zlib"], "manager": "conda"}),
+        ),
+        (
+            "/grade",
+            "grade",
+            json!({"code": "print(1)", "tests": [{"expected_stdout": "1"}]}),
+        ),
+        ("/sessions", "sessions", json!({})),
+    ] {
+        let (status, _, body) = post_as(&server, path, Some("runner-token"), None, payload).await;
+        assert_eq!(status, 403, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "forbidden", "{path}");
+        assert!(
+            message(&body).contains(&format!("`{scope}`")),
+            "{path}: {body}"
+        );
+    }
+    let (status, _, body) = post_as(
+        &server,
+        "/install",
+        Some("everything-token"),
+        None,
+        json!({"env": "b", "packages": ["zlib"], "manager": "conda"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // /health never lists clients.
+    let health = server
+        .client
+        .get(format!("{}/health", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !health.contains("runner") && !health.contains("everything"),
+        "{health}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn max_concurrent_refuses_past_the_cap_at_once_with_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let clients = clients_file(
+        dir.path(),
+        &client("pair", "scopes = [\"execute\"]\nmax_concurrent = 2"),
+    );
+    let server = TestServer::with_config(Config {
+        clients_file: Some(clients),
+        pool_size: 2,
+        ..crate::common::config()
+    })
+    .await;
+    let started = Instant::now();
+    let answers = futures_util::future::join_all((0..10).map(|_| {
+        execute_as(
+            &server,
+            "pair",
+            json!({"code": "import time; time.sleep(1.5)"}),
+        )
+    }))
+    .await;
+    let ok = answers.iter().filter(|a| a.0 == 200).count();
+    let limited: Vec<_> = answers.iter().filter(|a| a.0 == 429).collect();
+    assert_eq!(
+        ok,
+        2,
+        "{:?}",
+        answers.iter().map(|a| a.0).collect::<Vec<_>>()
+    );
+    assert_eq!(limited.len(), 8);
+    for (_, headers, body) in &limited {
+        assert_eq!(body["error"]["code"], "too_many_requests");
+        assert!(message(body).contains("max_concurrent"), "{body}");
+        assert_eq!(headers["retry-after"], "1");
+    }
+    // Refused at once: the whole batch took about one run.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // The slots are free again.
+    let (status, _, _) = execute_as(&server, "pair", json!({"code": "1"})).await;
+    assert_eq!(status, 200);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn rate_per_minute_refuses_past_the_budget_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let clients = clients_file(
+        dir.path(),
+        &client(
+            "metered",
+            "scopes = [\"execute\"]\nrate_per_minute = 60\nburst = 2",
+        ),
+    );
+    let server = TestServer::with_config(Config {
+        clients_file: Some(clients),
+        pool_size: 1,
+        ..crate::common::config()
+    })
+    .await;
+    for _ in 0..2 {
+        let (status, _, body) = execute_as(&server, "metered", json!({"code": "1"})).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, headers, body) = execute_as(&server, "metered", json!({"code": "1"})).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "too_many_requests");
+    assert!(message(&body).contains("rate_per_minute"), "{body}");
+    let wait: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert_eq!(wait, 1);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, _, body) = execute_as(&server, "metered", json!({"code": "1"})).await;
+    assert_eq!(status, 200, "{body}");
+    // Refusals are counted per client and reason.
+    let metrics = server
+        .client
+        .get(format!("{}/metrics", server.url))
+        .bearer_auth("metered-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status(), 401, "metered lacks the metrics scope");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn sessions_belong_to_their_client_and_ceilings_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let clients = clients_file(
+        dir.path(),
+        &(client(
+            "alice",
+            "scopes = [\"execute\", \"sessions\", \"metrics\"]\nmax_sessions = 1\nmax_timeout = 1",
+        ) + &client("bob", "scopes = [\"execute\", \"sessions\"]")),
+    );
+    let server = TestServer::with_config(Config {
+        clients_file: Some(clients),
+        pool_size: 2,
+        ..crate::common::config()
+    })
+    .await;
+    let (status, _, session) =
+        post_as(&server, "/sessions", Some("alice-token"), None, json!({})).await;
+    assert_eq!(status, 201, "{session}");
+    let id = session["id"].as_str().unwrap();
+    let (status, _, body) =
+        execute_as(&server, "alice", json!({"code": "x = 41", "session": id})).await;
+    assert_eq!(status, 200, "{body}");
+    // Bob gets what a session that never existed gets.
+    let (status, _, body) =
+        execute_as(&server, "bob", json!({"code": "print(x)", "session": id})).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_session");
+    let gone = server
+        .client
+        .delete(format!("{}/sessions/{id}", server.url))
+        .bearer_auth("bob-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 404);
+    let listed: Value = server
+        .client
+        .get(format!("{}/sessions", server.url))
+        .bearer_auth("bob-token")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["sessions"], json!([]), "{listed}");
+    // Alice's session is intact, and she may hold only one.
+    let (_, _, body) = execute_as(
+        &server,
+        "alice",
+        json!({"code": "print(x + 1)", "session": id}),
+    )
+    .await;
+    assert_eq!(body["stdout"], "42\n", "{body}");
+    let (status, _, body) =
+        post_as(&server, "/sessions", Some("alice-token"), None, json!({})).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "too_many_sessions");
+    assert!(message(&body).contains("alice"), "{body}");
+    // Her runs get at most her max_timeout, whatever they ask.
+    let (status, _, body) = execute_as(
+        &server,
+        "alice",
+        json!({"code": "import time; time.sleep(5)", "timeout": 30}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["timed_out"], true, "{body}");
+    assert!(body["duration_ms"].as_f64().unwrap() < 3000.0, "{body}");
+    // Runs are counted by client.
+    let metrics = server
+        .client
+        .get(format!("{}/metrics", server.url))
+        .bearer_auth("alice-token")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("code_executor_client_runs_total{client=\"alice\",outcome=\"ok\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "code_executor_client_refusals_total{client=\"alice\",reason=\"sessions\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("code_executor_client_queue_wait_seconds_count{client=\"bob\"}"),
+        "{metrics}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_reload_under_load_changes_rights_without_failing_a_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let before = client("worker", "scopes = [\"execute\"]");
+    let path = clients_file(dir.path(), &before);
+    let server = TestServer::with_config(Config {
+        clients_file: Some(path.clone()),
+        pool_size: 2,
+        ..crate::common::config()
+    })
+    .await;
+    let grade = json!({"code": "print(1)", "tests": [{"expected_stdout": "1"}]});
+    let (status, _, _) =
+        post_as(&server, "/grade", Some("worker-token"), None, grade.clone()).await;
+    assert_eq!(status, 403);
+    let load = async {
+        let mut statuses = Vec::new();
+        for _ in 0..40 {
+            let (a, b) = tokio::join!(
+                execute_as(&server, "worker", json!({"code": "print(1)"})),
+                execute_as(&server, "worker", json!({"code": "print(2)"})),
+            );
+            statuses.extend([a.0, b.0]);
+        }
+        statuses
+    };
+    let reload = async {
+        for i in 0..10 {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let scopes = if i % 2 == 0 {
+                "scopes = [\"execute\", \"grade\"]"
+            } else {
+                "scopes = [\"execute\"]"
+            };
+            std::fs::write(&path, client("worker", scopes)).unwrap();
+            server.executor.reload().expect("the file reloads");
+        }
+        // Ends with grade granted.
+        std::fs::write(&path, client("worker", "scopes = [\"execute\", \"grade\"]")).unwrap();
+        server.executor.reload().unwrap();
+    };
+    let (statuses, ()) = tokio::join!(load, reload);
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let (status, _, body) = post_as(&server, "/grade", Some("worker-token"), None, grade).await;
+    assert_eq!(status, 200, "{body}");
+    // A file that does not parse leaves the clients in force.
+    std::fs::write(&path, "[[clients]]\nname = 1\n").unwrap();
+    assert!(server.executor.reload().is_err());
+    let (status, _, _) = execute_as(&server, "worker", json!({"code": "1"})).await;
+    assert_eq!(status, 200);
+    server.stop().await;
+}
+
+#[test]
+fn hash_token_prints_the_sha256_of_the_argument_or_stdin() {
+    let binary = env!("CARGO_BIN_EXE_code-executor");
+    let out = std::process::Command::new(binary)
+        .args(["hash-token", "s3cret"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        sha256("s3cret")
+    );
+    let mut child = std::process::Command::new(binary)
+        .arg("hash-token")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"s3cret\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        sha256("s3cret")
+    );
+}
+
+/// The first text of an MCP result.
+fn refused(result: &rmcp::model::CallToolResult) -> String {
+    assert_eq!(result.is_error, Some(true), "{}", text(result));
+    text(result)
+}
+
+#[tokio::test]
+async fn every_rule_holds_over_mcp_streamable_http_by_bearer_token() {
+    let fixture = two_envs();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    let clients = clients_file(
+        dir.path(),
+        &(client(
+            "runner",
+            "scopes = [\"execute\"]\nenvs = [\"a\"]\nrate_per_minute = 60\nburst = 2",
+        ) + &client("owner", "scopes = [\"execute\", \"sessions\"]")
+            + &client("intruder", "scopes = [\"execute\", \"sessions\"]")),
+    );
+    let server = TestServer::with_config(Config {
+        clients_file: Some(clients),
+        audit: crate::audit::audit_to(&log, code_executor::audit::AuditFail::Open),
+        ..config_over(&fixture)
+    })
+    .await;
+    let url = format!("{}/mcp", server.url);
+    let runner = connect_http(&url, Some("runner-token")).await;
+    let result = execute_code(&runner, json!({"code": "print(6*7)", "env": "a"}))
+        .await
+        .unwrap();
+    assert_ne!(result.is_error, Some(true), "{}", text(&result));
+    let run = wait_for_record(&log, "mcp run", |r| r["front_end"] == "mcp-http").await;
+    assert_eq!(run["client"], "runner");
+    assert!(!run["request_id"].as_str().unwrap().is_empty(), "{run}");
+    let shown = refused(
+        &execute_code(&runner, json!({"code": "1", "env": "b"}))
+            .await
+            .unwrap(),
+    );
+    assert!(
+        shown.contains("forbidden") && shown.contains("\"b\""),
+        "{shown}"
+    );
+    let shown = refused(&call(&runner, "create_session", json!({})).await.unwrap());
+    assert!(
+        shown.contains("forbidden") && shown.contains("`sessions`"),
+        "{shown}"
+    );
+    // The second token of the bucket went on the refused env (a missing
+    // scope takes none): the next run is over the budget.
+    let shown = refused(
+        &execute_code(&runner, json!({"code": "1", "env": "a"}))
+            .await
+            .unwrap(),
+    );
+    assert!(shown.contains("too_many_requests"), "{shown}");
+
+    let owner = connect_http(&url, Some("owner-token")).await;
+    let created = call(&owner, "create_session", json!({})).await.unwrap();
+    let id = created.structured_content.as_ref().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let other = connect_http(&url, Some("intruder-token")).await;
+    let shown = refused(
+        &execute_code(&other, json!({"code": "1", "session": id}))
+            .await
+            .unwrap(),
+    );
+    assert!(shown.contains("unknown_session"), "{shown}");
+    let shown = refused(
+        &call(&other, "close_session", json!({"session": id}))
+            .await
+            .unwrap(),
+    );
+    assert!(shown.contains("unknown_session"), "{shown}");
+    let result = execute_code(&owner, json!({"code": "print('mine')", "session": id}))
+        .await
+        .unwrap();
+    assert_ne!(result.is_error, Some(true), "{}", text(&result));
+    let _ = runner.cancel().await;
+    let _ = other.cancel().await;
+    let _ = owner.cancel().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn mcp_over_stdio_acts_as_its_configured_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    let clients = clients_file(
+        dir.path(),
+        &(client(
+            "notebook",
+            "scopes = [\"execute\"]\nmax_timeout = 1\nrate_per_minute = 6\nburst = 2",
+        ) + &client("other", "scopes = [\"execute\", \"sessions\"]")),
+    );
+    let python = crate::common::python();
+    let (stdio, _child) = connect_stdio(
+        env!("CARGO_BIN_EXE_code-executor").as_ref(),
+        &[
+            "--python",
+            python.to_str().unwrap(),
+            "--pool-size",
+            "1",
+            "--clients",
+            clients.to_str().unwrap(),
+            "--mcp-client",
+            "notebook",
+            "--audit-log",
+            log.to_str().unwrap(),
+        ],
+        &[("TMPDIR", dir.path() as &Path)],
+    )
+    .await;
+    let result = execute_code(
+        &stdio,
+        json!({"code": "import time; time.sleep(4)", "timeout": 30}),
+    )
+    .await
+    .unwrap();
+    assert!(
+        text(&result).contains("timed out after 1"),
+        "{}",
+        text(&result)
+    );
+    let run = wait_for_record(&log, "stdio run", |r| r["kind"] == "run").await;
+    assert_eq!(run["front_end"], "mcp-stdio");
+    assert_eq!(run["client"], "notebook");
+    assert!(!run["request_id"].as_str().unwrap().is_empty(), "{run}");
+    let shown = refused(&call(&stdio, "create_session", json!({})).await.unwrap());
+    assert!(
+        shown.contains("forbidden") && shown.contains("`sessions`"),
+        "{shown}"
+    );
+    let _ = execute_code(&stdio, json!({"code": "1"})).await.unwrap();
+    let shown = refused(&execute_code(&stdio, json!({"code": "1"})).await.unwrap());
+    assert!(shown.contains("too_many_requests"), "{shown}");
+    let _ = stdio.cancel().await;
+
+    // A name the clients file lacks stops the server at start.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_code-executor"))
+        .args(["mcp", "--python", python.to_str().unwrap(), "--clients"])
+        .arg(&clients)
+        .args(["--mcp-client", "nobody"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("\"nobody\""),
+        "{out:?}"
+    );
+}
