@@ -382,7 +382,6 @@ impl Executor {
                 files.insert(TESTS_FILE.into(), FileContent::Text(tests.clone()));
             }
             let exec = ExecRequest {
-                network: None,
                 code: code.clone(),
                 env: req.env.clone(),
                 timeout: case.timeout.or(req.timeout),
@@ -396,6 +395,7 @@ impl Executor {
                 }),
                 stream: None,
                 limits: req.limits.clone(),
+                network: req.network.clone(),
                 int_max_str_digits: digits,
             };
             let options = RunOptions {
