@@ -503,9 +503,7 @@ async fn sessions_and_grading_keep_the_policy() {
         .execute(json!({"code": "1", "session": id, "network": {"allowed_hosts": []}}))
         .await;
     assert_eq!(status, 400, "{body}");
-    let code = format!(
-        "import urllib.request\nprint(urllib.request.urlopen('http://127.0.0.1:' + input() + '/', timeout=10).read().decode())\n"
-    );
+    let code = "import urllib.request\nprint(urllib.request.urlopen('http://127.0.0.1:' + input() + '/', timeout=10).read().decode())\n";
     let (status, graded) = server
         .post(
             "/grade",
