@@ -197,6 +197,8 @@ pub struct Metrics {
     /// Route templates seen so far, shared so that a request's labels cost
     /// a reference count, not a string copy.
     routes: RwLock<HashMap<Box<str>, Arc<str>>>,
+    /// The pools read at scrape time; replaced when environments come and go.
+    pools: Arc<RwLock<Vec<(String, EnvPool)>>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -257,8 +259,12 @@ impl Metrics {
             "MCP tool calls by tool and outcome (ok, error, failed)",
             mcp_calls.clone(),
         );
-        registry.register_collector(Box::new(PoolCollector { pools }));
+        let pools = Arc::new(RwLock::new(pools));
+        registry.register_collector(Box::new(PoolCollector {
+            pools: pools.clone(),
+        }));
         Metrics {
+            pools,
             registry,
             runs,
             run_duration,
@@ -268,6 +274,11 @@ impl Metrics {
             mcp_calls,
             routes: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// The pools of the environments served now (after a rescan).
+    pub(crate) fn set_pools(&self, pools: Vec<(String, EnvPool)>) {
+        *self.pools.write() = pools;
     }
 
     /// With this replica's own gauges: `replica_info{replica}`, `draining`
@@ -356,7 +367,7 @@ impl Metrics {
 
 /// Pool state read at scrape time: workers by state, restarts by cause.
 struct PoolCollector {
-    pools: Vec<(String, EnvPool)>,
+    pools: Arc<RwLock<Vec<(String, EnvPool)>>>,
 }
 
 impl std::fmt::Debug for PoolCollector {
@@ -367,7 +378,8 @@ impl std::fmt::Debug for PoolCollector {
 
 impl Collector for PoolCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let statuses: Vec<_> = self.pools.iter().map(|(_, p)| p.status()).collect();
+        let pools = self.pools.read().clone();
+        let statuses: Vec<_> = pools.iter().map(|(_, p)| p.status()).collect();
         {
             let gauge = ConstGauge::new(0i64);
             let mut family = encoder.encode_descriptor(
@@ -376,7 +388,7 @@ impl Collector for PoolCollector {
                 None,
                 gauge.metric_type(),
             )?;
-            for ((name, _), status) in self.pools.iter().zip(&statuses) {
+            for ((name, _), status) in pools.iter().zip(&statuses) {
                 for (state, n) in [
                     ("idle", status.idle),
                     ("busy", status.busy),
@@ -395,7 +407,7 @@ impl Collector for PoolCollector {
                 None,
                 gauge.metric_type(),
             )?;
-            for ((name, _), status) in self.pools.iter().zip(&statuses) {
+            for ((name, _), status) in pools.iter().zip(&statuses) {
                 let labels = [("env", name.as_str())];
                 ConstGauge::new(status.waiting as i64).encode(family.encode_family(&labels)?)?;
             }
@@ -407,7 +419,7 @@ impl Collector for PoolCollector {
             None,
             counter.metric_type(),
         )?;
-        for (name, pool) in &self.pools {
+        for (name, pool) in &pools {
             for cause in RestartCause::ALL {
                 let labels = [("env", name.as_str()), ("cause", cause.as_str())];
                 ConstCounter::new(pool.restarts(cause)).encode(family.encode_family(&labels)?)?;

@@ -199,6 +199,11 @@ pub struct ExecResult {
     /// this call, and why. The session is gone; later calls get 404.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_lost: Option<String>,
+    /// The content hash of the environment the run ran in (`sha256:...`,
+    /// as `/list-envs` shows it): its interpreter, Conda package records
+    /// and installed distributions. Changes after an install, not otherwise.
+    #[serde(default)]
+    pub env_hash: String,
 }
 
 /// Which installer `POST /install` runs.
@@ -210,8 +215,25 @@ pub enum PackageManager {
     /// `<prefix>/bin/python -m pip install ...`
     #[default]
     Pip,
+    /// `uv pip install --python <prefix>/bin/python ...` (the configured
+    /// `uv`, else `uv` on the server's `PATH`)
+    Uv,
+    /// uv where the server has one, else pip
+    Auto,
     /// The discovered `conda`/`mamba` with `install -y -p PREFIX ...`
     Conda,
+}
+
+impl PackageManager {
+    /// The name clients use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PackageManager::Pip => "pip",
+            PackageManager::Uv => "uv",
+            PackageManager::Auto => "auto",
+            PackageManager::Conda => "conda",
+        }
+    }
 }
 
 /// `POST /install`, MCP `install_packages`.
@@ -221,12 +243,41 @@ pub struct InstallRequest {
     /// Environment name or prefix path; the default environment if absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<String>,
-    /// Requirements (`pkg`, `pkg==1.0`, `pkg @ file:///...whl` for pip;
-    /// match specs such as `pkg=1.0` for conda), each one argv item.
+    /// What to install, each one argv item: requirements (`pkg`,
+    /// `pkg==1.0`, `pkg[extra]>=2; python_version>='3.9'`), direct
+    /// references (`pkg @ https://.../pkg-1.0.tar.gz`), URLs of archives,
+    /// or absolute paths of wheels and sdists
+    /// (`/tmp/wheels/pkg-1.0-py3-none-any.whl`); match specs such as
+    /// `pkg=1.0` for conda. Options are refused.
+    #[serde(default)]
     pub packages: Vec<String>,
-    /// `pip` (default) or `conda`.
+    /// The text of a requirements file: one item as in `packages` per
+    /// line, `#` comments; written to a private file and passed with `-r`.
+    /// Option lines (`-r`, `--index-url`, ...) are refused: use the fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requirements: Option<String>,
+    /// `pip` (default), `uv`, `auto` (uv where the server has one) or `conda`.
     #[serde(default)]
     pub manager: PackageManager,
+    /// `--index-url`: the package index (an `http(s)://` URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_url: Option<String>,
+    /// `--extra-index-url`, each an `http(s)://` URL.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_index_urls: Vec<String>,
+    /// `--find-links`: `http(s)://` or `file://` URLs, or absolute folders
+    /// holding archives.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub find_links: Vec<String>,
+    /// `--no-index`: use `find_links` and local paths only.
+    #[serde(default)]
+    pub no_index: bool,
+    /// `--upgrade`: upgrade what is already installed.
+    #[serde(default)]
+    pub upgrade: bool,
+    /// `--pre` (uv: `--prerelease allow`): allow pre-releases.
+    #[serde(default)]
+    pub pre: bool,
 }
 
 /// The outcome of an install that ran, whatever its exit code.
@@ -236,6 +287,8 @@ pub struct InstallRequest {
 pub struct InstallResult {
     /// The environment's name.
     pub env: String,
+    /// The installer that ran: `pip`, `uv` or `conda` (`auto` resolved).
+    pub manager: String,
     /// Exit status of the installer; `-N` when killed by signal N.
     pub exit_code: i32,
     /// The installer's standard output (its last MiB).
@@ -246,6 +299,9 @@ pub struct InstallResult {
     pub installed: Vec<String>,
     /// The install hit its timeout and was killed.
     pub timed_out: bool,
+    /// The environment's content hash after the install (unchanged when
+    /// nothing was installed).
+    pub env_hash: String,
 }
 
 /// One installed distribution (`GET /list-packages`).
@@ -268,8 +324,15 @@ pub struct EnvInfo {
     pub prefix: String,
     /// `conda` (a Conda prefix), `venv` or `python` (any other interpreter).
     pub kind: String,
-    /// Python version (`3.11.7`), when known.
+    /// Python version (`3.11.7`; `3.11` when only the layout tells), read
+    /// from disk without starting a worker; null when nothing tells.
     pub python_version: Option<String>,
+    /// Conda's platform name (`linux-64`, `linux-aarch64`, `osx-arm64`): the
+    /// Python package record's `subdir`, else the host's.
+    pub platform: String,
+    /// The environment's content hash (`sha256:...`): its interpreter's
+    /// version, Conda package records and installed distributions.
+    pub env_hash: String,
     /// Whether requests that name no environment run here.
     pub default: bool,
     /// Its pool's worker counts.

@@ -8,27 +8,28 @@
 //!
 //! Package listing and installs live in [`crate::env::install`].
 
+mod envs;
 mod prepare;
 mod run;
 mod sessions;
 mod start;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::api::{EnvInfo, Health, InstallRequest, InstallResult, PackageInfo, PoolSummary};
-use crate::env::install::{EnvCommands, check_install, run_bounded};
-use crate::env::{EnvSettings, EnvSpec};
+use crate::env::install::{EnvCommands, Installer, check_install, run_bounded};
 use crate::error::{ExecError, PoolError};
 use crate::limits::{RequestLimits, ResultLimits};
-use crate::metrics::{EnvMetrics, Metrics};
-use crate::pool::{EnvPool, WorkerBudget};
+use crate::metrics::Metrics;
+use crate::pool::WorkerBudget;
 use crate::replica::Replica;
 use crate::sandbox::SandboxStatus;
 use crate::session::Sessions;
+use envs::{EnvEntry, LiveEnvs};
 
 /// A streaming run's output chunks, as front ends receive them.
 pub use crate::worker::{OutputChunk, OutputSink, OutputStream};
@@ -36,29 +37,13 @@ pub use prepare::{PreparedRun, RunOptions};
 pub use run::RunReport;
 pub use start::WORKER_SCRIPT;
 
-/// One environment and its pool.
-struct EnvEntry {
-    spec: EnvSpec,
-    settings: EnvSettings,
-    pool: EnvPool,
-    /// Why the environment cannot serve (its activation failed), if so.
-    unavailable: Option<String>,
-    /// The activated environment (scripts included) workers, package
-    /// listings and installs run with; built from scratch.
-    vars: HashMap<String, String>,
-    /// Installs into one environment run one at a time.
-    install_lock: tokio::sync::Mutex<()>,
-    /// This environment's run counters and histograms, resolved once.
-    metrics: EnvMetrics,
-}
-
 /// Runs code in environments' worker pools.
 pub struct Executor {
-    envs: Vec<EnvEntry>,
-    /// Index into `envs` of the environment used when a request names none.
-    default: usize,
-    /// The Conda front end `manager: "conda"` installs run.
-    conda: Option<PathBuf>,
+    /// The environments served now; follows the disk (see `envs.rs`).
+    envs: Arc<LiveEnvs>,
+    /// The `uv` installs with `manager: "uv"` (or `"auto"`) run: the
+    /// configured one, else `uv` on the server's `PATH`.
+    uv: Option<PathBuf>,
     /// The cap on live workers shared by all pools.
     budget: Arc<WorkerBudget>,
     /// Bound on one install run.
@@ -102,34 +87,28 @@ fn pool_refusal(entry: &EnvEntry, e: PoolError) -> ExecError {
 }
 
 impl Executor {
-    fn index_of(&self, entry: &EnvEntry) -> usize {
-        self.envs
-            .iter()
-            .position(|e| std::ptr::eq(e, entry))
-            .expect("the entry is one of ours")
-    }
-
     /// The environment a request names (by name or prefix path), or the
-    /// default one.
-    fn env_entry(&self, name: Option<&str>) -> Result<&EnvEntry, ExecError> {
+    /// default one, among those served now.
+    fn env_entry(&self, name: Option<&str>) -> Result<Arc<EnvEntry>, ExecError> {
+        let table = self.envs.table();
         let Some(name) = name.filter(|n| !n.is_empty()) else {
-            return Ok(&self.envs[self.default]);
+            return Ok(table.default.clone());
         };
-        if let Some(entry) = self.envs.iter().find(|e| e.spec.name == name) {
-            return Ok(entry);
+        if let Some(entry) = table.entries.iter().find(|e| e.spec.name == name) {
+            return Ok(entry.clone());
         }
         if name.contains('/') {
             let wanted = Path::new(name)
                 .canonicalize()
                 .unwrap_or_else(|_| PathBuf::from(name));
-            if let Some(entry) = self.envs.iter().find(|e| e.spec.prefix == wanted) {
-                return Ok(entry);
+            if let Some(entry) = table.entries.iter().find(|e| e.spec.prefix == wanted) {
+                return Ok(entry.clone());
             }
         }
         Err(ExecError::UnknownEnv {
             name: name.to_string(),
-            known: self
-                .envs
+            known: table
+                .entries
                 .iter()
                 .map(|e| e.spec.name.as_str())
                 .collect::<Vec<_>>()
@@ -137,9 +116,33 @@ impl Executor {
         })
     }
 
+    /// Make sure the environment a request names is known: when it is not,
+    /// discovery runs once more before the request is answered (an env
+    /// created since the last scan is then served). Cheap when it is known.
+    pub async fn find_env(&self, name: Option<&str>) {
+        if let Some(name) = name.filter(|n| !n.is_empty())
+            && matches!(
+                self.env_entry(Some(name)),
+                Err(ExecError::UnknownEnv { .. })
+            )
+        {
+            self.envs.rescan_for_miss().await;
+        }
+    }
+
+    /// The environment of a session, while it is served.
+    fn session_entry(&self, id: usize) -> Result<Arc<EnvEntry>, ExecError> {
+        self.envs
+            .by_id(id)
+            .ok_or_else(|| ExecError::EnvUnavailable {
+                env: format!("#{id}"),
+                reason: "the session's environment was removed".into(),
+            })
+    }
+
     /// Like [`Executor::env_entry`], refusing an environment that cannot
     /// run code.
-    fn available_entry(&self, name: Option<&str>) -> Result<&EnvEntry, ExecError> {
+    fn available_entry(&self, name: Option<&str>) -> Result<Arc<EnvEntry>, ExecError> {
         let entry = self.env_entry(name)?;
         match &entry.unavailable {
             Some(reason) => Err(ExecError::EnvUnavailable {
@@ -152,20 +155,26 @@ impl Executor {
 
     /// Every environment with its pool's counts.
     pub fn list_envs(&self) -> Vec<EnvInfo> {
-        self.envs
+        let table = self.envs.table();
+        table
+            .entries
             .iter()
-            .enumerate()
-            .map(|(i, e)| {
+            .map(|e| {
                 let status = e.pool.status();
                 EnvInfo {
                     name: e.spec.name.clone(),
                     prefix: e.spec.prefix.display().to_string(),
                     kind: e.spec.kind.as_str().into(),
                     python_version: e
-                        .pool
-                        .python_version()
-                        .or_else(|| e.spec.python_version_hint()),
-                    default: i == self.default,
+                        .facts
+                        .python_version
+                        .clone()
+                        .filter(|v| v.matches('.').count() >= 2)
+                        .or_else(|| e.pool.python_version())
+                        .or_else(|| e.facts.python_version.clone()),
+                    platform: e.facts.platform.clone(),
+                    env_hash: e.hash().to_string(),
+                    default: e.id == table.default.id,
                     pool: PoolSummary {
                         size: status.size,
                         idle: status.idle,
@@ -189,8 +198,8 @@ impl Executor {
     }
 
     /// Name of the environment used when a request names none.
-    pub fn default_env(&self) -> &str {
-        &self.envs[self.default].spec.name
+    pub fn default_env(&self) -> String {
+        self.envs.table().default.spec.name.clone()
     }
 
     /// Workers alive now across all environments, and the cap.
@@ -202,6 +211,8 @@ impl Executor {
     pub fn health(&self) -> Health {
         let envs: BTreeMap<_, _> = self
             .envs
+            .table()
+            .entries
             .iter()
             .map(|e| {
                 let mut status = e.pool.status();
@@ -246,7 +257,9 @@ impl Executor {
     pub async fn shutdown(&self) {
         self.closing.store(true, Ordering::Release);
         self.sessions.shutdown().await;
-        futures_util::future::join_all(self.envs.iter().map(|e| e.pool.close())).await;
+        self.envs.close();
+        let table = self.envs.table();
+        futures_util::future::join_all(table.entries.iter().map(|e| e.pool.close())).await;
         if let Some(cgroups) = self.cgroups.clone() {
             let _ = tokio::task::spawn_blocking(move || {
                 cgroups.remove_all(std::time::Duration::from_secs(3))
@@ -288,8 +301,9 @@ impl Executor {
         if self.closing.load(Ordering::Acquire) {
             return Err(ExecError::ShuttingDown);
         }
+        self.find_env(env).await;
         let entry = self.available_entry(env)?;
-        self.commands(entry)
+        self.commands(&entry)
             .packages()
             .await
             .map_err(|reason| ExecError::EnvUnavailable {
@@ -298,26 +312,45 @@ impl Executor {
             })
     }
 
-    /// Install packages into an environment with pip or Conda. Specs are
-    /// checked first (an option or an invalid requirement refuses the whole
-    /// request, nothing runs) and passed as argv items. Installs into one
-    /// env are serialized; runs keep using the current workers meanwhile,
-    /// and after a successful install the env's workers are replaced so the
-    /// next run sees the new packages.
+    /// Install packages into an environment with pip, uv or Conda. The
+    /// request is checked first (an option, an invalid requirement, a
+    /// relative or missing path refuses the whole request, nothing runs)
+    /// and its items passed as argv items; the `requirements` text goes to
+    /// a private file passed with `-r`. Installs into one env are
+    /// serialized; runs keep using the current workers meanwhile, and after
+    /// a successful install the env's workers are replaced so the next run
+    /// sees the new packages, and its `env_hash` is read again.
     pub async fn install(&self, req: InstallRequest) -> Result<InstallResult, ExecError> {
         if self.closing.load(Ordering::Acquire) {
             return Err(ExecError::ShuttingDown);
         }
         check_install(&req)?;
+        self.find_env(req.env.as_deref()).await;
         let entry = self.available_entry(req.env.as_deref())?;
-        let commands = self.commands(entry);
-        let cmd = commands.installer(&req, self.conda.as_deref())?;
+        let conda = self.envs.conda();
+        let tool = Installer::choose(req.manager, self.uv.as_deref(), conda.as_deref())?;
+        let commands = self.commands(&entry);
         let _serialized = entry.install_lock.lock().await;
+        let requirements = match &req.requirements {
+            Some(text) => {
+                let mut file = tempfile::Builder::new()
+                    .prefix("requirements-")
+                    .suffix(".txt")
+                    .tempfile_in(self.base_dir.path())
+                    .map_err(ExecError::Installer)?;
+                std::io::Write::write_all(&mut file, text.as_bytes())
+                    .map_err(ExecError::Installer)?;
+                Some(file.into_temp_path())
+            }
+            None => None,
+        };
+        let cmd = commands.installer(&req, &tool, requirements.as_deref());
         let before = commands.packages().await.unwrap_or_default();
-        tracing::info!(env = %entry.spec.name, manager = ?req.manager, packages = ?req.packages, "installing");
+        tracing::info!(env = %entry.spec.name, manager = tool.name(), packages = ?req.packages, "installing");
         let out = run_bounded(cmd, self.install_timeout)
             .await
             .map_err(ExecError::Installer)?;
+        drop(requirements);
         let mut installed = Vec::new();
         if out.exit_code == 0 && !out.timed_out {
             entry.pool.replace();
@@ -328,13 +361,17 @@ impl Executor {
                 .map(|p| format!("{}=={}", p.name, p.version))
                 .collect();
         }
+        // Even a failed install may have changed something.
+        entry.rehash();
         Ok(InstallResult {
             env: entry.spec.name.clone(),
+            manager: tool.name().into(),
             exit_code: out.exit_code,
             stdout: out.stdout,
             stderr: out.stderr,
             installed,
             timed_out: out.timed_out,
+            env_hash: entry.hash().to_string(),
         })
     }
 }

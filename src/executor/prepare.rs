@@ -13,8 +13,9 @@ use crate::session::ActiveCall;
 
 /// A validated request, encoded and bound to its environment.
 pub struct PreparedRun {
-    /// Index of the environment in the executor's list.
-    pub(super) env: usize,
+    /// The environment the run goes to (held even if a rescan drops it
+    /// meanwhile: the run ends on its pool).
+    pub(super) env: std::sync::Arc<super::EnvEntry>,
     pub(super) frame: Vec<u8>,
     pub(super) timeout: f64,
     /// The address-space limit the run gets (configured, narrowed by the
@@ -241,7 +242,7 @@ impl Executor {
             None => None,
         };
         let entry = match &session {
-            Some(call) => &self.envs[call.session().env()],
+            Some(call) => self.session_entry(call.session().env())?,
             None => self.available_entry(req.env.as_deref())?,
         };
         let ctx = RunContext {
@@ -255,7 +256,7 @@ impl Executor {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let checked = check(req, &ctx, options, id)?;
         Ok(PreparedRun {
-            env: self.index_of(entry),
+            env: entry,
             frame: checked.frame,
             timeout: checked.timeout,
             memory_bytes: checked.memory_bytes,
@@ -268,10 +269,10 @@ impl Executor {
     /// request; it stays active (cannot expire) while the call lives.
     fn session_call(&self, id: &str, req: &ExecRequest) -> Result<ActiveCall, ExecError> {
         let call = self.sessions.begin(id)?;
-        let env = &self.envs[call.session().env()];
+        let env = self.session_entry(call.session().env())?;
         if let Some(name) = req.env.as_deref().filter(|n| !n.is_empty()) {
             let asked = self.env_entry(Some(name))?;
-            if !std::ptr::eq(asked, env) {
+            if asked.id != env.id {
                 return Err(ExecError::BadRequest(format!(
                     "session {id:?} runs in environment {:?}, not {name:?}; omit env or create a session in {name:?}",
                     env.spec.name

@@ -54,6 +54,8 @@ pub struct RunReport {
     pub output: RunOutput,
     /// How the run ended, computed from the report once.
     pub outcome: Outcome,
+    /// The content hash of the environment the run ran in.
+    pub env_hash: std::sync::Arc<str>,
 }
 
 /// The result a client sees.
@@ -61,6 +63,7 @@ fn shape_result(report: RunReport) -> ExecResult {
     let RunReport {
         output: out,
         outcome,
+        env_hash,
     } = report;
     let truncated = out.stdout_truncated || out.stderr_truncated;
     ExecResult {
@@ -94,6 +97,7 @@ fn shape_result(report: RunReport) -> ExecResult {
         }),
         limit: outcome.limit,
         session_lost: out.session_lost,
+        env_hash: env_hash.to_string(),
     }
 }
 
@@ -105,6 +109,7 @@ fn utf8(bytes: Vec<u8>) -> String {
 impl Executor {
     /// Run one request to completion.
     pub async fn execute(&self, req: ExecRequest) -> Result<ExecResult, ExecError> {
+        self.find_env(req.env.as_deref()).await;
         let prepared = self.prepare(&req)?;
         self.run(prepared, None).await
     }
@@ -135,7 +140,7 @@ impl Executor {
             processes,
             memory_bytes,
         } = prepared;
-        let entry = &self.envs[env];
+        let entry = &*env;
         if let Some(call) = session {
             let deadline = Duration::from_secs_f64(timeout)
                 + self.sessions.config().interrupt_grace
@@ -145,7 +150,11 @@ impl Executor {
                 .execute(call, &frame, deadline, output.as_ref())
                 .await?;
             let outcome = Outcome::of(&output, memory_bytes);
-            return Ok(RunReport { output, outcome });
+            return Ok(RunReport {
+                output,
+                outcome,
+                env_hash: entry.hash(),
+            });
         }
         let env_name = entry.spec.name.as_str();
         // A worker that ran nothing because its scratch root stayed dirty
@@ -243,6 +252,7 @@ impl Executor {
                 Ok(RunReport {
                     output: out,
                     outcome,
+                    env_hash: entry.hash(),
                 })
             }
             Err(WorkerError::Retired(why)) => {

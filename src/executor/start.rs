@@ -5,19 +5,18 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::time::Duration;
 
-use super::{EnvEntry, Executor};
+use super::Executor;
+use super::envs::{EnvEntry, EnvTable, LiveEnvs, PoolContext, entry, make_entries};
 use crate::config::Config;
-use crate::env::{Registry, activate::activate};
+use crate::env::Registry;
 use crate::error::StartError;
 use crate::error::error_chain;
 use crate::metrics::Metrics;
-use crate::pool::{EnvPool, PoolConfig, WorkerBudget};
+use crate::pool::WorkerBudget;
 use crate::replica::Replica;
 use crate::sandbox::{Sandbox, SandboxStatus};
 use crate::session::Sessions;
-use crate::worker::{WorkerSpec, worker_env};
 
 /// The bootstrap every worker runs, embedded in the binary.
 pub const WORKER_SCRIPT: &str = include_str!("../../python/worker.py");
@@ -47,24 +46,9 @@ fn remove_stale_base_dirs(tmp: &Path) {
     }
 }
 
-/// Lazy pools unused for `idle` stop their workers; checked a few times
-/// per idle period, until every pool is closed.
-async fn shrink_idle_pools(pools: Vec<EnvPool>, idle: Duration) {
-    let tick = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
-    loop {
-        tokio::time::sleep(tick).await;
-        if pools.iter().all(EnvPool::is_closed) {
-            return;
-        }
-        for pool in &pools {
-            pool.shrink_if_idle(idle);
-        }
-    }
-}
-
 /// `/health`'s account of the sandbox: what is enforced, the rlimits
 /// every run gets and each env's scratch quota.
-fn sandbox_status(sandbox: Option<&Sandbox>, envs: &[EnvEntry]) -> SandboxStatus {
+fn sandbox_status(sandbox: Option<&Sandbox>, envs: &[Arc<EnvEntry>]) -> SandboxStatus {
     let mut status = sandbox.map(|s| s.status.clone()).unwrap_or_default();
     if sandbox.is_none() {
         status.memory = "rlimit_as";
@@ -81,14 +65,6 @@ fn sandbox_status(sandbox: Option<&Sandbox>, envs: &[EnvEntry]) -> SandboxStatus
         .collect();
     status
 }
-
-/// Processes and threads of one run when the config sets no limit.
-const DEFAULT_PROCESSES: u64 = 256;
-
-/// Memory of a worker besides its run's, in its memory cgroup: the
-/// interpreter and its preloads, the warm next child, the launcher, the
-/// private `/dev/shm` (64 MiB at most) and kernel memory.
-const WORKER_MEMORY: u64 = 256 << 20;
 
 impl Executor {
     /// Find the environments, activate each once, start the pools of the
@@ -151,70 +127,16 @@ impl Executor {
             }
         };
         let budget = WorkerBudget::new(config.max_workers);
-        let activations = futures_util::future::join_all(registry.envs.iter().map(|plan| {
-            activate(
-                &plan.spec.prefix,
-                &plan.spec.activation,
-                config.activation_timeout,
-            )
-        }))
-        .await;
-        let mut envs = Vec::with_capacity(registry.envs.len());
-        let mut pending = Vec::with_capacity(registry.envs.len());
-        for (plan, activation) in registry.envs.into_iter().zip(activations) {
-            let (vars, unavailable) = match activation {
-                Ok(vars) => (vars, None),
-                Err(reason) => {
-                    tracing::error!(env = %plan.spec.name, "environment unavailable: {reason}");
-                    (plan.spec.activation.clone(), Some(reason))
-                }
-            };
-            let pool = EnvPool::with_budget(
-                WorkerSpec {
-                    python: plan.spec.python.clone(),
-                    script: script.clone(),
-                    scratch_parent: base_dir.path().to_path_buf(),
-                    env: worker_env(&vars),
-                    preload: plan.settings.preload.clone(),
-                    start_timeout: config.worker_start_timeout,
-                    grace_period: config.grace_period,
-                    sandbox: sandbox.as_ref().map(|s| {
-                        let mut wrap = s.plan(
-                            plan.settings.network,
-                            plan.settings.disk_bytes,
-                            &plan.spec.python,
-                        );
-                        wrap.read.push(match &config.worker_script {
-                            // A replacement bootstrap may import its neighbours.
-                            Some(_) => script.parent().unwrap_or(&script).to_path_buf(),
-                            None => script.clone(),
-                        });
-                        wrap.read.push(plan.spec.prefix.clone());
-                        wrap
-                    }),
-                    owner: sandbox.as_ref().and_then(Sandbox::owner),
-                    run_processes: plan
-                        .settings
-                        .run_limits
-                        .processes
-                        .unwrap_or(DEFAULT_PROCESSES),
-                    memory_max: plan.settings.run_limits.memory_bytes.map(|m| {
-                        // The scratch tmpfs is memory too, charged to
-                        // the writer's cgroup.
-                        m.saturating_add(WORKER_MEMORY)
-                            .saturating_add(plan.settings.disk_bytes)
-                    }),
-                },
-                PoolConfig {
-                    size: plan.settings.pool_size,
-                    queue_timeout: config.queue_timeout,
-                    max_runs: config.max_runs,
-                },
-                budget.clone(),
-                plan.configured,
-            );
-            pending.push((plan, pool, unavailable, vars));
-        }
+        let pools = PoolContext {
+            script: script.clone(),
+            custom_script: config.worker_script.is_some(),
+            base_dir: base_dir.path().to_path_buf(),
+            sandbox: sandbox.clone(),
+            budget: budget.clone(),
+        };
+        let plans = registry.envs.clone();
+        let count = plans.len();
+        let pending = make_entries(config, &pools, plans, 0).await;
         let replica = Arc::new(Replica::new(config.replica_id.clone()));
         let sessions = Sessions::start(config.sessions.clone(), config.grace_period, replica.id());
         let metrics = Arc::new(
@@ -226,18 +148,10 @@ impl Executor {
             )
             .with_replica(replica.clone(), sessions.clone()),
         );
-        for (plan, pool, unavailable, vars) in pending {
-            envs.push(EnvEntry {
-                metrics: metrics.env(&plan.spec.name),
-                spec: plan.spec,
-                settings: plan.settings,
-                pool,
-                unavailable,
-                vars,
-                install_lock: tokio::sync::Mutex::new(()),
-            });
-        }
-        let warm: Vec<&EnvEntry> = envs
+        let envs: Vec<Arc<EnvEntry>> = pending.into_iter().map(|b| entry(&metrics, b)).collect();
+        debug_assert_eq!(envs.len(), count);
+        let default_entry = envs[registry.default].clone();
+        let warm: Vec<&Arc<EnvEntry>> = envs
             .iter()
             .filter(|e| e.pool.keeps_warm() && e.unavailable.is_none())
             .collect();
@@ -278,7 +192,7 @@ impl Executor {
         let results = futures_util::future::join_all(prewarm).await;
         for (e, result) in warm.iter().zip(results) {
             if let Err(source) = result {
-                if std::ptr::eq(*e, &envs[registry.default]) {
+                if e.id == default_entry.id {
                     return Err(StartError::DefaultEnv {
                         env: e.spec.name.clone(),
                         source,
@@ -291,23 +205,25 @@ impl Executor {
                 );
             }
         }
-        let lazy: Vec<EnvPool> = envs
-            .iter()
-            .filter(|e| !e.pool.keeps_warm())
-            .map(|e| e.pool.clone())
-            .collect();
         for e in envs.iter().filter(|e| !e.pool.keeps_warm()) {
             tracing::info!(env = %e.spec.name, prefix = %e.spec.prefix.display(), "environment found; its workers start on first use");
         }
-        if !lazy.is_empty() {
-            tokio::spawn(shrink_idle_pools(lazy, config.idle_timeout));
-        }
         let cgroups = sandbox.as_ref().and_then(Sandbox::cgroups);
         let sandbox = sandbox_status(sandbox.as_ref(), &envs);
+        let live = LiveEnvs::new(
+            config,
+            pools,
+            metrics.clone(),
+            EnvTable {
+                entries: envs,
+                default: default_entry,
+            },
+            &registry,
+        );
+        live.spawn_watcher(config.rescan_interval, config.idle_timeout);
         Ok(Executor {
-            envs,
-            default: registry.default,
-            conda: registry.conda,
+            envs: live,
+            uv: config.uv.clone().or_else(|| config.host_env.which("uv")),
             budget,
             install_timeout: config.install_timeout,
             max_output_bytes: config.max_output_bytes,

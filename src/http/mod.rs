@@ -144,6 +144,7 @@ async fn execute(
 ) -> Result<Response, ApiError> {
     if wants_events(&headers) || req.stream == Some(true) {
         req.stream = Some(true);
+        state.executor.find_env(req.env.as_deref()).await;
         return stream::execute_stream(state.executor.clone(), req);
     }
     Ok(Json::<ExecResult>(state.executor.execute(req).await?).into_response())
@@ -263,6 +264,9 @@ async fn grade_batch(
     headers: axum::http::HeaderMap,
     JsonBody(req): JsonBody<GradeBatchRequest>,
 ) -> Result<Response, ApiError> {
+    for sub in &req.submissions {
+        state.executor.find_env(sub.env.as_deref()).await;
+    }
     let batch = state.executor.prepare_grade_batch(req)?;
     if wants_events(&headers) {
         return Ok(stream::grade_batch_stream(state.executor.clone(), batch));

@@ -1,0 +1,249 @@
+//! What an environment is on disk, read without starting it: its Python
+//! version and platform, its content hash (`env_hash`), and the fingerprint
+//! of the places discovery looks at, which tells a rescan is due. Also the
+//! Conda-free clone of a prefix (`conda create --clone` without Conda).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::SystemTime;
+
+use sha2::{Digest, Sha256};
+
+use super::EnvSpec;
+
+/// An environment's Python version and platform, as `/list-envs` shows
+/// them; read once when the environment is found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EnvFacts {
+    /// `3.11.7` (or `3.11` when only the layout tells), when known.
+    pub(crate) python_version: Option<String>,
+    /// Conda's name of the platform: `linux-64`, `linux-aarch64`, `osx-arm64`.
+    pub(crate) platform: String,
+}
+
+/// Conda's platform name (`subdir`) of this host.
+pub(crate) fn host_platform() -> String {
+    let os = match std::env::consts::OS {
+        "macos" => "osx",
+        "windows" => "win",
+        other => other,
+    };
+    let arch = match (std::env::consts::OS, std::env::consts::ARCH) {
+        (_, "x86_64") => "64",
+        (_, "x86") => "32",
+        ("macos", "aarch64") => "arm64",
+        (_, "powerpc64") => "ppc64le",
+        (_, other) => other,
+    };
+    format!("{os}-{arch}")
+}
+
+/// The Python version and platform of an environment, in this order of
+/// sources: Conda's `conda-meta/python-X.Y.Z-*.json` (its `subdir` is the
+/// platform), a venv's `pyvenv.cfg`, the layout's `lib/pythonX.Y/`, and only
+/// then one run of the interpreter, remembered by its path and modification
+/// time so that it never runs twice for the same binary.
+pub(crate) async fn facts(spec: &EnvSpec) -> EnvFacts {
+    let platform = conda_python_record(&spec.prefix)
+        .and_then(|r| r.get("subdir").and_then(|s| s.as_str()).map(str::to_string))
+        .filter(|s| !s.is_empty() && s != "noarch")
+        .unwrap_or_else(host_platform);
+    let python_version = match spec
+        .python_version_hint()
+        .or_else(|| layout_version(&spec.prefix))
+    {
+        Some(v) => Some(v),
+        None => probed_version(&spec.python).await,
+    };
+    EnvFacts {
+        python_version,
+        platform,
+    }
+}
+
+/// The `python` package record of a Conda prefix.
+fn conda_python_record(prefix: &Path) -> Option<serde_json::Value> {
+    let entries = std::fs::read_dir(prefix.join("conda-meta")).ok()?;
+    let path = entries.flatten().map(|e| e.path()).find(|p| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("python-3") && n.ends_with(".json"))
+    })?;
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+/// `X.Y` of the one `lib/pythonX.Y/` holding a standard library (`os.py`).
+fn layout_version(prefix: &Path) -> Option<String> {
+    let mut found: Vec<String> = std::fs::read_dir(prefix.join("lib"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let version = name.strip_prefix("python")?.to_string();
+            let numeric = version.split('.').count() == 2
+                && version.split('.').all(|p| p.parse::<u32>().is_ok());
+            (numeric && e.path().join("os.py").exists()).then_some(version)
+        })
+        .collect();
+    (found.len() == 1).then(|| found.remove(0))
+}
+
+/// Versions probed so far, by interpreter path and modification time.
+type ProbeCache = parking_lot::Mutex<HashMap<(PathBuf, Option<SystemTime>), Option<String>>>;
+
+/// `platform.python_version()` of an interpreter, run at most once per
+/// binary (path and modification time); bounded to 10 s.
+async fn probed_version(python: &Path) -> Option<String> {
+    static CACHE: OnceLock<ProbeCache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let mtime = std::fs::metadata(python).and_then(|m| m.modified()).ok();
+    let key = (python.to_path_buf(), mtime);
+    if let Some(known) = cache.lock().get(&key) {
+        return known.clone();
+    }
+    let version = super::registry::probe_version(python).await;
+    cache.lock().insert(key, version.clone());
+    version
+}
+
+/// The content hash of an environment: SHA-256 over its interpreter's
+/// version, the names of its Conda package records (`conda-meta/*.json`:
+/// name, version and build) and the names of the distributions in its
+/// `site-packages` (`NAME-VERSION.dist-info` / `.egg-info`), each list
+/// sorted. An install changes it; runs, restarts and rescans do not.
+/// Read from the directory listings only: no interpreter starts.
+pub(crate) fn env_hash(prefix: &Path, python_version: Option<&str>) -> String {
+    let mut lines = vec![format!("python {}", python_version.unwrap_or("?"))];
+    let mut records: Vec<String> = list(&prefix.join("conda-meta"))
+        .into_iter()
+        .filter_map(|n| n.strip_suffix(".json").map(|s| format!("conda {s}")))
+        .collect();
+    records.sort();
+    lines.extend(records);
+    let mut dists: Vec<String> = site_packages(prefix)
+        .iter()
+        .flat_map(|dir| list(dir))
+        .filter_map(|n| {
+            let stem = n
+                .strip_suffix(".dist-info")
+                .or_else(|| n.strip_suffix(".egg-info"))?;
+            Some(format!(
+                "dist {}",
+                stem.to_ascii_lowercase().replace('_', "-")
+            ))
+        })
+        .collect();
+    dists.sort();
+    dists.dedup();
+    lines.extend(dists);
+    let digest = Sha256::digest(lines.join("\n").as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// Names in a directory (empty when it cannot be read).
+fn list(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `lib/pythonX.Y/site-packages` folders of a prefix (and `lib64`'s).
+fn site_packages(prefix: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for lib in ["lib", "lib64"] {
+        for name in list(&prefix.join(lib)) {
+            if name.starts_with("python") {
+                let dir = prefix.join(lib).join(&name).join("site-packages");
+                if dir.is_dir() {
+                    out.push(dir);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What discovery looks at, as of now: the modification time and size of
+/// each watched path (`environments.txt`, the `envs/` folders, each found
+/// prefix's `conda-meta/`), `None` where it is missing. Two equal
+/// fingerprints mean nothing discovery reads has changed; a few `stat`s,
+/// cheap enough to take every few seconds.
+pub(crate) fn fingerprint(paths: &[PathBuf]) -> Vec<Option<(SystemTime, u64)>> {
+    paths
+        .iter()
+        .map(|p| {
+            let m = std::fs::metadata(p).ok()?;
+            Some((m.modified().ok()?, m.len()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hash_follows_the_installed_distributions_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let prefix = dir.path();
+        let site = prefix.join("lib/python3.11/site-packages");
+        std::fs::create_dir_all(&site).unwrap();
+        std::fs::create_dir_all(prefix.join("conda-meta")).unwrap();
+        std::fs::write(prefix.join("conda-meta/python-3.11.7-h0_0.json"), "{}").unwrap();
+        std::fs::write(prefix.join("conda-meta/history"), "").unwrap();
+        let first = env_hash(prefix, Some("3.11.7"));
+        assert!(
+            first.starts_with("sha256:") && first.len() == 7 + 64,
+            "{first}"
+        );
+        // Files that are not distributions do not count.
+        std::fs::write(site.join("scratch.txt"), "x").unwrap();
+        std::fs::create_dir_all(site.join("__pycache__")).unwrap();
+        assert_eq!(env_hash(prefix, Some("3.11.7")), first);
+        std::fs::create_dir_all(site.join("tiny_pkg-1.0.dist-info")).unwrap();
+        let second = env_hash(prefix, Some("3.11.7"));
+        assert_ne!(second, first);
+        std::fs::remove_dir(site.join("tiny_pkg-1.0.dist-info")).unwrap();
+        std::fs::create_dir_all(site.join("tiny_pkg-1.1.dist-info")).unwrap();
+        assert_ne!(env_hash(prefix, Some("3.11.7")), second);
+        assert_ne!(
+            env_hash(prefix, Some("3.12.0")),
+            env_hash(prefix, Some("3.11.7"))
+        );
+    }
+
+    #[test]
+    fn the_layout_names_the_version_when_nothing_else_does() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("lib/python3.12")).unwrap();
+        std::fs::write(dir.path().join("lib/python3.12/os.py"), "").unwrap();
+        std::fs::create_dir_all(dir.path().join("lib/python-extras")).unwrap();
+        assert_eq!(layout_version(dir.path()).as_deref(), Some("3.12"));
+        std::fs::create_dir_all(dir.path().join("lib/python3.13")).unwrap();
+        std::fs::write(dir.path().join("lib/python3.13/os.py"), "").unwrap();
+        assert_eq!(layout_version(dir.path()), None, "two stdlibs: ambiguous");
+    }
+
+    #[test]
+    fn the_host_platform_is_named_as_conda_names_it() {
+        let p = host_platform();
+        assert!(
+            [
+                "linux-64",
+                "linux-aarch64",
+                "osx-64",
+                "osx-arm64",
+                "linux-ppc64le"
+            ]
+            .contains(&p.as_str()),
+            "{p}"
+        );
+    }
+}
