@@ -124,6 +124,16 @@ pub enum ExecError {
     SessionId(#[source] io::Error),
     #[error("error running the installer")]
     Installer(#[source] io::Error),
+    /// The request conflicts with the server's state: an environment of
+    /// that name exists, or one in use is to be deleted without `force`.
+    #[error("{0}")]
+    Conflict(String),
+    /// Creating an environment failed (a command's exit status or timeout,
+    /// in the message); nothing of it is left on disk.
+    #[error("{0}")]
+    CreateFailed(String),
+    #[error("error laying out the environment")]
+    EnvFiles(#[source] io::Error),
 }
 
 fn too_many_sessions(env: Option<&str>, limit: usize) -> String {
@@ -149,7 +159,10 @@ impl ExecError {
             ExecError::Draining { .. } => "draining",
             ExecError::UnknownSession(_) => "unknown_session",
             ExecError::TooManySessions { .. } => "too_many_sessions",
-            ExecError::Worker(_)
+            ExecError::Conflict(_) => "conflict",
+            ExecError::CreateFailed(_) => "create_failed",
+            ExecError::EnvFiles(_)
+            | ExecError::Worker(_)
             | ExecError::Cgroup(_)
             | ExecError::Encode(_)
             | ExecError::SessionId(_)
@@ -164,6 +177,8 @@ impl ExecError {
             ExecError::TooLarge(_) => 413,
             ExecError::UnknownEnv { .. } | ExecError::UnknownSession(_) => 404,
             ExecError::TooManySessions { .. } => 429,
+            ExecError::Conflict(_) => 409,
+            ExecError::CreateFailed(_) => 422,
             ExecError::Busy(_)
             | ExecError::EnvUnavailable { .. }
             | ExecError::ShuttingDown
@@ -172,6 +187,7 @@ impl ExecError {
             | ExecError::Cgroup(_)
             | ExecError::Encode(_)
             | ExecError::SessionId(_)
+            | ExecError::EnvFiles(_)
             | ExecError::Installer(_) => 500,
         }
     }

@@ -500,3 +500,111 @@ mod tests {
         assert!(bad.to_bytes().unwrap_err().contains("invalid base64"));
     }
 }
+
+/// `POST /envs` (admin): create an environment from an `environment.yml`,
+/// from Conda specs, or as a clone of an existing environment; then install
+/// `pip` and `requirements` entries into it. Exactly one of
+/// `environment_yml`, `specs` and `clone` is given.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEnvRequest {
+    /// The new environment's name (and its folder's): letters, digits,
+    /// `.`, `_`, `-`; at most 64 characters.
+    pub name: String,
+    /// The text of an `environment.yml` (`conda env create -p PREFIX -f
+    /// FILE`); needs Conda.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_yml: Option<String>,
+    /// Conda match specs (`python=3.12`, `numpy>=1.26`) for `conda create -p
+    /// PREFIX SPECS`; needs Conda.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub specs: Vec<String>,
+    /// The environment to clone (name or prefix): `conda create --clone`,
+    /// or without Conda a copy of its prefix (hard links where possible).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone: Option<String>,
+    /// Items installed into the new environment afterwards, as `/install`'s
+    /// `packages` (requirements, wheel and sdist paths).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pip: Vec<String>,
+    /// A requirements text installed afterwards, as `/install`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requirements: Option<String>,
+    /// The installer of `pip` and `requirements`: `pip` (default), `uv` or `auto`.
+    #[serde(default)]
+    pub manager: PackageManager,
+}
+
+/// One command a create ran, and how it ended.
+#[derive(
+    Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema,
+)]
+pub struct CreateStep {
+    /// What the step did: `conda env create`, `conda create`, `conda create
+    /// --clone`, `copy`, `pip install`, `uv pip install`.
+    pub step: String,
+    /// Exit status of its command (0 for `copy`).
+    pub exit_code: i32,
+    /// The command's standard output (its last MiB), or what the copy did.
+    pub stdout: String,
+    /// The command's standard error (its last MiB).
+    pub stderr: String,
+}
+
+/// A created environment: it is served at once (its pool starts on first use).
+#[derive(
+    Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema,
+)]
+pub struct CreateEnvResult {
+    /// The new environment's name.
+    pub name: String,
+    /// Its prefix.
+    pub prefix: String,
+    /// Its Python version, as `/list-envs` shows it.
+    pub python_version: Option<String>,
+    /// Its content hash, as `/list-envs` and results show it.
+    pub env_hash: String,
+    /// The commands the create ran, in order.
+    pub steps: Vec<CreateStep>,
+    /// `name==version` of every distribution the `pip`/`requirements`
+    /// entries added.
+    pub installed: Vec<String>,
+    /// Seconds the create took.
+    pub duration_secs: f64,
+}
+
+/// `DELETE /envs/{name}`'s answer: the environment is no longer served and
+/// its prefix is gone.
+#[derive(
+    Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema,
+)]
+pub struct DeleteEnvResult {
+    /// The deleted environment's name.
+    pub name: String,
+    /// Its former prefix.
+    pub prefix: String,
+    /// Sessions that were closed because `force` was given.
+    pub sessions_closed: usize,
+}
+
+/// `GET /envs/{name}`: an environment, its packages and its lock.
+#[derive(Debug, Clone, Serialize, JsonSchema, utoipa::ToSchema)]
+pub struct EnvDetails {
+    /// As `/list-envs` shows it.
+    #[serde(flatten)]
+    pub env: EnvInfo,
+    /// Installed distributions and Conda packages, sorted by name.
+    pub packages: Vec<PackageInfo>,
+    /// The environment's lock, to recreate it elsewhere.
+    pub lock: EnvLock,
+}
+
+/// An environment's content as files to recreate it from.
+#[derive(Debug, Clone, Serialize, JsonSchema, utoipa::ToSchema)]
+pub struct EnvLock {
+    /// `requirements.txt` in `pip freeze` form: `name==version` per line.
+    pub requirements_txt: String,
+    /// An explicit Conda spec (`@EXPLICIT` and one package URL per line)
+    /// when every `conda-meta` record names its URL; null otherwise.
+    pub conda_explicit: Option<String>,
+}

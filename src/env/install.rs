@@ -112,29 +112,12 @@ impl EnvCommands<'_> {
     /// A command run in the environment as its workers are: activated
     /// variables only (plus [`INSTALL_VARS`]), a private `HOME`, no stdin.
     fn command(&self, program: &Path) -> tokio::process::Command {
-        let home = self.base_dir.join("home");
-        let _ = std::fs::create_dir_all(&home);
-        let mut cmd = tokio::process::Command::new(program);
-        cmd.env_clear()
-            .envs(worker_env(self.vars))
-            .envs(
-                INSTALL_VARS
-                    .iter()
-                    .filter_map(|k| std::env::var_os(k).map(|v| (OsString::from(k), v))),
-            )
-            .env("HOME", &home)
-            .env("TMPDIR", self.base_dir)
-            .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
-            .env("PIP_NO_INPUT", "1")
-            .current_dir(&home);
-        cmd
+        tool_command(program, worker_env(self.vars), self.base_dir)
     }
 
-    /// Installed distributions (name, version), sorted by name: what
-    /// `importlib.metadata` sees, plus the Conda packages of `conda-meta/`
-    /// that are not Python distributions. Runs the env's interpreter with a
-    /// fixed script. An error is why they cannot be listed.
-    pub(crate) async fn packages(&self) -> Result<Vec<PackageInfo>, String> {
+    /// Installed distributions as `importlib.metadata` sees them (name,
+    /// version), sorted by name; what `pip freeze` would list.
+    pub(crate) async fn distributions(&self) -> Result<Vec<PackageInfo>, String> {
         let mut cmd = self.command(&self.spec.python);
         cmd.args(["-I", "-c", LIST_SCRIPT]);
         let out = run_bounded(cmd, LIST_PACKAGES_TIMEOUT)
@@ -145,11 +128,48 @@ impl EnvCommands<'_> {
         }
         let pairs: Vec<(String, String)> = serde_json::from_str(&out.stdout)
             .map_err(|e| format!("unreadable package list: {e}"))?;
-        let normal = |n: &str| n.to_ascii_lowercase().replace('_', "-");
-        let mut packages: BTreeMap<String, PackageInfo> = pairs
+        Ok(pairs
             .into_iter()
-            .map(|(name, version)| (normal(&name), PackageInfo { name, version }))
-            .collect();
+            .map(|(name, version)| PackageInfo { name, version })
+            .collect())
+    }
+}
+
+/// A helper command (installer, Conda) with the given variables only, plus
+/// [`INSTALL_VARS`], a private `HOME` under `base_dir`, no stdin.
+pub(crate) fn tool_command(
+    program: &Path,
+    vars: impl IntoIterator<Item = (OsString, OsString)>,
+    base_dir: &Path,
+) -> tokio::process::Command {
+    let home = base_dir.join("home");
+    let _ = std::fs::create_dir_all(&home);
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.env_clear()
+        .envs(vars)
+        .envs(
+            INSTALL_VARS
+                .iter()
+                .filter_map(|k| std::env::var_os(k).map(|v| (OsString::from(k), v))),
+        )
+        .env("HOME", &home)
+        .env("TMPDIR", base_dir)
+        .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+        .env("PIP_NO_INPUT", "1")
+        .current_dir(&home);
+    cmd
+}
+
+impl EnvCommands<'_> {
+    /// Installed distributions (name, version), sorted by name: what
+    /// `importlib.metadata` sees, plus the Conda packages of `conda-meta/`
+    /// that are not Python distributions. Runs the env's interpreter with a
+    /// fixed script. An error is why they cannot be listed.
+    pub(crate) async fn packages(&self) -> Result<Vec<PackageInfo>, String> {
+        let pairs = self.distributions().await?;
+        let normal = |n: &str| n.to_ascii_lowercase().replace('_', "-");
+        let mut packages: BTreeMap<String, PackageInfo> =
+            pairs.into_iter().map(|p| (normal(&p.name), p)).collect();
         for (name, version) in conda_packages(&self.spec.prefix) {
             packages
                 .entry(normal(&name))

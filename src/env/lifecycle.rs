@@ -185,6 +185,193 @@ pub(crate) fn fingerprint(paths: &[PathBuf]) -> Vec<Option<(SystemTime, u64)>> {
         .collect()
 }
 
+/// A new environment's name: letters, digits, `.`, `_`, `-`, starting
+/// with a letter or digit, at most 64 characters (a folder name that is
+/// never an option, never hidden and never a path).
+pub(crate) fn check_env_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "environment name {name:?} is refused: use letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64 characters"
+        ))
+    }
+}
+
+/// What a Conda-free clone did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CopyStats {
+    /// Files hard-linked to the source's.
+    pub(crate) linked: u64,
+    /// Files copied (another file system, or text naming the source prefix).
+    pub(crate) copied: u64,
+    /// Symbolic links recreated.
+    pub(crate) symlinks: u64,
+}
+
+/// Largest file whose text is searched for the source prefix (scripts,
+/// `.pth` files, configs); larger ones are linked as they are.
+const MAX_REWRITE_BYTES: u64 = 1 << 20;
+
+/// Copy the prefix `src` to `dst` as `conda create --clone` lays it out:
+/// directories made, symbolic links recreated (a link into `src` pointing
+/// into `dst`), text files naming `src` (script shebangs, `.pth` files,
+/// `conda-meta` records) copied with `dst` in its place, every other file
+/// hard-linked where the file system allows and copied where it does not.
+/// `conda-meta/history` is written anew. `dst` must not exist.
+pub(crate) fn clone_prefix(src: &Path, dst: &Path) -> std::io::Result<CopyStats> {
+    let mut stats = CopyStats::default();
+    std::fs::create_dir(dst)?;
+    let from = src.as_os_str().as_encoded_bytes();
+    let to = dst.as_os_str().as_encoded_bytes();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        for entry in std::fs::read_dir(src.join(&rel))? {
+            let entry = entry?;
+            let rel = rel.join(entry.file_name());
+            let (source, target) = (src.join(&rel), dst.join(&rel));
+            let kind = entry.file_type()?;
+            if kind.is_symlink() {
+                let link = std::fs::read_link(&source)?;
+                let link = match link.strip_prefix(src) {
+                    Ok(inside) => dst.join(inside),
+                    Err(_) => link,
+                };
+                std::os::unix::fs::symlink(link, &target)?;
+                stats.symlinks += 1;
+            } else if kind.is_dir() {
+                std::fs::create_dir(&target)?;
+                std::fs::set_permissions(&target, entry.metadata()?.permissions())?;
+                stack.push(rel);
+            } else if kind.is_file() {
+                if rel == Path::new("conda-meta/history") {
+                    continue;
+                }
+                let meta = entry.metadata()?;
+                let rewritten = if meta.len() <= MAX_REWRITE_BYTES {
+                    let data = std::fs::read(&source)?;
+                    let named = !data.contains(&0) && contains(&data, from);
+                    if named {
+                        std::fs::write(&target, replace(&data, from, to))?;
+                        std::fs::set_permissions(&target, meta.permissions())?;
+                    }
+                    named
+                } else {
+                    false
+                };
+                if rewritten {
+                    stats.copied += 1;
+                } else if std::fs::hard_link(&source, &target).is_ok() {
+                    stats.linked += 1;
+                } else {
+                    std::fs::copy(&source, &target)?;
+                    stats.copied += 1;
+                }
+            }
+        }
+    }
+    write_history(src, dst)?;
+    Ok(stats)
+}
+
+/// `conda-meta/history` of a clone: one revision naming the command and
+/// every package record (`+channel::name-version-build`), as Conda writes it.
+fn write_history(src: &Path, dst: &Path) -> std::io::Result<()> {
+    if !dst.join("conda-meta").is_dir() {
+        return Ok(());
+    }
+    let mut records: Vec<String> = list(&dst.join("conda-meta"))
+        .into_iter()
+        .filter_map(|n| n.strip_suffix(".json").map(str::to_string))
+        .collect();
+    records.sort();
+    let now = humantime_now();
+    let mut text = format!(
+        "==> {now} <==\n# cmd: code-executor create --clone {} -p {}\n",
+        src.display(),
+        dst.display()
+    );
+    for record in records {
+        text.push('+');
+        text.push_str(&record);
+        text.push('\n');
+    }
+    std::fs::write(dst.join("conda-meta/history"), text)
+}
+
+/// Now as Conda's history writes it: `2024-01-31 12:34:56` (UTC).
+fn humantime_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn replace(data: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len());
+    let mut i = 0;
+    while i < data.len() {
+        if data[i..].starts_with(from) {
+            out.extend_from_slice(to);
+            i += from.len();
+        } else {
+            out.push(data[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// An explicit Conda spec of a prefix (`conda list --explicit`): the
+/// `url` of every `conda-meta` record, when every record has one.
+pub(crate) fn conda_explicit(prefix: &Path) -> Option<String> {
+    let mut urls = Vec::new();
+    for name in list(&prefix.join("conda-meta")) {
+        if !name.ends_with(".json") {
+            continue;
+        }
+        let text = std::fs::read_to_string(prefix.join("conda-meta").join(&name)).ok()?;
+        let record: serde_json::Value = serde_json::from_str(&text).ok()?;
+        urls.push(record.get("url")?.as_str()?.to_string());
+    }
+    if urls.is_empty() {
+        return None;
+    }
+    urls.sort();
+    Some(format!(
+        "# platform: {}\n@EXPLICIT\n{}\n",
+        host_platform(),
+        urls.join("\n")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,6 +416,62 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("lib/python3.13")).unwrap();
         std::fs::write(dir.path().join("lib/python3.13/os.py"), "").unwrap();
         assert_eq!(layout_version(dir.path()), None, "two stdlibs: ambiguous");
+    }
+
+    #[test]
+    fn a_clone_links_files_rewrites_the_prefix_and_writes_its_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        std::fs::create_dir_all(src.join("bin")).unwrap();
+        std::fs::create_dir_all(src.join("conda-meta")).unwrap();
+        std::fs::create_dir_all(src.join("lib/python3.11/site-packages")).unwrap();
+        std::fs::write(src.join("bin/python"), b"\x7fELF\0binary").unwrap();
+        std::fs::write(
+            src.join("bin/tool"),
+            format!("#!{}/bin/python\nprint(1)\n", src.display()),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("python", src.join("bin/python3")).unwrap();
+        std::os::unix::fs::symlink(src.join("bin/python"), src.join("bin/py-abs")).unwrap();
+        std::fs::write(src.join("conda-meta/zlib-1.3-h0_0.json"), "{}").unwrap();
+        std::fs::write(src.join("conda-meta/history"), "old").unwrap();
+        let dst = dir.path().join("dst");
+        let stats = clone_prefix(&src, &dst).unwrap();
+        assert_eq!(stats.symlinks, 2);
+        assert_eq!(stats.copied, 1, "the script naming the prefix");
+        assert_eq!(stats.linked, 2, "the binary and the record");
+        let tool = std::fs::read_to_string(dst.join("bin/tool")).unwrap();
+        assert_eq!(tool, format!("#!{}/bin/python\nprint(1)\n", dst.display()));
+        assert_eq!(
+            std::fs::read_link(dst.join("bin/python3")).unwrap(),
+            Path::new("python")
+        );
+        assert_eq!(
+            std::fs::read_link(dst.join("bin/py-abs")).unwrap(),
+            dst.join("bin/python")
+        );
+        let history = std::fs::read_to_string(dst.join("conda-meta/history")).unwrap();
+        assert!(history.starts_with("==> 20"), "{history}");
+        assert!(
+            history.contains("# cmd: code-executor create --clone"),
+            "{history}"
+        );
+        assert!(history.ends_with("+zlib-1.3-h0_0\n"), "{history}");
+        assert!(dir.path().join("lib").exists() == false);
+        assert!(
+            clone_prefix(&src, &dst).is_err(),
+            "the target must not exist"
+        );
+    }
+
+    #[test]
+    fn env_names_are_plain_folder_names() {
+        for good in ["ml", "py3.12", "team_a-1"] {
+            assert!(check_env_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", "-x", ".hidden", "a/b", "..", "a b", &"x".repeat(65)] {
+            assert!(check_env_name(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -46,9 +46,11 @@ pub(crate) struct EnvEntry {
     pub(crate) spec: EnvSpec,
     pub(crate) settings: EnvSettings,
     pub(crate) pool: EnvPool,
-    /// Configured (command line, `[[envs]]`, created by `POST /envs`'s
-    /// caller is not): configured envs are kept when a rescan misses them.
+    /// Configured (command line, `[[envs]]`): kept when a rescan misses them.
     pub(crate) configured: bool,
+    /// Created by `POST /envs`: kept while its prefix exists, even where
+    /// discovery does not look (a configured `envs_dir`).
+    pub(crate) created: bool,
     /// Why the environment cannot serve (its activation failed), if so.
     pub(crate) unavailable: Option<String>,
     /// The activated environment (scripts included) workers, package
@@ -238,6 +240,7 @@ pub(crate) fn entry(
         id,
         metrics: metrics.env(&plan.spec.name),
         configured: plan.configured,
+        created: false,
         spec: plan.spec,
         settings: plan.settings,
         pool,
@@ -304,6 +307,15 @@ impl LiveEnvs {
             .cloned()
     }
 
+    /// `~/.conda/environments.txt`, where Conda lists prefixes.
+    pub(crate) fn environments_txt(&self) -> Option<PathBuf> {
+        self.config
+            .host_env
+            .home
+            .as_ref()
+            .map(|h| h.join(".conda/environments.txt"))
+    }
+
     /// The Conda front end discovery found last.
     pub(crate) fn conda(&self) -> Option<PathBuf> {
         self.watched.lock().conda.clone()
@@ -326,7 +338,7 @@ impl LiveEnvs {
             table
                 .entries
                 .iter()
-                .filter(|e| !e.configured)
+                .filter(|e| !e.configured || e.created)
                 .map(|e| e.spec.prefix.join("conda-meta")),
         );
         let print = fingerprint(&paths);
@@ -425,7 +437,10 @@ impl LiveEnvs {
         let removed: Vec<Arc<EnvEntry>> = current
             .entries
             .iter()
-            .filter(|e| !e.configured && !found.contains(&e.spec.prefix))
+            .filter(|e| {
+                let kept = e.created && crate::env::python_in(&e.spec.prefix).is_some();
+                !e.configured && !kept && !found.contains(&e.spec.prefix)
+            })
             .cloned()
             .collect();
         if added.is_empty() && removed.is_empty() {
@@ -459,6 +474,40 @@ impl LiveEnvs {
         }
         self.watch(&registry);
         self.publish_pools();
+    }
+
+    /// Serve a prefix `POST /envs` just made, under `name` (checked free by
+    /// the caller, under the create lock). Its pool starts on first use.
+    pub(crate) async fn add_created(&self, spec: EnvSpec) -> Arc<EnvEntry> {
+        let plan = EnvPlan {
+            spec,
+            settings: self.config.env_defaults(),
+            configured: false,
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let built = make_entries(&self.config, &self.pools, vec![plan], id).await;
+        let mut entry = entry(&self.metrics, built.into_iter().next().expect("one plan"));
+        Arc::get_mut(&mut entry).expect("not shared yet").created = true;
+        {
+            let mut table = self.table.write();
+            let mut entries = table.entries.clone();
+            entries.push(entry.clone());
+            *table = Arc::new(EnvTable {
+                entries,
+                default: table.default.clone(),
+            });
+        }
+        {
+            // Its removal from disk is noticed like a discovered env's.
+            let mut watched = self.watched.lock();
+            let path = entry.spec.prefix.join("conda-meta");
+            watched
+                .print
+                .push(fingerprint(std::slice::from_ref(&path)).remove(0));
+            watched.paths.push(path);
+        }
+        self.publish_pools();
+        entry
     }
 
     /// Remove one environment from the table now (it was deleted); its

@@ -9,6 +9,7 @@
 //! Package listing and installs live in [`crate::env::install`].
 
 mod envs;
+mod lifecycle;
 mod prepare;
 mod run;
 mod sessions;
@@ -33,6 +34,7 @@ use envs::{EnvEntry, LiveEnvs};
 
 /// A streaming run's output chunks, as front ends receive them.
 pub use crate::worker::{OutputChunk, OutputSink, OutputStream};
+pub use lifecycle::Progress;
 pub use prepare::{PreparedRun, RunOptions};
 pub use run::RunReport;
 pub use start::WORKER_SCRIPT;
@@ -48,6 +50,13 @@ pub struct Executor {
     budget: Arc<WorkerBudget>,
     /// Bound on one install run.
     install_timeout: Duration,
+    /// Bound on one create or clone, all its steps together.
+    create_timeout: Duration,
+    /// Bound on running a new environment's activation scripts.
+    activation_timeout: Duration,
+    /// Creates and deletes run one at a time: a name is checked free and
+    /// taken under it.
+    create_lock: tokio::sync::Mutex<()>,
     max_output_bytes: u64,
     results: ResultLimits,
     /// Holds the bootstrap script and every worker's scratch root; removed

@@ -22,6 +22,7 @@ use subtle::ConstantTimeEq;
 
 pub use error::ApiError;
 
+use crate::api::{CreateEnvRequest, CreateEnvResult, DeleteEnvResult, EnvDetails};
 use crate::api::{CreateSessionRequest, SessionInfo};
 use crate::api::{ExecRequest, ExecResult, InstallRequest, InstallResult};
 use crate::api::{GradeBatchRequest, GradeBatchResult, GradeRequest, GradeResult};
@@ -50,11 +51,14 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/artifacts/{run}/{*path}", get(artifact))
         .route("/list-envs", get(list_envs))
         .route("/list-packages", get(list_packages))
+        .route("/envs/{name}", get(env_details))
         .route("/sessions", post(create_session).get(list_sessions))
         .route("/sessions/{id}", delete(close_session))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     let admin = Router::new()
         .route("/install", post(install))
+        .route("/envs", post(create_env))
+        .route("/envs/{name}", delete(delete_env))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_admin));
     let scraped =
         Router::new()
@@ -395,9 +399,130 @@ async fn list_packages(
 )]
 async fn install(
     State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
     JsonBody(req): JsonBody<InstallRequest>,
-) -> Result<Json<InstallResult>, ApiError> {
-    Ok(Json(state.executor.install(req).await?))
+) -> Result<Response, ApiError> {
+    let executor = state.executor.clone();
+    if wants_events(&headers) {
+        return Ok(stream::progress_stream(move |progress| async move {
+            let _ = progress.send(format!(
+                "installing into {}",
+                req.env.as_deref().unwrap_or("the default environment")
+            ));
+            executor.install(req).await
+        }));
+    }
+    // In its own task: a client that leaves does not cut an install short.
+    let answer = tokio::spawn(async move { executor.install(req).await })
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error",
+            )
+        })??;
+    Ok(Json(answer).into_response())
+}
+
+/// Create an environment from an environment.yml, Conda specs or a clone
+/// (admin token only).
+#[utoipa::path(
+    post,
+    path = "/envs",
+    tag = "envs",
+    request_body = CreateEnvRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Created and served; with `Accept: text/event-stream`, `progress` events then `result` (or `error`)", body = CreateEnvResult),
+        (status = 400, description = "Bad name, spec or pip item, no Conda for a spec or environment.yml, no writable envs folder (`bad_request`)", body = openapi::ErrorBody),
+        (status = 403, description = "Admin disabled (no admin token configured) or not the admin token (`forbidden`)", body = openapi::ErrorBody),
+        (status = 404, description = "Unknown environment to clone (`unknown_env`)", body = openapi::ErrorBody),
+        (status = 409, description = "An environment or folder of that name exists (`conflict`)", body = openapi::ErrorBody),
+        (status = 413, description = "Body over `max_body_bytes` or environment_yml over 1 MiB (`too_large`)", body = openapi::ErrorBody),
+        (status = 422, description = "A step failed or `create_timeout_secs` passed; nothing was left on disk (`create_failed`)", body = openapi::ErrorBody),
+        (status = 500, description = "The files could not be laid out (`internal`)", body = openapi::ErrorBody),
+        (status = 503, description = "Shutting down (`unavailable`)", body = openapi::ErrorBody),
+    )
+)]
+async fn create_env(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+    JsonBody(req): JsonBody<CreateEnvRequest>,
+) -> Result<Response, ApiError> {
+    let executor = state.executor.clone();
+    if wants_events(&headers) {
+        return Ok(stream::progress_stream(move |progress| async move {
+            executor.create_env(req, Some(&progress)).await
+        }));
+    }
+    // In its own task: a client that leaves does not cut a create short.
+    let answer = tokio::spawn(async move { executor.create_env(req, None).await })
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error",
+            )
+        })??;
+    Ok(Json(answer).into_response())
+}
+
+/// `DELETE /envs/{name}`'s query.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+struct DeleteEnvQuery {
+    /// Delete the default environment, or one with live sessions (they are closed).
+    #[serde(default)]
+    force: bool,
+}
+
+/// Delete an environment: no longer served, its prefix removed (admin token only).
+#[utoipa::path(
+    delete,
+    path = "/envs/{name}",
+    tag = "envs",
+    params(("name" = String, Path, description = "Environment name or prefix"), DeleteEnvQuery),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Deleted", body = DeleteEnvResult),
+        (status = 400, description = "Not a Conda environment, or a bad query (`bad_request`)", body = openapi::ErrorBody),
+        (status = 403, description = "Admin disabled (no admin token configured) or not the admin token (`forbidden`)", body = openapi::ErrorBody),
+        (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
+        (status = 409, description = "The default environment, one with live sessions (without `force`), or Conda's root (`conflict`)", body = openapi::ErrorBody),
+        (status = 500, description = "The prefix could not be removed (`internal`)", body = openapi::ErrorBody),
+        (status = 503, description = "Shutting down (`unavailable`)", body = openapi::ErrorBody),
+    )
+)]
+async fn delete_env(
+    State(state): State<AppState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    query: Result<Query<DeleteEnvQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<DeleteEnvResult>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    Ok(Json(state.executor.delete_env(&name, query.force).await?))
+}
+
+/// One environment with its packages and lock (`requirements.txt`, explicit Conda spec).
+#[utoipa::path(
+    get,
+    path = "/envs/{name}",
+    tag = "envs",
+    params(("name" = String, Path, description = "Environment name or prefix")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The environment, its packages and its lock", body = EnvDetails),
+        (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
+        (status = 503, description = "Environment unavailable (`env_unavailable`)", body = openapi::ErrorBody),
+    )
+)]
+async fn env_details(
+    State(state): State<AppState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Result<Json<EnvDetails>, ApiError> {
+    Ok(Json(state.executor.env_details(&name).await?))
 }
 
 /// Liveness: 200 whenever the process can answer at all. It reads no pool,
