@@ -215,6 +215,10 @@ pub(crate) struct CopyStats {
     pub(crate) symlinks: u64,
 }
 
+/// Folders of a Conda root that belong to the installation, not to its
+/// `base` environment.
+const ROOT_ONLY: &[&str] = &["envs", "pkgs", "condabin", "conda-bld"];
+
 /// Largest file whose text is searched for the source prefix (scripts,
 /// `.pth` files, configs); larger ones are linked as they are.
 const MAX_REWRITE_BYTES: u64 = 1 << 20;
@@ -224,7 +228,9 @@ const MAX_REWRITE_BYTES: u64 = 1 << 20;
 /// into `dst`), text files naming `src` (script shebangs, `.pth` files,
 /// `conda-meta` records) copied with `dst` in its place, every other file
 /// hard-linked where the file system allows and copied where it does not.
-/// `conda-meta/history` is written anew. `dst` must not exist.
+/// `conda-meta/history` is written anew. A root's own folders (`envs/`,
+/// `pkgs/`, `condabin/`) are not part of an environment and are skipped,
+/// so a clone of `base` is a plain environment. `dst` must not exist.
 pub(crate) fn clone_prefix(src: &Path, dst: &Path) -> std::io::Result<CopyStats> {
     let mut stats = CopyStats::default();
     std::fs::create_dir(dst)?;
@@ -234,8 +240,15 @@ pub(crate) fn clone_prefix(src: &Path, dst: &Path) -> std::io::Result<CopyStats>
     while let Some(rel) = stack.pop() {
         for entry in std::fs::read_dir(src.join(&rel))? {
             let entry = entry?;
+            let top = rel.as_os_str().is_empty();
             let rel = rel.join(entry.file_name());
+            if top && ROOT_ONLY.iter().any(|n| rel == Path::new(n)) {
+                continue;
+            }
             let (source, target) = (src.join(&rel), dst.join(&rel));
+            if source == dst {
+                continue;
+            }
             let kind = entry.file_type()?;
             if kind.is_symlink() {
                 let link = std::fs::read_link(&source)?;

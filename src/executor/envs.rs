@@ -368,14 +368,18 @@ impl LiveEnvs {
         );
     }
 
-    /// Rescan because a request named an unknown environment: at most one
-    /// such rescan per [`MISS_RESCAN_GAP`]; a request that waited for a
-    /// rescan in progress uses its result.
+    /// Rescan because a request named an unknown environment. A request
+    /// that waited for a rescan which finished after it asked uses that
+    /// one's result; rescans follow each other [`MISS_RESCAN_GAP`] apart at
+    /// the closest, so that made-up names cannot keep discovery busy.
     pub(crate) async fn rescan_for_miss(&self) {
         let asked = Instant::now();
         let mut last = self.rescan.lock().await;
-        if last.is_some_and(|t| t > asked || t.elapsed() < MISS_RESCAN_GAP) {
+        if last.is_some_and(|t| t > asked) {
             return;
+        }
+        if let Some(t) = *last {
+            tokio::time::sleep(MISS_RESCAN_GAP.saturating_sub(t.elapsed())).await;
         }
         self.rescan_locked().await;
         *last = Some(Instant::now());

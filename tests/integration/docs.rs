@@ -602,6 +602,9 @@ fn exec_errors() -> Vec<ExecError> {
         ExecError::Cgroup(io()),
         ExecError::SessionId(io()),
         ExecError::Installer(io()),
+        ExecError::Conflict(String::new()),
+        ExecError::CreateFailed(String::new()),
+        ExecError::EnvFiles(io()),
     ];
     for err in &all {
         match err {
@@ -618,7 +621,10 @@ fn exec_errors() -> Vec<ExecError> {
             | ExecError::Cgroup(_)
             | ExecError::Encode(_)
             | ExecError::SessionId(_)
-            | ExecError::Installer(_) => {}
+            | ExecError::Installer(_)
+            | ExecError::Conflict(_)
+            | ExecError::CreateFailed(_)
+            | ExecError::EnvFiles(_) => {}
         }
     }
     all
