@@ -438,6 +438,7 @@ async fn install(
         (status = 400, description = "Bad name, spec or pip item, no Conda for a spec or environment.yml, no writable envs folder (`bad_request`)", body = openapi::ErrorBody),
         (status = 403, description = "Admin disabled (no admin token configured) or not the admin token (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "Unknown environment to clone (`unknown_env`)", body = openapi::ErrorBody),
+        (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
         (status = 409, description = "An environment or folder of that name exists (`conflict`)", body = openapi::ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` or environment_yml over 1 MiB (`too_large`)", body = openapi::ErrorBody),
         (status = 422, description = "A step failed or `create_timeout_secs` passed; nothing was left on disk (`create_failed`)", body = openapi::ErrorBody),
