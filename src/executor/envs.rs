@@ -111,6 +111,21 @@ pub(crate) struct LiveEnvs {
     watched: Mutex<Watched>,
     /// Set at shutdown: no rescan adds pools after it.
     closed: AtomicBool,
+    /// Prefixes `POST /envs` is making: a rescan meanwhile must not serve
+    /// them half-made.
+    creating: Mutex<HashSet<PathBuf>>,
+}
+
+/// Marks a prefix as being created until dropped (see [`LiveEnvs::creating`]).
+pub(crate) struct CreatingGuard<'a> {
+    live: &'a LiveEnvs,
+    prefix: PathBuf,
+}
+
+impl Drop for CreatingGuard<'_> {
+    fn drop(&mut self) {
+        self.live.creating.lock().remove(&self.prefix);
+    }
 }
 
 /// The paths a rescan watches and their fingerprint at the last scan.
@@ -271,6 +286,7 @@ impl LiveEnvs {
             rescan: tokio::sync::Mutex::new(Some(Instant::now())),
             watched: Mutex::new(Watched::default()),
             closed: AtomicBool::new(false),
+            creating: Mutex::new(HashSet::new()),
         });
         live.watch(registry);
         live.publish_pools();
@@ -319,6 +335,15 @@ impl LiveEnvs {
     /// The Conda front end discovery found last.
     pub(crate) fn conda(&self) -> Option<PathBuf> {
         self.watched.lock().conda.clone()
+    }
+
+    /// Keep rescans away from `prefix` while it is being made.
+    pub(crate) fn creating(&self, prefix: &std::path::Path) -> CreatingGuard<'_> {
+        self.creating.lock().insert(prefix.to_path_buf());
+        CreatingGuard {
+            live: self,
+            prefix: prefix.to_path_buf(),
+        }
     }
 
     /// Stop rescanning (shutdown).
@@ -421,11 +446,10 @@ impl LiveEnvs {
             .map(|e| e.spec.name.clone())
             .collect();
         let mut added = Vec::new();
-        for plan in registry
-            .envs
-            .iter()
-            .filter(|p| !p.configured && !known.contains(&p.spec.prefix))
-        {
+        let creating = self.creating.lock().clone();
+        for plan in registry.envs.iter().filter(|p| {
+            !p.configured && !known.contains(&p.spec.prefix) && !creating.contains(&p.spec.prefix)
+        }) {
             let mut plan = plan.clone();
             if names.contains(&plan.spec.name) {
                 let base = plan.spec.name.clone();
@@ -466,7 +490,9 @@ impl LiveEnvs {
                 .filter(|e| !gone.contains(&e.id))
                 .cloned()
                 .collect();
-            entries.extend(new);
+            // A create may have served one of them meanwhile.
+            let served: HashSet<PathBuf> = entries.iter().map(|e| e.spec.prefix.clone()).collect();
+            entries.extend(new.into_iter().filter(|e| !served.contains(&e.spec.prefix)));
             *table = Arc::new(EnvTable {
                 entries,
                 default: table.default.clone(),

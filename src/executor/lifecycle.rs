@@ -177,6 +177,7 @@ impl Executor {
                 prefix.display()
             )));
         }
+        let _creating = self.envs.creating(&prefix);
         say(
             progress,
             format!(
