@@ -142,6 +142,16 @@ pub enum ExecError {
     /// record: nothing runs.
     #[error("{0}")]
     AuditUnavailable(String),
+    /// The request conflicts with the server's state: an environment of
+    /// that name exists, or one in use is to be deleted without `force`.
+    #[error("{0}")]
+    Conflict(String),
+    /// Creating an environment failed (a command's exit status or timeout,
+    /// in the message); nothing of it is left on disk.
+    #[error("{0}")]
+    CreateFailed(String),
+    #[error("error laying out the environment")]
+    EnvFiles(#[source] io::Error),
 }
 
 fn too_many_sessions(env: Option<&str>, client: Option<&str>, limit: usize) -> String {
@@ -171,7 +181,10 @@ impl ExecError {
             ExecError::Forbidden(_) => "forbidden",
             ExecError::TooManyRequests { .. } => "too_many_requests",
             ExecError::AuditUnavailable(_) => "audit_unavailable",
-            ExecError::Worker(_)
+            ExecError::Conflict(_) => "conflict",
+            ExecError::CreateFailed(_) => "create_failed",
+            ExecError::EnvFiles(_)
+            | ExecError::Worker(_)
             | ExecError::Cgroup(_)
             | ExecError::Encode(_)
             | ExecError::SessionId(_)
@@ -188,6 +201,8 @@ impl ExecError {
             ExecError::Forbidden(_) => 403,
             ExecError::TooManySessions { .. } | ExecError::TooManyRequests { .. } => 429,
             ExecError::AuditUnavailable(_) => 503,
+            ExecError::Conflict(_) => 409,
+            ExecError::CreateFailed(_) => 422,
             ExecError::Busy(_)
             | ExecError::EnvUnavailable { .. }
             | ExecError::ShuttingDown
@@ -196,6 +211,7 @@ impl ExecError {
             | ExecError::Cgroup(_)
             | ExecError::Encode(_)
             | ExecError::SessionId(_)
+            | ExecError::EnvFiles(_)
             | ExecError::Installer(_) => 500,
         }
     }

@@ -263,6 +263,8 @@ pub struct Metrics {
     /// Route templates seen so far, shared so that a request's labels cost
     /// a reference count, not a string copy.
     routes: RwLock<HashMap<Box<str>, Arc<str>>>,
+    /// The pools read at scrape time; replaced when environments come and go.
+    pools: Arc<RwLock<Vec<(String, EnvPool)>>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -348,8 +350,12 @@ impl Metrics {
             "Audit records dropped (audit_fail = \"open\": the queue was full or the sink failed)",
             audit_dropped.clone(),
         );
-        registry.register_collector(Box::new(PoolCollector { pools }));
+        let pools = Arc::new(RwLock::new(pools));
+        registry.register_collector(Box::new(PoolCollector {
+            pools: pools.clone(),
+        }));
         Metrics {
+            pools,
             client_runs,
             client_refusals,
             client_queue_wait,
@@ -363,6 +369,11 @@ impl Metrics {
             mcp_calls,
             routes: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// The pools of the environments served now (after a rescan).
+    pub(crate) fn set_pools(&self, pools: Vec<(String, EnvPool)>) {
+        *self.pools.write() = pools;
     }
 
     /// With this replica's own gauges: `replica_info{replica}`, `draining`
@@ -534,7 +545,7 @@ impl Collector for EgressCollector {
 
 /// Pool state read at scrape time: workers by state, restarts by cause.
 struct PoolCollector {
-    pools: Vec<(String, EnvPool)>,
+    pools: Arc<RwLock<Vec<(String, EnvPool)>>>,
 }
 
 impl std::fmt::Debug for PoolCollector {
@@ -545,7 +556,8 @@ impl std::fmt::Debug for PoolCollector {
 
 impl Collector for PoolCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let statuses: Vec<_> = self.pools.iter().map(|(_, p)| p.status()).collect();
+        let pools = self.pools.read().clone();
+        let statuses: Vec<_> = pools.iter().map(|(_, p)| p.status()).collect();
         {
             let gauge = ConstGauge::new(0i64);
             let mut family = encoder.encode_descriptor(
@@ -554,7 +566,7 @@ impl Collector for PoolCollector {
                 None,
                 gauge.metric_type(),
             )?;
-            for ((name, _), status) in self.pools.iter().zip(&statuses) {
+            for ((name, _), status) in pools.iter().zip(&statuses) {
                 for (state, n) in [
                     ("idle", status.idle),
                     ("busy", status.busy),
@@ -573,7 +585,7 @@ impl Collector for PoolCollector {
                 None,
                 gauge.metric_type(),
             )?;
-            for ((name, _), status) in self.pools.iter().zip(&statuses) {
+            for ((name, _), status) in pools.iter().zip(&statuses) {
                 let labels = [("env", name.as_str())];
                 ConstGauge::new(status.waiting as i64).encode(family.encode_family(&labels)?)?;
             }
@@ -585,7 +597,7 @@ impl Collector for PoolCollector {
             None,
             counter.metric_type(),
         )?;
-        for (name, pool) in &self.pools {
+        for (name, pool) in &pools {
             for cause in RestartCause::ALL {
                 let labels = [("env", name.as_str()), ("cause", cause.as_str())];
                 ConstCounter::new(pool.restarts(cause)).encode(family.encode_family(&labels)?)?;

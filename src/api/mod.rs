@@ -251,6 +251,11 @@ pub struct ExecResult {
     /// the egress proxy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkUsage>,
+    /// The content hash of the environment the run ran in (`sha256:...`,
+    /// as `/list-envs` shows it): its interpreter, Conda package records
+    /// and installed distributions. Changes after an install, not otherwise.
+    #[serde(default)]
+    pub env_hash: String,
 }
 
 /// Which installer `POST /install` runs.
@@ -262,8 +267,25 @@ pub enum PackageManager {
     /// `<prefix>/bin/python -m pip install ...`
     #[default]
     Pip,
+    /// `uv pip install --python <prefix>/bin/python ...` (the configured
+    /// `uv`, else `uv` on the server's `PATH`)
+    Uv,
+    /// uv where the server has one, else pip
+    Auto,
     /// The discovered `conda`/`mamba` with `install -y -p PREFIX ...`
     Conda,
+}
+
+impl PackageManager {
+    /// The name clients use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PackageManager::Pip => "pip",
+            PackageManager::Uv => "uv",
+            PackageManager::Auto => "auto",
+            PackageManager::Conda => "conda",
+        }
+    }
 }
 
 /// `POST /install`, MCP `install_packages`.
@@ -273,12 +295,41 @@ pub struct InstallRequest {
     /// Environment name or prefix path; the default environment if absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<String>,
-    /// Requirements (`pkg`, `pkg==1.0`, `pkg @ file:///...whl` for pip;
-    /// match specs such as `pkg=1.0` for conda), each one argv item.
+    /// What to install, each one argv item: requirements (`pkg`,
+    /// `pkg==1.0`, `pkg[extra]>=2; python_version>='3.9'`), direct
+    /// references (`pkg @ https://.../pkg-1.0.tar.gz`), URLs of archives,
+    /// or absolute paths of wheels and sdists
+    /// (`/tmp/wheels/pkg-1.0-py3-none-any.whl`); match specs such as
+    /// `pkg=1.0` for conda. Options are refused.
+    #[serde(default)]
     pub packages: Vec<String>,
-    /// `pip` (default) or `conda`.
+    /// The text of a requirements file: one item as in `packages` per
+    /// line, `#` comments; written to a private file and passed with `-r`.
+    /// Option lines (`-r`, `--index-url`, ...) are refused: use the fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requirements: Option<String>,
+    /// `pip` (default), `uv`, `auto` (uv where the server has one) or `conda`.
     #[serde(default)]
     pub manager: PackageManager,
+    /// `--index-url`: the package index (an `http(s)://` URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_url: Option<String>,
+    /// `--extra-index-url`, each an `http(s)://` URL.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_index_urls: Vec<String>,
+    /// `--find-links`: `http(s)://` or `file://` URLs, or absolute folders
+    /// holding archives.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub find_links: Vec<String>,
+    /// `--no-index`: use `find_links` and local paths only.
+    #[serde(default)]
+    pub no_index: bool,
+    /// `--upgrade`: upgrade what is already installed.
+    #[serde(default)]
+    pub upgrade: bool,
+    /// `--pre` (uv: `--prerelease allow`): allow pre-releases.
+    #[serde(default)]
+    pub pre: bool,
 }
 
 /// The outcome of an install that ran, whatever its exit code.
@@ -288,6 +339,8 @@ pub struct InstallRequest {
 pub struct InstallResult {
     /// The environment's name.
     pub env: String,
+    /// The installer that ran: `pip`, `uv` or `conda` (`auto` resolved).
+    pub manager: String,
     /// Exit status of the installer; `-N` when killed by signal N.
     pub exit_code: i32,
     /// The installer's standard output (its last MiB).
@@ -298,6 +351,9 @@ pub struct InstallResult {
     pub installed: Vec<String>,
     /// The install hit its timeout and was killed.
     pub timed_out: bool,
+    /// The environment's content hash after the install (unchanged when
+    /// nothing was installed).
+    pub env_hash: String,
 }
 
 /// One installed distribution (`GET /list-packages`).
@@ -318,8 +374,15 @@ pub struct EnvInfo {
     pub prefix: String,
     /// `conda` (a Conda prefix), `venv` or `python` (any other interpreter).
     pub kind: String,
-    /// Python version (`3.11.7`), when known.
+    /// Python version (`3.11.7`; `3.11` when only the layout tells), read
+    /// from disk without starting a worker; null when nothing tells.
     pub python_version: Option<String>,
+    /// Conda's platform name (`linux-64`, `linux-aarch64`, `osx-arm64`): the
+    /// Python package record's `subdir`, else the host's.
+    pub platform: String,
+    /// The environment's content hash (`sha256:...`): its interpreter's
+    /// version, Conda package records and installed distributions.
+    pub env_hash: String,
     /// Whether requests that name no environment run here.
     pub default: bool,
     /// Its pool's worker counts.
@@ -501,4 +564,112 @@ mod tests {
         };
         assert!(bad.to_bytes().unwrap_err().contains("invalid base64"));
     }
+}
+
+/// `POST /envs` (admin): create an environment from an `environment.yml`,
+/// from Conda specs, or as a clone of an existing environment; then install
+/// `pip` and `requirements` entries into it. Exactly one of
+/// `environment_yml`, `specs` and `clone` is given.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEnvRequest {
+    /// The new environment's name (and its folder's): letters, digits,
+    /// `.`, `_`, `-`; at most 64 characters.
+    pub name: String,
+    /// The text of an `environment.yml` (`conda env create -p PREFIX -f
+    /// FILE`); needs Conda.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_yml: Option<String>,
+    /// Conda match specs (`python=3.12`, `numpy>=1.26`) for `conda create -p
+    /// PREFIX SPECS`; needs Conda.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub specs: Vec<String>,
+    /// The environment to clone (name or prefix): `conda create --clone`,
+    /// or without Conda a copy of its prefix (hard links where possible).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clone: Option<String>,
+    /// Items installed into the new environment afterwards, as `/install`'s
+    /// `packages` (requirements, wheel and sdist paths).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pip: Vec<String>,
+    /// A requirements text installed afterwards, as `/install`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requirements: Option<String>,
+    /// The installer of `pip` and `requirements`: `pip` (default), `uv` or `auto`.
+    #[serde(default)]
+    pub manager: PackageManager,
+}
+
+/// One command a create ran, and how it ended.
+#[derive(
+    Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema,
+)]
+pub struct CreateStep {
+    /// What the step did: `conda env create`, `conda create`, `conda create
+    /// --clone`, `copy`, `pip install`, `uv pip install`.
+    pub step: String,
+    /// Exit status of its command (0 for `copy`).
+    pub exit_code: i32,
+    /// The command's standard output (its last MiB), or what the copy did.
+    pub stdout: String,
+    /// The command's standard error (its last MiB).
+    pub stderr: String,
+}
+
+/// A created environment: it is served at once (its pool starts on first use).
+#[derive(
+    Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema,
+)]
+pub struct CreateEnvResult {
+    /// The new environment's name.
+    pub name: String,
+    /// Its prefix.
+    pub prefix: String,
+    /// Its Python version, as `/list-envs` shows it.
+    pub python_version: Option<String>,
+    /// Its content hash, as `/list-envs` and results show it.
+    pub env_hash: String,
+    /// The commands the create ran, in order.
+    pub steps: Vec<CreateStep>,
+    /// `name==version` of every distribution the `pip`/`requirements`
+    /// entries added.
+    pub installed: Vec<String>,
+    /// Seconds the create took.
+    pub duration_secs: f64,
+}
+
+/// `DELETE /envs/{name}`'s answer: the environment is no longer served and
+/// its prefix is gone.
+#[derive(
+    Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema, utoipa::ToSchema,
+)]
+pub struct DeleteEnvResult {
+    /// The deleted environment's name.
+    pub name: String,
+    /// Its former prefix.
+    pub prefix: String,
+    /// Sessions that were closed because `force` was given.
+    pub sessions_closed: usize,
+}
+
+/// `GET /envs/{name}`: an environment, its packages and its lock.
+#[derive(Debug, Clone, Serialize, JsonSchema, utoipa::ToSchema)]
+pub struct EnvDetails {
+    /// As `/list-envs` shows it.
+    #[serde(flatten)]
+    pub env: EnvInfo,
+    /// Installed distributions and Conda packages, sorted by name.
+    pub packages: Vec<PackageInfo>,
+    /// The environment's lock, to recreate it elsewhere.
+    pub lock: EnvLock,
+}
+
+/// An environment's content as files to recreate it from.
+#[derive(Debug, Clone, Serialize, JsonSchema, utoipa::ToSchema)]
+pub struct EnvLock {
+    /// `requirements.txt` in `pip freeze` form: `name==version` per line.
+    pub requirements_txt: String,
+    /// An explicit Conda spec (`@EXPLICIT` and one package URL per line)
+    /// when every `conda-meta` record names its URL; null otherwise.
+    pub conda_explicit: Option<String>,
 }

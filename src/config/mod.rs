@@ -209,6 +209,16 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// Bound on one install run.
     pub install_timeout: Duration,
+    /// Bound on one create or clone (`POST /envs`).
+    pub create_timeout: Duration,
+    /// How often what discovery reads is checked for changes; zero: never
+    /// (an unknown name still rescans once).
+    pub rescan_interval: Duration,
+    /// Where `POST /envs` places new environments (else the first writable
+    /// `envs_dirs` entry).
+    pub envs_dir: Option<PathBuf>,
+    /// The `uv` executable (else `uv` on `PATH`).
+    pub uv: Option<PathBuf>,
     /// Bound on running an env's activation scripts (and on each Conda query
     /// during discovery).
     pub activation_timeout: Duration,
@@ -315,6 +325,10 @@ impl Default for Config {
             max_workers: 32,
             idle_timeout: Duration::from_secs(300),
             install_timeout: Duration::from_secs(600),
+            create_timeout: Duration::from_secs(1800),
+            rescan_interval: Duration::from_secs(3),
+            envs_dir: None,
+            uv: None,
             activation_timeout: Duration::from_secs(30),
             host_env: HostEnv::from_process(),
             metrics_token: None,
@@ -514,6 +528,10 @@ impl Config {
             max_workers: o.max_workers.unwrap_or(d.max_workers),
             idle_timeout: secs(o.idle_timeout_secs, d.idle_timeout),
             install_timeout: secs(o.install_timeout_secs, d.install_timeout),
+            create_timeout: secs(o.create_timeout_secs, d.create_timeout),
+            rescan_interval: secs(o.rescan_interval_secs, d.rescan_interval),
+            envs_dir: o.envs_dir,
+            uv: o.uv,
             activation_timeout: secs(o.activation_timeout_secs, d.activation_timeout),
             host_env: host,
             metrics_token: token(o.metrics_token),

@@ -161,6 +161,22 @@ pub struct Options {
     /// Bound on one /install run, in seconds.
     #[arg(long = "install-timeout", env = "CODE_EXECUTOR_INSTALL_TIMEOUT")]
     pub install_timeout_secs: Option<Seconds>,
+    /// Seconds between checks of what discovery reads (environments.txt,
+    /// envs/ folders) for new or removed environments; 0 turns the checks
+    /// off (an unknown name still rescans once).
+    #[arg(long = "rescan-interval", env = "CODE_EXECUTOR_RESCAN_INTERVAL")]
+    pub rescan_interval_secs: Option<Seconds>,
+    /// Folder where POST /envs creates environments (default: the first
+    /// writable Conda envs_dirs entry).
+    #[arg(long, env = "CODE_EXECUTOR_ENVS_DIR")]
+    pub envs_dir: Option<PathBuf>,
+    /// The uv executable installs with manager "uv" or "auto" run (default:
+    /// uv on PATH).
+    #[arg(long, env = "CODE_EXECUTOR_UV")]
+    pub uv: Option<PathBuf>,
+    /// Bound on one POST /envs create or clone, in seconds.
+    #[arg(long = "create-timeout", env = "CODE_EXECUTOR_CREATE_TIMEOUT")]
+    pub create_timeout_secs: Option<Seconds>,
     /// Bootstrap script to run instead of the embedded one (testing aid).
     #[arg(long, env = "CODE_EXECUTOR_WORKER_SCRIPT")]
     pub worker_script: Option<PathBuf>,
@@ -367,6 +383,7 @@ impl Options {
             insecure_no_auth, queue_timeout_secs, max_runs, max_workers,
             idle_timeout_secs, worker_start_timeout_secs, grace_period_secs,
             shutdown_timeout_secs, activation_timeout_secs, install_timeout_secs,
+            rescan_interval_secs, envs_dir, uv, create_timeout_secs,
             worker_script, memory_bytes, cpu_seconds, processes, open_files,
             file_size_bytes, disk_bytes, max_output_bytes, max_artifact_bytes,
             max_artifacts_bytes, max_result_chars, max_body_bytes, max_code_bytes,

@@ -74,9 +74,6 @@ pub(crate) struct ProxyContext {
     limits: EgressLimits,
     /// Names resolved without DNS (`network_hosts`), checked like any other.
     hosts: HashMap<String, Vec<IpAddr>>,
-    /// The server's own listening addresses, refused unless listed by address
-    /// and port.
-    server: RwLock<Vec<SocketAddr>>,
     /// Connections allowed and refused, and bytes, across the env's runs.
     pub(crate) allowed: AtomicU64,
     pub(crate) denied: AtomicU64,
@@ -97,17 +94,25 @@ impl ProxyContext {
                 .into_iter()
                 .map(|(k, v)| (k.trim_end_matches('.').to_ascii_lowercase(), v))
                 .collect(),
-            server: RwLock::new(Vec::new()),
             allowed: AtomicU64::new(0),
             denied: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
         })
     }
+}
 
-    /// Tell the proxies where this server listens (after it bound).
-    pub(crate) fn set_server_addresses(&self, addrs: Vec<SocketAddr>) {
-        *self.server.write() = addrs;
+/// This process's listening addresses (every server it runs), refused by
+/// every proxy unless listed; environments found later see them too.
+static SERVER_ADDRESSES: RwLock<Vec<SocketAddr>> = RwLock::new(Vec::new());
+
+/// Tell the proxies where a server of this process listens (after it bound).
+pub(crate) fn add_server_addresses(addrs: Vec<SocketAddr>) {
+    let mut known = SERVER_ADDRESSES.write();
+    for a in addrs {
+        if !known.contains(&a) {
+            known.push(a);
+        }
     }
 }
 
@@ -349,7 +354,7 @@ async fn open(asked: &Asked, policy: &Policy, ctx: &ProxyContext) -> Result<TcpS
             }
         },
     };
-    let server = ctx.server.read().clone();
+    let server = SERVER_ADDRESSES.read().clone();
     let mut refusal: Option<Refusal> = None;
     let mut last_error = None;
     for ip in addrs {

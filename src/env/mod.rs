@@ -5,10 +5,14 @@
 //! * [`activate`]: the variables `conda activate` would set, scripts included.
 //! * [`registry`]: configured + discovered environments, named without clashes.
 //! * [`packages`]: listing installed distributions and checking install specs.
+//! * [`install`]: the installer commands (pip, uv, conda; never a shell).
+//! * [`lifecycle`]: facts read from disk (Python version, platform,
+//!   `env_hash`), rescan fingerprints, Conda-free clones.
 
 pub(crate) mod activate;
 pub(crate) mod discover;
 pub(crate) mod install;
+pub(crate) mod lifecycle;
 pub(crate) mod packages;
 pub(crate) mod registry;
 

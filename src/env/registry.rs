@@ -89,6 +89,12 @@ pub(crate) struct Registry {
     pub default: usize,
     /// The Conda front end found (for `conda install`).
     pub conda: Option<PathBuf>,
+    /// Where environments appear: the `envs_dirs` (first the root's) and
+    /// `~/.conda/environments.txt`; watched for rescans, and the first
+    /// writable `envs_dirs` entry is where new environments go.
+    pub envs_dirs: Vec<PathBuf>,
+    /// `~/.conda/environments.txt`, when there is a home.
+    pub environments_txt: Option<PathBuf>,
 }
 
 impl Registry {
@@ -206,10 +212,21 @@ impl Registry {
                 configured: false,
             });
         }
+        let mut envs_dirs = found.envs_dirs.clone();
+        if let Some(root) = &found.root
+            && !envs_dirs.contains(&root.join("envs"))
+        {
+            envs_dirs.insert(0, root.join("envs"));
+        }
         Ok(Registry {
             envs,
             default,
             conda: found.conda,
+            envs_dirs,
+            environments_txt: host
+                .home
+                .as_ref()
+                .map(|h| h.join(".conda/environments.txt")),
         })
     }
 
@@ -251,7 +268,7 @@ impl Registry {
 }
 
 /// `platform.python_version()` of an interpreter (bounded to 10 s).
-async fn probe_version(python: &Path) -> Option<String> {
+pub(crate) async fn probe_version(python: &Path) -> Option<String> {
     let child = tokio::process::Command::new(python)
         .args([
             "-I",

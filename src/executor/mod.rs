@@ -8,12 +8,14 @@
 //!
 //! Package listing and installs live in [`crate::env::install`].
 
+mod envs;
+mod lifecycle;
 mod prepare;
 mod run;
 mod sessions;
 mod start;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,51 +24,41 @@ use std::time::Duration;
 use crate::api::{
     EnvInfo, EnvNetwork, Health, InstallRequest, InstallResult, PackageInfo, PoolSummary,
 };
-use crate::env::install::{EnvCommands, check_install, run_bounded};
-use crate::env::{EnvSettings, EnvSpec};
+use crate::env::install::{EnvCommands, Installer, check_install, run_bounded};
 use crate::error::{ExecError, PoolError};
 use crate::limits::{RequestLimits, ResultLimits};
-use crate::metrics::{EnvMetrics, Metrics};
-use crate::pool::{EnvPool, WorkerBudget};
+use crate::metrics::Metrics;
+use crate::pool::WorkerBudget;
 use crate::replica::Replica;
 use crate::sandbox::SandboxStatus;
 use crate::session::Sessions;
+use envs::{EnvEntry, LiveEnvs};
 
 /// A streaming run's output chunks, as front ends receive them.
 pub use crate::worker::{OutputChunk, OutputSink, OutputStream};
+pub use lifecycle::Progress;
 pub use prepare::{PreparedRun, RunOptions};
 pub use run::RunReport;
 pub use start::WORKER_SCRIPT;
 
-/// One environment and its pool.
-struct EnvEntry {
-    spec: EnvSpec,
-    settings: EnvSettings,
-    pool: EnvPool,
-    /// Why the environment cannot serve (its activation failed), if so.
-    unavailable: Option<String>,
-    /// The activated environment (scripts included) workers, package
-    /// listings and installs run with; built from scratch.
-    vars: HashMap<String, String>,
-    /// Installs into one environment run one at a time.
-    install_lock: tokio::sync::Mutex<()>,
-    /// This environment's run counters and histograms, resolved once.
-    metrics: EnvMetrics,
-    /// Its egress proxy and allow-list (environments with `allowed_hosts`).
-    egress: Option<crate::worker::EgressSpec>,
-}
-
 /// Runs code in environments' worker pools.
 pub struct Executor {
-    envs: Vec<EnvEntry>,
-    /// Index into `envs` of the environment used when a request names none.
-    default: usize,
-    /// The Conda front end `manager: "conda"` installs run.
-    conda: Option<PathBuf>,
+    /// The environments served now; follows the disk (see `envs.rs`).
+    envs: Arc<LiveEnvs>,
+    /// The `uv` installs with `manager: "uv"` (or `"auto"`) run: the
+    /// configured one, else `uv` on the server's `PATH`.
+    uv: Option<PathBuf>,
     /// The cap on live workers shared by all pools.
     budget: Arc<WorkerBudget>,
     /// Bound on one install run.
     install_timeout: Duration,
+    /// Bound on one create or clone, all its steps together.
+    create_timeout: Duration,
+    /// Bound on running a new environment's activation scripts.
+    activation_timeout: Duration,
+    /// Creates and deletes run one at a time: a name is checked free and
+    /// taken under it.
+    create_lock: tokio::sync::Mutex<()>,
     max_output_bytes: u64,
     results: ResultLimits,
     /// Holds the bootstrap script and every worker's scratch root; removed
@@ -110,34 +102,28 @@ fn pool_refusal(entry: &EnvEntry, e: PoolError) -> ExecError {
 }
 
 impl Executor {
-    fn index_of(&self, entry: &EnvEntry) -> usize {
-        self.envs
-            .iter()
-            .position(|e| std::ptr::eq(e, entry))
-            .expect("the entry is one of ours")
-    }
-
     /// The environment a request names (by name or prefix path), or the
-    /// default one.
-    fn env_entry(&self, name: Option<&str>) -> Result<&EnvEntry, ExecError> {
+    /// default one, among those served now.
+    fn env_entry(&self, name: Option<&str>) -> Result<Arc<EnvEntry>, ExecError> {
+        let table = self.envs.table();
         let Some(name) = name.filter(|n| !n.is_empty()) else {
-            return Ok(&self.envs[self.default]);
+            return Ok(table.default.clone());
         };
-        if let Some(entry) = self.envs.iter().find(|e| e.spec.name == name) {
-            return Ok(entry);
+        if let Some(entry) = table.entries.iter().find(|e| e.spec.name == name) {
+            return Ok(entry.clone());
         }
         if name.contains('/') {
             let wanted = Path::new(name)
                 .canonicalize()
                 .unwrap_or_else(|_| PathBuf::from(name));
-            if let Some(entry) = self.envs.iter().find(|e| e.spec.prefix == wanted) {
-                return Ok(entry);
+            if let Some(entry) = table.entries.iter().find(|e| e.spec.prefix == wanted) {
+                return Ok(entry.clone());
             }
         }
         Err(ExecError::UnknownEnv {
             name: name.to_string(),
-            known: self
-                .envs
+            known: table
+                .entries
                 .iter()
                 .map(|e| e.spec.name.as_str())
                 .collect::<Vec<_>>()
@@ -145,12 +131,36 @@ impl Executor {
         })
     }
 
+    /// Make sure the environment a request names is known: when it is not,
+    /// discovery runs once more before the request is answered (an env
+    /// created since the last scan is then served). Cheap when it is known.
+    pub async fn find_env(&self, name: Option<&str>) {
+        if let Some(name) = name.filter(|n| !n.is_empty())
+            && matches!(
+                self.env_entry(Some(name)),
+                Err(ExecError::UnknownEnv { .. })
+            )
+        {
+            self.envs.rescan_for_miss().await;
+        }
+    }
+
+    /// The environment of a session, while it is served.
+    fn session_entry(&self, id: usize) -> Result<Arc<EnvEntry>, ExecError> {
+        self.envs
+            .by_id(id)
+            .ok_or_else(|| ExecError::EnvUnavailable {
+                env: format!("#{id}"),
+                reason: "the session's environment was removed".into(),
+            })
+    }
+
     /// Like [`Executor::env_entry`], refusing an environment that cannot
     /// run code.
     /// The caller's env allow-list is checked here, so every request that
     /// names an environment (runs, sessions, gradings, installs, package
     /// listings) is held to it.
-    fn available_entry(&self, name: Option<&str>) -> Result<&EnvEntry, ExecError> {
+    fn available_entry(&self, name: Option<&str>) -> Result<Arc<EnvEntry>, ExecError> {
         let entry = self.env_entry(name)?;
         if let Some(caller) = crate::auth::current()
             && let Err(err) = caller
@@ -171,20 +181,26 @@ impl Executor {
 
     /// Every environment with its pool's counts.
     pub fn list_envs(&self) -> Vec<EnvInfo> {
-        self.envs
+        let table = self.envs.table();
+        table
+            .entries
             .iter()
-            .enumerate()
-            .map(|(i, e)| {
+            .map(|e| {
                 let status = e.pool.status();
                 EnvInfo {
                     name: e.spec.name.clone(),
                     prefix: e.spec.prefix.display().to_string(),
                     kind: e.spec.kind.as_str().into(),
                     python_version: e
-                        .pool
-                        .python_version()
-                        .or_else(|| e.spec.python_version_hint()),
-                    default: i == self.default,
+                        .facts
+                        .python_version
+                        .clone()
+                        .filter(|v| v.matches('.').count() >= 2)
+                        .or_else(|| e.pool.python_version())
+                        .or_else(|| e.facts.python_version.clone()),
+                    platform: e.facts.platform.clone(),
+                    env_hash: e.hash().to_string(),
+                    default: e.id == table.default.id,
                     network: EnvNetwork {
                         mode: match (&e.egress, e.settings.network) {
                             (Some(_), _) => "allow_list",
@@ -220,8 +236,8 @@ impl Executor {
     }
 
     /// Name of the environment used when a request names none.
-    pub fn default_env(&self) -> &str {
-        &self.envs[self.default].spec.name
+    pub fn default_env(&self) -> String {
+        self.envs.table().default.spec.name.clone()
     }
 
     /// Workers alive now across all environments, and the cap.
@@ -233,6 +249,8 @@ impl Executor {
     pub fn health(&self) -> Health {
         let envs: BTreeMap<_, _> = self
             .envs
+            .table()
+            .entries
             .iter()
             .map(|e| {
                 let mut status = e.pool.status();
@@ -263,11 +281,7 @@ impl Executor {
     /// Where this server listens: the egress proxies refuse these addresses
     /// unless an allow-list entry names the address and port.
     pub fn set_listen_addresses(&self, addrs: Vec<std::net::SocketAddr>) {
-        for entry in &self.envs {
-            if let Some(egress) = &entry.egress {
-                egress.ctx.set_server_addresses(addrs.clone());
-            }
-        }
+        crate::egress::add_server_addresses(addrs);
     }
 
     /// Start draining: `/health` answers 503 `draining` so that balancers
@@ -288,7 +302,9 @@ impl Executor {
         self.closing.store(true, Ordering::Release);
         self.sessions.shutdown().await;
         self.audit.flush(std::time::Duration::from_secs(5)).await;
-        futures_util::future::join_all(self.envs.iter().map(|e| e.pool.close())).await;
+        self.envs.close();
+        let table = self.envs.table();
+        futures_util::future::join_all(table.entries.iter().map(|e| e.pool.close())).await;
         if let Some(cgroups) = self.cgroups.clone() {
             let _ = tokio::task::spawn_blocking(move || {
                 cgroups.remove_all(std::time::Duration::from_secs(3))
@@ -405,8 +421,9 @@ impl Executor {
         if self.closing.load(Ordering::Acquire) {
             return Err(ExecError::ShuttingDown);
         }
+        self.find_env(env).await;
         let entry = self.available_entry(env)?;
-        self.commands(entry)
+        self.commands(&entry)
             .packages()
             .await
             .map_err(|reason| ExecError::EnvUnavailable {
@@ -415,23 +432,41 @@ impl Executor {
             })
     }
 
-    /// Install packages into an environment with pip or Conda. Specs are
-    /// checked first (an option or an invalid requirement refuses the whole
-    /// request, nothing runs) and passed as argv items. Installs into one
-    /// env are serialized; runs keep using the current workers meanwhile,
-    /// and after a successful install the env's workers are replaced so the
-    /// next run sees the new packages.
+    /// Install packages into an environment with pip, uv or Conda. The
+    /// request is checked first (an option, an invalid requirement, a
+    /// relative or missing path refuses the whole request, nothing runs)
+    /// and its items passed as argv items; the `requirements` text goes to
+    /// a private file passed with `-r`. Installs into one env are
+    /// serialized; runs keep using the current workers meanwhile, and after
+    /// a successful install the env's workers are replaced so the next run
+    /// sees the new packages, and its `env_hash` is read again.
     pub async fn install(&self, req: InstallRequest) -> Result<InstallResult, ExecError> {
         if self.closing.load(Ordering::Acquire) {
             return Err(ExecError::ShuttingDown);
         }
         check_install(&req)?;
+        self.find_env(req.env.as_deref()).await;
         let entry = self.available_entry(req.env.as_deref())?;
-        let commands = self.commands(entry);
-        let cmd = commands.installer(&req, self.conda.as_deref())?;
+        let conda = self.envs.conda();
+        let tool = Installer::choose(req.manager, self.uv.as_deref(), conda.as_deref())?;
+        let commands = self.commands(&entry);
         let _serialized = entry.install_lock.lock().await;
+        let requirements = match &req.requirements {
+            Some(text) => {
+                let mut file = tempfile::Builder::new()
+                    .prefix("requirements-")
+                    .suffix(".txt")
+                    .tempfile_in(self.base_dir.path())
+                    .map_err(ExecError::Installer)?;
+                std::io::Write::write_all(&mut file, text.as_bytes())
+                    .map_err(ExecError::Installer)?;
+                Some(file.into_temp_path())
+            }
+            None => None,
+        };
+        let cmd = commands.installer(&req, &tool, requirements.as_deref());
         let before = commands.packages().await.unwrap_or_default();
-        tracing::info!(env = %entry.spec.name, manager = ?req.manager, packages = ?req.packages, "installing");
+        tracing::info!(env = %entry.spec.name, manager = tool.name(), packages = ?req.packages, "installing");
         let out = run_bounded(cmd, self.install_timeout)
             .await
             .map_err(ExecError::Installer)?;
@@ -447,6 +482,7 @@ impl Executor {
             });
             r.exit_code = Some(out.exit_code);
         });
+        drop(requirements);
         let mut installed = Vec::new();
         if out.exit_code == 0 && !out.timed_out {
             entry.pool.replace();
@@ -457,13 +493,17 @@ impl Executor {
                 .map(|p| format!("{}=={}", p.name, p.version))
                 .collect();
         }
+        // Even a failed install may have changed something.
+        entry.rehash();
         Ok(InstallResult {
             env: entry.spec.name.clone(),
+            manager: tool.name().into(),
             exit_code: out.exit_code,
             stdout: out.stdout,
             stderr: out.stderr,
             installed,
             timed_out: out.timed_out,
+            env_hash: entry.hash().to_string(),
         })
     }
 }

@@ -16,8 +16,9 @@ use crate::session::ActiveCall;
 
 /// A validated request, encoded and bound to its environment.
 pub struct PreparedRun {
-    /// Index of the environment in the executor's list.
-    pub(super) env: usize,
+    /// The environment the run goes to (held even if a rescan drops it
+    /// meanwhile: the run ends on its pool).
+    pub(super) env: std::sync::Arc<super::EnvEntry>,
     pub(super) frame: Vec<u8>,
     pub(super) timeout: f64,
     /// The address-space limit the run gets (configured, narrowed by the
@@ -269,8 +270,8 @@ fn run_disk_bytes(ctx: &RunContext<'_>, asked: Option<u64>) -> Result<Option<u64
 
 impl Executor {
     /// The name of the environment a prepared run runs in.
-    pub(crate) fn env_name(&self, prepared: &PreparedRun) -> &str {
-        &self.envs[prepared.env].spec.name
+    pub(crate) fn env_name<'a>(&self, prepared: &'a PreparedRun) -> &'a str {
+        &prepared.env.spec.name
     }
 
     /// Validate a request and encode its frame; every refusal of a request
@@ -306,7 +307,7 @@ impl Executor {
             None => None,
         };
         let entry = match &session {
-            Some(call) => &self.envs[call.session().env()],
+            Some(call) => self.session_entry(call.session().env())?,
             None => self.available_entry(req.env.as_deref())?,
         };
         let ctx = RunContext {
@@ -324,7 +325,7 @@ impl Executor {
         let audit = (self.audit.enabled() && !options.graded)
             .then(|| crate::audit::CodeFacts::of(&req.code, self.audit.include_code()));
         Ok(PreparedRun {
-            env: self.index_of(entry),
+            env: entry,
             frame: checked.frame,
             timeout: checked.timeout,
             memory_bytes: checked.memory_bytes,
@@ -345,10 +346,10 @@ impl Executor {
         {
             return Err(self.sessions.not_yours(id));
         }
-        let env = &self.envs[call.session().env()];
+        let env = self.session_entry(call.session().env())?;
         if let Some(name) = req.env.as_deref().filter(|n| !n.is_empty()) {
             let asked = self.env_entry(Some(name))?;
-            if !std::ptr::eq(asked, env) {
+            if asked.id != env.id {
                 return Err(ExecError::BadRequest(format!(
                     "session {id:?} runs in environment {:?}, not {name:?}; omit env or create a session in {name:?}",
                     env.spec.name

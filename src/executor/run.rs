@@ -70,6 +70,8 @@ pub struct RunReport {
     pub output: RunOutput,
     /// How the run ended, computed from the report once.
     pub outcome: Outcome,
+    /// The content hash of the environment the run ran in.
+    pub env_hash: std::sync::Arc<str>,
 }
 
 /// A run's audit record while the run goes on: written when it ends, or
@@ -156,6 +158,7 @@ fn shape_result(report: RunReport) -> ExecResult {
     let RunReport {
         output: out,
         outcome,
+        env_hash,
     } = report;
     let truncated = out.stdout_truncated || out.stderr_truncated;
     ExecResult {
@@ -190,6 +193,7 @@ fn shape_result(report: RunReport) -> ExecResult {
         limit: outcome.limit,
         session_lost: out.session_lost,
         network: out.network,
+        env_hash: env_hash.to_string(),
     }
 }
 
@@ -201,6 +205,7 @@ fn utf8(bytes: Vec<u8>) -> String {
 impl Executor {
     /// Run one request to completion.
     pub async fn execute(&self, req: ExecRequest) -> Result<ExecResult, ExecError> {
+        self.find_env(req.env.as_deref()).await;
         let prepared = self.prepare(&req)?;
         self.run(prepared, None).await
     }
@@ -233,7 +238,7 @@ impl Executor {
             network,
             audit,
         } = prepared;
-        let entry = &self.envs[env];
+        let entry = &*env;
         let caller = crate::auth::current();
         let client = caller.as_ref().map(|c| c.client.metrics());
         // The run's audit record, written however the run ends (a dropped
@@ -256,7 +261,11 @@ impl Executor {
                 .await
                 .map(|output| {
                     let outcome = Outcome::of(&output, memory_bytes);
-                    RunReport { output, outcome }
+                    RunReport {
+                        output,
+                        outcome,
+                        env_hash: entry.hash(),
+                    }
                 });
             if let Some(record) = &mut record {
                 record.finish(&ran);
@@ -385,6 +394,7 @@ impl Executor {
                 Ok(RunReport {
                     output: out,
                     outcome,
+                    env_hash: entry.hash(),
                 })
             }
             Err(WorkerError::Retired(why)) => {

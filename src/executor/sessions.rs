@@ -33,8 +33,9 @@ impl Executor {
             return Err(err);
         }
         let client = caller.as_ref().map(|c| &*c.client);
+        self.find_env(req.env.as_deref()).await;
         let entry = self.available_entry(req.env.as_deref())?;
-        let index = self.index_of(entry);
+        let index = entry.id;
         let ttl = match req.ttl {
             None => config.ttl,
             Some(t) if t.is_finite() && t > 0.0 => capped_secs(t, config.max_ttl),
@@ -107,7 +108,11 @@ impl Executor {
         let mut attempts = 0;
         let worker = loop {
             attempts += 1;
-            let worker = entry.pool.get().await.map_err(|e| pool_refusal(entry, e))?;
+            let worker = entry
+                .pool
+                .get()
+                .await
+                .map_err(|e| pool_refusal(&entry, e))?;
             let mut worker = entry.pool.detach(worker);
             if let Some(policy) = &network {
                 // Fixed for the session's life: every call begins with it.

@@ -5,20 +5,21 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::time::Duration;
 
-use super::{EnvEntry, Executor};
+use super::Executor;
+use super::envs::{EnvEntry, EnvTable, LiveEnvs, PoolContext, entry, make_entries};
 use crate::config::Config;
 use crate::egress::{PROXY_PORT, Policy, ProxyContext};
-use crate::env::{Registry, activate::activate};
+use crate::env::Registry;
+use crate::env::registry::EnvPlan;
 use crate::error::StartError;
 use crate::error::error_chain;
 use crate::metrics::Metrics;
-use crate::pool::{EnvPool, PoolConfig, WorkerBudget};
+use crate::pool::WorkerBudget;
 use crate::replica::Replica;
 use crate::sandbox::{Sandbox, SandboxStatus};
 use crate::session::Sessions;
-use crate::worker::{EgressSpec, WorkerSpec, worker_env};
+use crate::worker::EgressSpec;
 
 /// The bootstrap every worker runs, embedded in the binary.
 pub const WORKER_SCRIPT: &str = include_str!("../../python/worker.py");
@@ -48,24 +49,9 @@ fn remove_stale_base_dirs(tmp: &Path) {
     }
 }
 
-/// Lazy pools unused for `idle` stop their workers; checked a few times
-/// per idle period, until every pool is closed.
-async fn shrink_idle_pools(pools: Vec<EnvPool>, idle: Duration) {
-    let tick = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
-    loop {
-        tokio::time::sleep(tick).await;
-        if pools.iter().all(EnvPool::is_closed) {
-            return;
-        }
-        for pool in &pools {
-            pool.shrink_if_idle(idle);
-        }
-    }
-}
-
 /// `/health`'s account of the sandbox: what is enforced, the rlimits
 /// every run gets and each env's scratch quota.
-fn sandbox_status(sandbox: Option<&Sandbox>, envs: &[EnvEntry]) -> SandboxStatus {
+fn sandbox_status(sandbox: Option<&Sandbox>, envs: &[Arc<EnvEntry>]) -> SandboxStatus {
     let mut status = sandbox.map(|s| s.status.clone()).unwrap_or_default();
     if sandbox.is_none() {
         status.memory = "rlimit_as";
@@ -87,14 +73,6 @@ fn sandbox_status(sandbox: Option<&Sandbox>, envs: &[EnvEntry]) -> SandboxStatus
         .collect();
     status
 }
-
-/// Processes and threads of one run when the config sets no limit.
-const DEFAULT_PROCESSES: u64 = 256;
-
-/// Memory of a worker besides its run's, in its memory cgroup: the
-/// interpreter and its preloads, the warm next child, the launcher, the
-/// private `/dev/shm` (64 MiB at most) and kernel memory.
-const WORKER_MEMORY: u64 = 256 << 20;
 
 impl Executor {
     /// Find the environments, activate each once, start the pools of the
@@ -157,76 +135,20 @@ impl Executor {
             }
         };
         let budget = WorkerBudget::new(config.max_workers);
-        let activations = futures_util::future::join_all(registry.envs.iter().map(|plan| {
-            activate(
-                &plan.spec.prefix,
-                &plan.spec.activation,
-                config.activation_timeout,
-            )
-        }))
-        .await;
-        let mut envs = Vec::with_capacity(registry.envs.len());
-        let mut pending = Vec::with_capacity(registry.envs.len());
-        for (plan, activation) in registry.envs.into_iter().zip(activations) {
-            let (vars, unavailable) = match activation {
-                Ok(vars) => (vars, None),
-                Err(reason) => {
-                    tracing::error!(env = %plan.spec.name, "environment unavailable: {reason}");
-                    (plan.spec.activation.clone(), Some(reason))
-                }
-            };
-            let egress = egress_of(&plan, sandbox.as_ref(), config)?;
-            let mut env = worker_env(&vars);
-            if egress.is_some() {
-                env.extend(proxy_env());
-            }
-            let pool = EnvPool::with_budget(
-                WorkerSpec {
-                    python: plan.spec.python.clone(),
-                    script: script.clone(),
-                    scratch_parent: base_dir.path().to_path_buf(),
-                    env,
-                    egress: egress.clone(),
-                    preload: plan.settings.preload.clone(),
-                    start_timeout: config.worker_start_timeout,
-                    grace_period: config.grace_period,
-                    sandbox: sandbox.as_ref().map(|s| {
-                        let mut wrap = s.plan(
-                            plan.settings.network,
-                            plan.settings.disk_bytes,
-                            &plan.spec.python,
-                        );
-                        wrap.read.push(match &config.worker_script {
-                            // A replacement bootstrap may import its neighbours.
-                            Some(_) => script.parent().unwrap_or(&script).to_path_buf(),
-                            None => script.clone(),
-                        });
-                        wrap.read.push(plan.spec.prefix.clone());
-                        wrap
-                    }),
-                    owner: sandbox.as_ref().and_then(Sandbox::owner),
-                    run_processes: plan
-                        .settings
-                        .run_limits
-                        .processes
-                        .unwrap_or(DEFAULT_PROCESSES),
-                    memory_max: plan.settings.run_limits.memory_bytes.map(|m| {
-                        // The scratch tmpfs is memory too, charged to
-                        // the writer's cgroup.
-                        m.saturating_add(WORKER_MEMORY)
-                            .saturating_add(plan.settings.disk_bytes)
-                    }),
-                },
-                PoolConfig {
-                    size: plan.settings.pool_size,
-                    queue_timeout: config.queue_timeout,
-                    max_runs: config.max_runs,
-                },
-                budget.clone(),
-                plan.configured,
-            );
-            pending.push((plan, pool, unavailable, vars, egress));
+        let pools = PoolContext {
+            script: script.clone(),
+            custom_script: config.worker_script.is_some(),
+            base_dir: base_dir.path().to_path_buf(),
+            sandbox: sandbox.clone(),
+            budget: budget.clone(),
+        };
+        let plans = registry.envs.clone();
+        // An allow-list that cannot be enforced refuses the start.
+        for plan in &plans {
+            egress_of(plan, sandbox.as_ref(), config)?;
         }
+        let count = plans.len();
+        let pending = make_entries(config, &pools, plans, 0).await;
         let replica = Arc::new(Replica::new(config.replica_id.clone()));
         let sessions = Sessions::start(config.sessions.clone(), config.grace_period, replica.id());
         let metrics = Arc::new(
@@ -240,7 +162,7 @@ impl Executor {
             .with_egress(
                 pending
                     .iter()
-                    .filter_map(|(plan, _, _, _, egress)| {
+                    .filter_map(|(plan, .., egress)| {
                         Some((plan.spec.name.clone(), egress.as_ref()?.ctx.clone()))
                     })
                     .collect(),
@@ -259,19 +181,10 @@ impl Executor {
         )?);
         let audit = Arc::new(crate::audit::Audit::start(&config.audit, metrics.clone())?);
         sessions.set_audit(audit.clone());
-        for (plan, pool, unavailable, vars, egress) in pending {
-            envs.push(EnvEntry {
-                metrics: metrics.env(&plan.spec.name),
-                spec: plan.spec,
-                settings: plan.settings,
-                pool,
-                unavailable,
-                vars,
-                install_lock: tokio::sync::Mutex::new(()),
-                egress,
-            });
-        }
-        let warm: Vec<&EnvEntry> = envs
+        let envs: Vec<Arc<EnvEntry>> = pending.into_iter().map(|b| entry(&metrics, b)).collect();
+        debug_assert_eq!(envs.len(), count);
+        let default_entry = envs[registry.default].clone();
+        let warm: Vec<&Arc<EnvEntry>> = envs
             .iter()
             .filter(|e| e.pool.keeps_warm() && e.unavailable.is_none())
             .collect();
@@ -312,7 +225,7 @@ impl Executor {
         let results = futures_util::future::join_all(prewarm).await;
         for (e, result) in warm.iter().zip(results) {
             if let Err(source) = result {
-                if std::ptr::eq(*e, &envs[registry.default]) {
+                if e.id == default_entry.id {
                     return Err(StartError::DefaultEnv {
                         env: e.spec.name.clone(),
                         source,
@@ -325,25 +238,30 @@ impl Executor {
                 );
             }
         }
-        let lazy: Vec<EnvPool> = envs
-            .iter()
-            .filter(|e| !e.pool.keeps_warm())
-            .map(|e| e.pool.clone())
-            .collect();
         for e in envs.iter().filter(|e| !e.pool.keeps_warm()) {
             tracing::info!(env = %e.spec.name, prefix = %e.spec.prefix.display(), "environment found; its workers start on first use");
         }
-        if !lazy.is_empty() {
-            tokio::spawn(shrink_idle_pools(lazy, config.idle_timeout));
-        }
         let cgroups = sandbox.as_ref().and_then(Sandbox::cgroups);
         let sandbox = sandbox_status(sandbox.as_ref(), &envs);
+        let live = LiveEnvs::new(
+            config,
+            pools,
+            metrics.clone(),
+            EnvTable {
+                entries: envs,
+                default: default_entry,
+            },
+            &registry,
+        );
+        live.spawn_watcher(config.rescan_interval, config.idle_timeout);
         Ok(Executor {
-            envs,
-            default: registry.default,
-            conda: registry.conda,
+            envs: live,
+            uv: config.uv.clone().or_else(|| config.host_env.which("uv")),
             budget,
             install_timeout: config.install_timeout,
+            create_timeout: config.create_timeout,
+            activation_timeout: config.activation_timeout,
+            create_lock: tokio::sync::Mutex::new(()),
             max_output_bytes: config.max_output_bytes,
             results: config.results,
             base_dir,
@@ -366,8 +284,8 @@ impl Executor {
 /// The egress proxy of an environment with `allowed_hosts`, where it can be
 /// enforced: each worker needs a network namespace of its own (the
 /// namespace tier). Elsewhere the list is refused rather than pretended.
-fn egress_of(
-    plan: &crate::env::registry::EnvPlan,
+pub(super) fn egress_of(
+    plan: &EnvPlan,
     sandbox: Option<&Sandbox>,
     config: &Config,
 ) -> Result<Option<EgressSpec>, StartError> {
@@ -401,7 +319,7 @@ fn egress_of(
 
 /// What runs of an environment with an egress proxy see: every proxy
 /// variable pointing at it, and nothing that bypasses it.
-fn proxy_env() -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+pub(super) fn proxy_env() -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
     let url = format!("http://127.0.0.1:{PROXY_PORT}");
     let mut vars = Vec::new();
     for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {

@@ -94,6 +94,7 @@ struct Expect {
 impl Executor {
     /// Grade `req.code` against every case of `req.tests`.
     pub async fn grade(&self, req: GradeRequest) -> Result<GradeResult, ExecError> {
+        self.find_env(req.env.as_deref()).await;
         let width = self.pool_size(req.env.as_deref())?;
         let prepared = vec![self.prepare_grade(req)?];
         let mut results = self.grade_prepared(prepared, width, None).await;
@@ -108,6 +109,9 @@ impl Executor {
         req: GradeBatchRequest,
         done: Option<&tokio::sync::mpsc::UnboundedSender<(usize, GradeResult)>>,
     ) -> Result<GradeBatchResult, ExecError> {
+        for sub in &req.submissions {
+            self.find_env(sub.env.as_deref()).await;
+        }
         let batch = self.prepare_grade_batch(req)?;
         Ok(self.grade_prepared_batch(batch, done).await)
     }
@@ -603,6 +607,7 @@ fn judge(
     let RunReport {
         output: mut out,
         outcome,
+        ..
     } = report;
     let (mut verdict, mut message) = match limit_verdict(&out, &outcome, memory_limit, timeout) {
         Some((verdict, message)) => (Some(verdict), Some(message)),

@@ -23,6 +23,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+use crate::api::{CreateEnvRequest, CreateEnvResult, DeleteEnvResult, EnvDetails};
 use crate::api::{CreateSessionRequest, SessionInfo};
 use crate::api::{ExecRequest, ExecResult, InstallRequest, InstallResult};
 use crate::api::{GradeBatchRequest, GradeBatchResult, GradeRequest, GradeResult};
@@ -89,10 +90,15 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/artifacts/{run}/{*path}", get(artifact))
         .route("/list-envs", get(list_envs))
         .route("/list-packages", get(list_packages))
+        .route("/envs/{name}", get(env_details))
         .route_layer(gate(None, false, RuleKind::Api));
     let admin = Router::new()
         .route("/install", post(install))
         .route_layer(gate(Some(Scope::Install), true, RuleKind::Install));
+    let envs_admin = Router::new()
+        .route("/envs", post(create_env))
+        .route("/envs/{name}", delete(delete_env))
+        .route_layer(gate(Some(Scope::EnvsAdmin), true, RuleKind::Install));
     let scraped = Router::new()
         .route("/metrics", get(metrics))
         .route_layer(gate(Some(Scope::Metrics), false, RuleKind::Metrics));
@@ -102,6 +108,7 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .merge(sessions)
         .merge(reads)
         .merge(admin)
+        .merge(envs_admin)
         .merge(scraped)
         .route("/health", get(health))
         .route("/livez", get(livez))
@@ -182,6 +189,7 @@ async fn execute(
 ) -> Result<Response, ApiError> {
     if wants_events(&headers) || req.stream == Some(true) {
         req.stream = Some(true);
+        state.executor.find_env(req.env.as_deref()).await;
         return stream::execute_stream(state.executor.clone(), req);
     }
     Ok(Json::<ExecResult>(state.executor.execute(req).await?).into_response())
@@ -308,6 +316,9 @@ async fn grade_batch(
     headers: axum::http::HeaderMap,
     JsonBody(req): JsonBody<GradeBatchRequest>,
 ) -> Result<Response, ApiError> {
+    for sub in &req.submissions {
+        state.executor.find_env(sub.env.as_deref()).await;
+    }
     let batch = state.executor.prepare_grade_batch(req)?;
     if wants_events(&headers) {
         return Ok(stream::grade_batch_stream(state.executor.clone(), batch));
@@ -438,9 +449,135 @@ async fn list_packages(
 )]
 async fn install(
     State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
     JsonBody(req): JsonBody<InstallRequest>,
-) -> Result<Json<InstallResult>, ApiError> {
-    Ok(Json(state.executor.install(req).await?))
+) -> Result<Response, ApiError> {
+    let executor = state.executor.clone();
+    if wants_events(&headers) {
+        return Ok(stream::progress_stream(move |progress| async move {
+            let _ = progress.send(format!(
+                "installing into {}",
+                req.env.as_deref().unwrap_or("the default environment")
+            ));
+            executor.install(req).await
+        }));
+    }
+    // In its own task: a client that leaves does not cut an install short.
+    let answer = tokio::spawn(stream::with_caller(
+        async move { executor.install(req).await },
+    ))
+    .await
+    .map_err(|_| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error",
+        )
+    })??;
+    Ok(Json(answer).into_response())
+}
+
+/// Create an environment from an environment.yml, Conda specs or a clone
+/// (admin token only).
+#[utoipa::path(
+    post,
+    path = "/envs",
+    tag = "envs",
+    request_body = CreateEnvRequest,
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Created and served; with `Accept: text/event-stream`, `progress` events then `result` (or `error`)", body = CreateEnvResult),
+        (status = 400, description = "Bad name, spec or pip item, no Conda for a spec or environment.yml, no writable envs folder (`bad_request`)", body = openapi::ErrorBody),
+        (status = 403, description = "Admin disabled (no admin token configured) or not the admin token (`forbidden`)", body = openapi::ErrorBody),
+        (status = 404, description = "Unknown environment to clone (`unknown_env`)", body = openapi::ErrorBody),
+        (status = 408, description = "The body did not arrive in time (`request_timeout`)", body = openapi::ErrorBody),
+        (status = 409, description = "An environment or folder of that name exists (`conflict`)", body = openapi::ErrorBody),
+        (status = 413, description = "Body over `max_body_bytes` or environment_yml over 1 MiB (`too_large`)", body = openapi::ErrorBody),
+        (status = 422, description = "A step failed or `create_timeout_secs` passed; nothing was left on disk (`create_failed`)", body = openapi::ErrorBody),
+        (status = 500, description = "The files could not be laid out (`internal`)", body = openapi::ErrorBody),
+        (status = 503, description = "Shutting down (`unavailable`)", body = openapi::ErrorBody),
+    )
+)]
+async fn create_env(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+    JsonBody(req): JsonBody<CreateEnvRequest>,
+) -> Result<Response, ApiError> {
+    let executor = state.executor.clone();
+    if wants_events(&headers) {
+        return Ok(stream::progress_stream(move |progress| async move {
+            executor.create_env(req, Some(&progress)).await
+        }));
+    }
+    // In its own task: a client that leaves does not cut a create short.
+    let answer = tokio::spawn(stream::with_caller(async move {
+        executor.create_env(req, None).await
+    }))
+    .await
+    .map_err(|_| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error",
+        )
+    })??;
+    Ok(Json(answer).into_response())
+}
+
+/// `DELETE /envs/{name}`'s query.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+struct DeleteEnvQuery {
+    /// Delete the default environment, or one with live sessions (they are closed).
+    #[serde(default)]
+    force: bool,
+}
+
+/// Delete an environment: no longer served, its prefix removed (admin token only).
+#[utoipa::path(
+    delete,
+    path = "/envs/{name}",
+    tag = "envs",
+    params(("name" = String, Path, description = "Environment name or prefix"), DeleteEnvQuery),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "Deleted", body = DeleteEnvResult),
+        (status = 400, description = "Not a Conda environment, or a bad query (`bad_request`)", body = openapi::ErrorBody),
+        (status = 403, description = "Admin disabled (no admin token configured) or not the admin token (`forbidden`)", body = openapi::ErrorBody),
+        (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
+        (status = 409, description = "The default environment, one with live sessions (without `force`), or Conda's root (`conflict`)", body = openapi::ErrorBody),
+        (status = 500, description = "The prefix could not be removed (`internal`)", body = openapi::ErrorBody),
+        (status = 503, description = "Shutting down (`unavailable`)", body = openapi::ErrorBody),
+    )
+)]
+async fn delete_env(
+    State(state): State<AppState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    query: Result<Query<DeleteEnvQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<DeleteEnvResult>, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    Ok(Json(state.executor.delete_env(&name, query.force).await?))
+}
+
+/// One environment with its packages and lock (`requirements.txt`, explicit Conda spec).
+#[utoipa::path(
+    get,
+    path = "/envs/{name}",
+    tag = "envs",
+    params(("name" = String, Path, description = "Environment name or prefix")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The environment, its packages and its lock", body = EnvDetails),
+        (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
+        (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
+        (status = 503, description = "Environment unavailable (`env_unavailable`)", body = openapi::ErrorBody),
+    )
+)]
+async fn env_details(
+    State(state): State<AppState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Result<Json<EnvDetails>, ApiError> {
+    Ok(Json(state.executor.env_details(&name).await?))
 }
 
 /// Liveness: 200 whenever the process can answer at all. It reads no pool,

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use super::ApiError;
 use crate::api::ExecRequest;
 use crate::executor::Executor;
-use crate::executor::{OutputChunk, OutputStream};
+use crate::executor::{OutputChunk, OutputStream, Progress};
 use crate::grade::PreparedBatch;
 
 /// Events buffered towards a slow client before the run waits for it.
@@ -124,6 +124,66 @@ fn as_caller(f: impl std::future::Future<Output = ()>) -> impl std::future::Futu
             None => f.await,
         }
     }
+}
+
+/// `f` as the request's caller when spawned on a task of its own (the
+/// caller is read now, in the request's task): its audit record and quotas
+/// name the client.
+pub(super) fn with_caller<F: std::future::Future>(
+    f: F,
+) -> impl std::future::Future<Output = F::Output> {
+    let caller = crate::auth::current();
+    async move {
+        match caller {
+            Some(caller) => caller.scope(f).await,
+            None => f.await,
+        }
+    }
+}
+
+/// A long admin operation (create, install) as server-sent events: one
+/// `progress` event per step (a JSON string), then `result` with the JSON
+/// of the non-streaming answer, or `error` with the JSON error body. The
+/// operation runs in its own task to its end even if the client leaves:
+/// cut short, it could leave a half-made environment behind.
+pub(super) fn progress_stream<T, F>(work: impl FnOnce(Progress) -> F) -> Response
+where
+    T: serde::Serialize + Send + 'static,
+    F: std::future::Future<Output = Result<T, crate::error::ExecError>> + Send + 'static,
+{
+    let (events, rx) = mpsc::channel::<Event>(EVENT_BUFFER);
+    let (progress, mut lines) = mpsc::unbounded_channel::<String>();
+    let task = tokio::spawn(tracing::Instrument::instrument(
+        with_caller(work(progress)),
+        tracing::Span::current(),
+    ));
+    let send = async move {
+        let line_event = |line: String| {
+            Event::default()
+                .event("progress")
+                .data(serde_json::Value::String(line).to_string())
+        };
+        // The sender side closes when the work ends.
+        while let Some(line) = lines.recv().await {
+            let _ = events.send(line_event(line)).await;
+        }
+        let last = match task.await {
+            Ok(Ok(answer)) => Event::default()
+                .event("result")
+                .json_data(&answer)
+                .unwrap_or_else(|_| Event::default().event("result")),
+            Ok(Err(err)) => {
+                let err = ApiError::from(err);
+                Event::default().event("error").data(err.body().to_string())
+            }
+            Err(_) => Event::default()
+                .event("error")
+                .data(r#"{"error":{"code":"internal","message":"internal error"}}"#),
+        };
+        let _ = events.send(last).await;
+    };
+    tokio::spawn(send);
+    sse(rx)
 }
 
 /// The response streaming what `rx` receives.

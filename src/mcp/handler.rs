@@ -186,6 +186,7 @@ impl McpHandler {
         // while the run goes on; the final result is the same.
         let progress = ctx.meta.get_progress_token();
         request.stream = Some(progress.is_some());
+        self.executor.find_env(request.env.as_deref()).await;
         let prepared = match self.executor.prepare_with(&request, &self.run_options) {
             Ok(prepared) => prepared,
             Err(err) => return refusal(err),

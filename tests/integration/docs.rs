@@ -609,6 +609,9 @@ fn exec_errors() -> Vec<ExecError> {
         ExecError::Cgroup(io()),
         ExecError::SessionId(io()),
         ExecError::Installer(io()),
+        ExecError::Conflict(String::new()),
+        ExecError::CreateFailed(String::new()),
+        ExecError::EnvFiles(io()),
     ];
     for err in &all {
         match err {
@@ -628,7 +631,10 @@ fn exec_errors() -> Vec<ExecError> {
             | ExecError::Installer(_)
             | ExecError::Forbidden(_)
             | ExecError::TooManyRequests { .. }
-            | ExecError::AuditUnavailable(_) => {}
+            | ExecError::AuditUnavailable(_)
+            | ExecError::Conflict(_)
+            | ExecError::CreateFailed(_)
+            | ExecError::EnvFiles(_) => {}
         }
     }
     all

@@ -183,6 +183,14 @@ impl CondaFixture {
             r#"#!/bin/sh
 # A stand-in for conda: answers what code-executor asks.
 printf '%s\n' "$*" >> '{log}'
+# A prefix laid out as conda create makes it: the root's interpreter,
+# standard library links and package records, a history.
+lay_out() {{
+  mkdir -p "$1/conda-meta" || exit 1
+  cp -RP '{root}/bin' '{root}/lib' "$1/" || exit 1
+  cp '{root}'/conda-meta/*.json "$1/conda-meta/" || exit 1
+  printf '==> 2024-01-01 00:00:00 <==\n# cmd: conda create -p %s\n' "$1" > "$1/conda-meta/history"
+}}
 case "$1" in
   info)
     [ "$2" = "--json" ] || {{ echo "fake conda: only info --json" >&2; exit 2; }}
@@ -191,10 +199,50 @@ case "$1" in
 JSON
     ;;
   env)
-    [ "$2 $3" = "list --json" ] || {{ echo "fake conda: only env list --json" >&2; exit 2; }}
+    if [ "$2" = "create" ]; then
+      # env create -p PREFIX -f FILE
+      shift 2
+      prefix=; file=
+      while [ $# -gt 0 ]; do
+        case "$1" in
+          -p) shift; prefix=$1 ;;
+          -f) shift; file=$1 ;;
+          *) echo "fake conda: unexpected argument $1" >&2; exit 2 ;;
+        esac
+        shift
+      done
+      lay_out "$prefix"
+      cp "$file" "$prefix/conda-meta/environment.yml"
+      if grep -q 'fail' "$file"; then echo "fake conda: ResolvePackageNotFound: fail" >&2; exit 1; fi
+      echo "created $prefix from $file"
+      exit 0
+    fi
+    [ "$2 $3" = "list --json" ] || {{ echo "fake conda: only env list --json and env create" >&2; exit 2; }}
     cat <<'JSON'
 {{"envs": {envs_json}}}
 JSON
+    ;;
+  create)
+    # create -y -p PREFIX (SPECS... | --clone SOURCE)
+    shift
+    prefix=; clone=; specs=
+    while [ $# -gt 0 ]; do
+      case "$1" in
+        -y) ;;
+        -p) shift; prefix=$1 ;;
+        --clone) shift; clone=$1 ;;
+        -*) echo "fake conda: unexpected option $1" >&2; exit 2 ;;
+        *) specs="$specs $1" ;;
+      esac
+      shift
+    done
+    lay_out "$prefix"
+    for spec in $specs; do
+      name=${{spec%%[=<>]*}}
+      case "$name" in fail*) echo "fake conda: PackagesNotFoundError: $spec" >&2; exit 1 ;; esac
+      printf '{{"name": "%s", "version": "1.0", "build": "0"}}\n' "$name" > "$prefix/conda-meta/$name-1.0-0.json"
+    done
+    echo "created $prefix"
     ;;
   install)
     shift
@@ -215,6 +263,7 @@ JSON
 esac
 "#,
             log = self.log.display(),
+            root = self.root.display(),
             info = info,
         );
         std::fs::write(&exe, script).unwrap();

@@ -243,3 +243,55 @@ pub fn processes_mentioning(needle: &Path) -> Vec<u32> {
     }
     pids
 }
+
+/// `uv`, installed from PyPI into a venv under the temporary directory the
+/// first time a test needs it (kept for later runs). Fails loudly when it
+/// cannot be installed.
+pub fn uv() -> PathBuf {
+    static UV: OnceLock<PathBuf> = OnceLock::new();
+    UV.get_or_init(|| {
+        let home = std::env::temp_dir().join("code-executor-test-uv");
+        let uv = home.join("bin/uv");
+        if uv.is_file() {
+            return uv;
+        }
+        // Built aside and renamed into place: test processes running at
+        // once never see half a venv.
+        let building =
+            std::env::temp_dir().join(format!("code-executor-test-uv.{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&building);
+        let status = std::process::Command::new(python())
+            .args(["-m", "venv"])
+            .arg(&building)
+            .status()
+            .expect("python -m venv runs");
+        assert!(status.success(), "python -m venv failed");
+        let out = std::process::Command::new(building.join("bin/python"))
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--quiet",
+                "uv",
+            ])
+            .output()
+            .expect("pip runs");
+        assert!(
+            out.status.success(),
+            "installing uv from PyPI failed (the uv tests need it): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if std::fs::rename(&building, &home).is_err() {
+            // Another test process finished first.
+            let _ = std::fs::remove_dir_all(&building);
+        }
+        assert!(
+            uv.is_file(),
+            "{} is missing after the install",
+            uv.display()
+        );
+        uv
+    })
+    .clone()
+}

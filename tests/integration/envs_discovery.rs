@@ -1,0 +1,198 @@
+//! Discovery that follows the disk: environments created or removed after
+//! the server started are served or dropped without a restart (the
+//! watcher, and one rescan for an unknown name), and `/list-envs` tells
+//! every env's Python version and platform without starting a worker.
+
+use std::time::{Duration, Instant};
+
+use code_executor::config::{Config, EnvChoice};
+use serde_json::{Value, json};
+
+use crate::common::conda::{CondaFixture, Interpreter};
+use crate::common::{self, TestServer, processes_mentioning};
+
+const PREFIX: &str = "import sys; print(sys.prefix)";
+
+/// Discovery sees only the fixture, whose root `environments.txt` lists
+/// (as `conda init` leaves it).
+fn config_for(fixture: &CondaFixture, rescan: Duration) -> Config {
+    let listed = fixture.home.join(".conda/environments.txt");
+    if !listed.exists() {
+        std::fs::write(&listed, format!("{}\n", fixture.root.display())).unwrap();
+    }
+    Config {
+        host_env: fixture.host_env(),
+        env: EnvChoice::Default,
+        pool_size: 1,
+        rescan_interval: rescan,
+        ..common::config()
+    }
+}
+
+async fn env_names(server: &TestServer) -> Vec<String> {
+    let (status, body) = server.get("/list-envs").await;
+    assert_eq!(status, 200, "{body}");
+    body["envs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Wait until `/list-envs` does (or does not) name `env`.
+async fn wait_for_listing(server: &TestServer, env: &str, listed: bool, within: Duration) {
+    let start = Instant::now();
+    loop {
+        let names = env_names(server).await;
+        if names.iter().any(|n| n == env) == listed {
+            return;
+        }
+        assert!(
+            start.elapsed() < within,
+            "{env} still {} after {within:?}: {names:?}",
+            if listed { "missing" } else { "listed" }
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn prefix_of_run(server: &TestServer, env: &str) -> (u16, Value) {
+    server.execute(json!({"code": PREFIX, "env": env})).await
+}
+
+#[tokio::test]
+async fn envs_created_and_removed_after_start_come_and_go_without_a_restart() {
+    // No fake conda: discovery reads environments.txt and the root's envs/.
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    let server = TestServer::with_config(config_for(&fixture, Duration::from_millis(200))).await;
+    assert_eq!(env_names(&server).await, vec!["base"]);
+
+    // `conda create -n fresh`: a new folder under the root's envs/.
+    let fresh = fixture.create_env("fresh", Interpreter::primary());
+    // `conda create -p ELSEWHERE`: a line in environments.txt.
+    let elsewhere = fixture.create_env_at(
+        &fixture.dir.path().join("projects/tool"),
+        Interpreter::primary(),
+    );
+    wait_for_listing(&server, "fresh", true, Duration::from_secs(5)).await;
+    wait_for_listing(&server, "tool", true, Duration::from_secs(5)).await;
+    for (env, prefix) in [("fresh", &fresh), ("tool", &elsewhere)] {
+        let (status, body) = prefix_of_run(&server, env).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(
+            body["stdout"].as_str().unwrap().trim(),
+            prefix.canonicalize().unwrap().display().to_string()
+        );
+    }
+
+    // `conda env remove -n fresh`: the folder goes; its pool drains and the
+    // name is refused.
+    let fresh_python = fresh.join("bin/python");
+    std::fs::remove_dir_all(&fresh).unwrap();
+    wait_for_listing(&server, "fresh", false, Duration::from_secs(5)).await;
+    let (status, body) = prefix_of_run(&server, "fresh").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_env");
+    let start = Instant::now();
+    while !processes_mentioning(&fresh_python).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the removed env's workers are still alive"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(env_names(&server).await.contains(&"tool".to_string()));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_unknown_name_rescans_once_before_it_is_refused() {
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    // No watcher: only the request for the name finds it.
+    let server = TestServer::with_config(config_for(&fixture, Duration::ZERO)).await;
+    let prefix = fixture.create_env("late", Interpreter::primary());
+    let (status, body) = prefix_of_run(&server, "late").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["stdout"].as_str().unwrap().trim(),
+        prefix.canonicalize().unwrap().display().to_string()
+    );
+    let (status, body) = prefix_of_run(&server, "never-made").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        common::error_message(&body).contains("late"),
+        "the known names are listed: {body}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn python_version_and_platform_of_three_envs_are_listed_with_no_worker_started() {
+    let primary = Interpreter::primary();
+    let secondary = Interpreter::secondary();
+    let mut fixture = CondaFixture::new(primary);
+    // Told by conda-meta/python-*.json (its subdir is the platform).
+    let a = fixture.create_env("a", primary);
+    let record = std::fs::read_dir(a.join("conda-meta"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("python-")
+        })
+        .unwrap();
+    std::fs::write(
+        &record,
+        format!(
+            r#"{{"name": "python", "version": "{}", "build": "h0_0", "subdir": "linux-aarch64"}}"#,
+            primary.version
+        ),
+    )
+    .unwrap();
+    // Told by conda-meta too, another interpreter.
+    let b = fixture.create_env("b", secondary);
+    // No Python record: only the layout's lib/pythonX.Y tells.
+    let c = fixture.create_env("c", primary);
+    for entry in std::fs::read_dir(c.join("conda-meta")).unwrap().flatten() {
+        if entry.file_name().to_string_lossy().starts_with("python-") {
+            std::fs::remove_file(entry.path()).unwrap();
+        }
+    }
+    let server = TestServer::with_config(config_for(&fixture, Duration::from_secs(3))).await;
+    let (status, body) = server.get("/list-envs").await;
+    assert_eq!(status, 200, "{body}");
+    let envs = body["envs"].as_array().unwrap();
+    let env = |name: &str| envs.iter().find(|e| e["name"] == name).unwrap().clone();
+    let host = if cfg!(target_arch = "aarch64") {
+        "linux-aarch64"
+    } else {
+        "linux-64"
+    };
+    assert_eq!(env("a")["python_version"], primary.version.as_str());
+    assert_eq!(env("a")["platform"], "linux-aarch64", "the record's subdir");
+    assert_eq!(env("b")["python_version"], secondary.version.as_str());
+    assert_eq!(env("b")["platform"], host);
+    assert_eq!(env("c")["python_version"], primary.short_version.as_str());
+    assert_eq!(env("c")["platform"], host);
+    for (name, prefix) in [("a", &a), ("b", &b), ("c", &c)] {
+        assert_eq!(env(name)["pool"]["size"], 0, "{name}: {:?}", env(name));
+        assert!(
+            env(name)["env_hash"]
+                .as_str()
+                .unwrap()
+                .starts_with("sha256:"),
+            "{:?}",
+            env(name)
+        );
+        assert_eq!(
+            processes_mentioning(&prefix.join("bin/python")),
+            Vec::<u32>::new(),
+            "a process of {name} runs: the listing started one"
+        );
+    }
+    server.stop().await;
+}
