@@ -462,19 +462,7 @@ async fn install(
             executor.install(req).await
         }));
     }
-    // In its own task: a client that leaves does not cut an install short.
-    let answer = tokio::spawn(stream::with_caller(
-        async move { executor.install(req).await },
-    ))
-    .await
-    .map_err(|_| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "internal error",
-        )
-    })??;
-    Ok(Json(answer).into_response())
+    stream::to_the_end(async move { executor.install(req).await }).await
 }
 
 /// Create an environment from an environment.yml, Conda specs or a clone
@@ -509,19 +497,7 @@ async fn create_env(
             executor.create_env(req, Some(&progress)).await
         }));
     }
-    // In its own task: a client that leaves does not cut a create short.
-    let answer = tokio::spawn(stream::with_caller(async move {
-        executor.create_env(req, None).await
-    }))
-    .await
-    .map_err(|_| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "internal error",
-        )
-    })??;
-    Ok(Json(answer).into_response())
+    stream::to_the_end(async move { executor.create_env(req, None).await }).await
 }
 
 /// `DELETE /envs/{name}`'s query.

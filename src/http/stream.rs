@@ -64,7 +64,7 @@ pub(super) fn execute_stream(
     };
     // The run goes on in its own task; it keeps the request's span (its id).
     tokio::spawn(tracing::Instrument::instrument(
-        as_caller(run_and_send),
+        with_caller(run_and_send),
         tracing::Span::current(),
     ));
     Ok(sse(rx))
@@ -106,29 +106,16 @@ pub(super) fn grade_batch_stream(executor: Arc<Executor>, batch: PreparedBatch) 
         let _ = events.send(last).await;
     };
     tokio::spawn(tracing::Instrument::instrument(
-        as_caller(run_and_send),
+        with_caller(run_and_send),
         tracing::Span::current(),
     ));
     sse(rx)
 }
 
-/// `f` as the request's caller, in the task it is spawned on: the run's
-/// audit record names the client, and the client's `max_concurrent` slot
-/// stays held until the stream ends.
-fn as_caller(f: impl std::future::Future<Output = ()>) -> impl std::future::Future<Output = ()> {
-    // Read here, in the request's task: the spawned one has no caller.
-    let caller = crate::auth::current();
-    async move {
-        match caller {
-            Some(caller) => caller.scope(f).await,
-            None => f.await,
-        }
-    }
-}
-
 /// `f` as the request's caller when spawned on a task of its own (the
-/// caller is read now, in the request's task): its audit record and quotas
-/// name the client.
+/// caller is read now, in the request's task; the spawned one has none):
+/// its audit record names the client, and the client's `max_concurrent`
+/// slot stays held until `f` ends.
 pub(super) fn with_caller<F: std::future::Future>(
     f: F,
 ) -> impl std::future::Future<Output = F::Output> {
@@ -139,6 +126,24 @@ pub(super) fn with_caller<F: std::future::Future>(
             None => f.await,
         }
     }
+}
+
+/// Run `work` to its end in a task of its own, as the request's caller: a
+/// client that leaves does not cut it short (an install or a create left
+/// half-done). The answer is `work`'s as JSON.
+pub(super) async fn to_the_end<T, F>(work: F) -> Result<Response, ApiError>
+where
+    T: serde::Serialize + Send + 'static,
+    F: std::future::Future<Output = Result<T, crate::error::ExecError>> + Send + 'static,
+{
+    let answer = tokio::spawn(with_caller(work)).await.map_err(|_| {
+        ApiError::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error",
+        )
+    })??;
+    Ok(axum::Json(answer).into_response())
 }
 
 /// A long admin operation (create, install) as server-sent events: one
