@@ -39,6 +39,7 @@ fn checkout(c: &mut Criterion) {
                     owner: None,
                     run_processes: 256,
                     memory_max: None,
+                    code_cache: None,
                 },
                 PoolConfig {
                     size: pool_size,

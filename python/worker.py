@@ -14,7 +14,9 @@ field listed is in every frame of its type, except those marked optional.
 | direction        | `t`       | fields                                                        |
 |------------------|-----------|---------------------------------------------------------------|
 | worker -> server | `ready`   | `protocol`, `python` (version), `executable`, `pid`: once,    |
-|                  |           | after preloading and forking the first child                  |
+|                  |           | after preloading and forking the first child; optional:       |
+|                  |           | `code` (bin: bytecode magic + the marshalled bootstrap, when  |
+|                  |           | the worker compiled it rather than read it)                   |
 | worker -> server | `result`  | `id`, `stdout`, `stderr` (bin), `exit_code` (-N: killed by    |
 |                  |           | signal N), `signal` (its number, or nil), `timed_out`,        |
 |                  |           | `stdout_truncated`, `stderr_truncated`, `duration_ms`,        |
@@ -2353,6 +2355,9 @@ def clear_dir(path, budget=CLEAN_SECONDS):
 # ---------------------------------------------------------------------------
 
 def main():
+    # Left by the launcher when it compiled this script: sent in `ready`, for
+    # the server to keep (see LAUNCH in src/worker/mod.rs).
+    compiled = globals().pop("__bootstrap_code__", None)
     scratch = sys.argv[1] if len(sys.argv) > 1 else os.getcwd()
     preload = [m for m in (sys.argv[2] if len(sys.argv) > 2 else "").split(",") if m]
     rfd = os.dup(0)
@@ -2418,13 +2423,17 @@ def main():
         # The first child exists before `ready`: the server then counts the
         # worker's own tasks (a preload may start threads) as all but one.
         worker.spawn()
-        write_frame(wfd, {
+        ready = {
             "t": "ready",
             "protocol": PROTOCOL_VERSION,
             "python": "%d.%d.%d" % sys.version_info[:3],
             "executable": sys.executable,
             "pid": os.getpid(),
-        })
+        }
+        if compiled is not None:
+            ready["code"] = compiled
+        write_frame(wfd, ready)
+        del ready, compiled
         worker.serve()
     except BaseException:
         import traceback

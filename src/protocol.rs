@@ -7,7 +7,9 @@
 //! | direction        | `t`       | fields                                                        |
 //! |------------------|-----------|---------------------------------------------------------------|
 //! | worker -> server | `ready`   | `protocol`, `python` (version), `executable`, `pid`: once,    |
-//! |                  |           | after preloading and forking the first child                  |
+//! |                  |           | after preloading and forking the first child; optional:       |
+//! |                  |           | `code` (bin: bytecode magic + the marshalled bootstrap, when  |
+//! |                  |           | the worker compiled it rather than read it)                   |
 //! | worker -> server | `result`  | `id`, `stdout`, `stderr` (bin), `exit_code` (-N: killed by    |
 //! |                  |           | signal N), `signal` (its number, or nil), `timed_out`,        |
 //! |                  |           | `stdout_truncated`, `stderr_truncated`, `duration_ms`,        |
@@ -206,6 +208,9 @@ pub struct WorkerFrame {
     pub python: Option<String>,
     pub executable: Option<String>,
     pub pid: Option<u32>,
+    /// The bootstrap's compiled code, when the worker had to compile it.
+    #[serde(with = "serde_bytes")]
+    pub code: Option<Vec<u8>>,
     // result / error
     pub id: Option<u64>,
     #[serde(with = "serde_bytes")]

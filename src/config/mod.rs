@@ -198,6 +198,8 @@ pub struct Config {
     pub network_hosts: std::collections::HashMap<String, Vec<std::net::IpAddr>>,
     /// A bootstrap to run instead of the embedded `python/worker.py` (testing aid).
     pub worker_script: Option<PathBuf>,
+    /// Where the compiled bootstrap is kept across starts; `None`: not kept.
+    pub cache_dir: Option<PathBuf>,
     /// Environments configured one by one (`[[envs]]`); pre-warmed.
     pub envs: Vec<EnvConfig>,
     /// Whether Conda environments are discovered (and served lazily).
@@ -317,6 +319,7 @@ impl Default for Config {
                 disk_bytes: None,
             },
             worker_script: None,
+            cache_dir: crate::worker::default_cache_dir(),
             allowed_hosts: Vec::new(),
             egress: crate::egress::EgressLimits::default(),
             network_hosts: std::collections::HashMap::new(),
@@ -523,6 +526,11 @@ impl Config {
                     .unwrap_or(d.request_limits.max_files_bytes),
             },
             worker_script: o.worker_script,
+            cache_dir: match o.cache_dir {
+                Some(dir) if dir.as_os_str() == "none" => None,
+                Some(dir) => Some(dir),
+                None => d.cache_dir,
+            },
             envs,
             discover: o.discover.unwrap_or(d.discover),
             max_workers: o.max_workers.unwrap_or(d.max_workers),
@@ -845,6 +853,17 @@ mod tests {
     /// Merge with a host that sets no variable and has no config files.
     fn merge(args: &Options, file: Options) -> Result<Config, ConfigError> {
         Config::merge_with(args, file, HostEnv::default())
+    }
+
+    #[test]
+    fn the_bootstrap_cache_is_a_folder_or_none() {
+        let dir = |text: &str| merge(&Options::default(), toml::from_str(text).unwrap()).unwrap();
+        assert_eq!(dir("cache_dir = \"none\"").cache_dir, None);
+        assert_eq!(
+            dir("cache_dir = \"/var/cache/ce\"").cache_dir,
+            Some(PathBuf::from("/var/cache/ce"))
+        );
+        assert_eq!(dir("").cache_dir, crate::worker::default_cache_dir());
     }
 
     #[test]

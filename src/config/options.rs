@@ -180,6 +180,12 @@ pub struct Options {
     /// Bootstrap script to run instead of the embedded one (testing aid).
     #[arg(long, env = "CODE_EXECUTOR_WORKER_SCRIPT")]
     pub worker_script: Option<PathBuf>,
+    /// Folder where the workers' compiled bootstrap is kept across starts, so
+    /// that a worker starts without compiling it (default:
+    /// $XDG_CACHE_HOME/code-executor, else ~/.cache/code-executor); `none`
+    /// keeps it for the server's life only.
+    #[arg(long, env = "CODE_EXECUTOR_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
     /// Address-space limit of every run, bytes.
     #[arg(long, env = "CODE_EXECUTOR_MEMORY_BYTES")]
     pub memory_bytes: Option<u64>,
@@ -384,7 +390,7 @@ impl Options {
             idle_timeout_secs, worker_start_timeout_secs, grace_period_secs,
             shutdown_timeout_secs, activation_timeout_secs, install_timeout_secs,
             rescan_interval_secs, envs_dir, uv, create_timeout_secs,
-            worker_script, memory_bytes, cpu_seconds, processes, open_files,
+            worker_script, cache_dir, memory_bytes, cpu_seconds, processes, open_files,
             file_size_bytes, disk_bytes, max_output_bytes, max_artifact_bytes,
             max_artifacts_bytes, max_result_chars, max_body_bytes, max_code_bytes,
             max_files, max_files_bytes, max_grade_cases, network, allowed_hosts,

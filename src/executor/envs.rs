@@ -24,7 +24,7 @@ use crate::error::error_chain;
 use crate::metrics::{EnvMetrics, Metrics};
 use crate::pool::{EnvPool, PoolConfig, WorkerBudget};
 use crate::sandbox::Sandbox;
-use crate::worker::{WorkerSpec, worker_env};
+use crate::worker::{CodeCache, WorkerSpec, worker_env};
 
 /// Processes and threads of one run when the config sets no limit.
 const DEFAULT_PROCESSES: u64 = 256;
@@ -97,6 +97,10 @@ pub(crate) struct PoolContext {
     pub(crate) base_dir: PathBuf,
     pub(crate) sandbox: Option<Sandbox>,
     pub(crate) budget: Arc<WorkerBudget>,
+    /// Where the embedded bootstrap's compiled code is staged for workers
+    /// (a folder they may read) and kept across starts; `None` with an
+    /// operator's bootstrap.
+    pub(crate) code_dirs: Option<(PathBuf, Option<PathBuf>)>,
 }
 
 /// The live table and how to rebuild it.
@@ -177,6 +181,9 @@ impl PoolContext {
                         script.clone()
                     });
                     wrap.read.push(plan.spec.prefix.clone());
+                    if let Some((staged, _)) = &self.code_dirs {
+                        wrap.read.push(staged.clone());
+                    }
                     wrap
                 }),
                 owner: self.sandbox.as_ref().and_then(Sandbox::owner),
@@ -190,6 +197,15 @@ impl PoolContext {
                     // writer's cgroup.
                     m.saturating_add(WORKER_MEMORY)
                         .saturating_add(plan.settings.disk_bytes)
+                }),
+                code_cache: self.code_dirs.as_ref().map(|(staged, kept)| {
+                    CodeCache::new(
+                        super::start::WORKER_SCRIPT.as_bytes(),
+                        &plan.spec.python,
+                        &plan.spec.prefix,
+                        staged,
+                        kept.as_deref(),
+                    )
                 }),
             },
             PoolConfig {

@@ -134,6 +134,21 @@ impl Executor {
                 path
             }
         };
+        // The compiled bootstrap: staged where workers may read it, and kept
+        // in the cache folder across starts.
+        let code_dirs = config.worker_script.is_none().then(|| {
+            let staged = base_dir.path().join("bootstrap");
+            std::fs::create_dir(&staged)
+                .and_then(|()| {
+                    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755))
+                })
+                .ok()?;
+            let kept = config
+                .cache_dir
+                .as_deref()
+                .and_then(crate::worker::prepare_cache_dir);
+            Some((staged, kept))
+        });
         let budget = WorkerBudget::new(config.max_workers);
         let pools = PoolContext {
             script: script.clone(),
@@ -141,6 +156,7 @@ impl Executor {
             base_dir: base_dir.path().to_path_buf(),
             sandbox: sandbox.clone(),
             budget: budget.clone(),
+            code_dirs: code_dirs.flatten(),
         };
         let plans = registry.envs.clone();
         // An allow-list that cannot be enforced refuses the start.
@@ -201,21 +217,8 @@ impl Executor {
             // pool fills in the background, and the first request waits for
             // its first worker, not for all of them.
             for e in &warm {
-                let (pool, name) = (e.pool.clone(), e.spec.name.clone());
-                tokio::spawn(async move {
-                    // One worker first, alone on the CPU (starting them all
-                    // at once would make the first call wait for the
-                    // slowest of them to share the cores), then the rest.
-                    if let Ok(first) = pool.get().await {
-                        pool.put(first);
-                    }
-                    if let Err(err) = pool.prewarm().await {
-                        tracing::error!(
-                            "environment {name:?} cannot start workers: {}",
-                            error_chain(&err)
-                        );
-                    }
-                });
+                let pool = e.pool.clone();
+                tokio::spawn(async move { pool.warm_first_then_rest().await });
             }
         }
         let prewarm = warm

@@ -117,6 +117,11 @@ struct Shared {
     last_used: Mutex<Instant>,
     /// Started workers not yet handed to deadpool, plus the number starting.
     spares: Mutex<Spares<PooledWorker>>,
+    /// Woken when a spare is ready, fails to start, or is taken, and while
+    /// `warming`, when a worker comes back from a run.
+    spares_changed: tokio::sync::Notify,
+    /// Set while [`EnvPool::warm_first_then_rest`] waits for the first run.
+    warming: AtomicBool,
     /// Reports the pid of every worker process that ends.
     exited_tx: mpsc::UnboundedSender<u32>,
     /// Last start failure, cleared by the next success.
@@ -141,13 +146,7 @@ impl managed::Manager for WorkerManager {
 
     async fn create(&self) -> Result<PooledWorker, WorkerError> {
         let shared = &self.shared;
-        let mut stale = Vec::new();
-        let spare = shared
-            .spares
-            .lock()
-            .take(shared.generation.load(Ordering::Acquire), &mut stale);
-        shared.terminate_all(stale);
-        if let Some(spare) = spare {
+        if let Some(spare) = shared.spare_or_wait().await {
             return Ok(spare);
         }
         let permit = shared
@@ -190,6 +189,43 @@ impl Shared {
             .position(|c| *c == cause)
             .unwrap_or(0);
         self.restarts[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A ready spare of the current generation; else, while spares are
+    /// starting that no other request waits for, the first of them to be
+    /// ready (it comes sooner than a worker started now, and costs no
+    /// second start). `None`: the caller starts a worker of its own.
+    async fn spare_or_wait(&self) -> Option<PooledWorker> {
+        let deadline = tokio::time::Instant::now() + self.spec.start_timeout;
+        loop {
+            let changed = self.spares_changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            {
+                let mut stale = Vec::new();
+                let mut spares = self.spares.lock();
+                let spare = spares.take(self.generation.load(Ordering::Acquire), &mut stale);
+                let wait = spare.is_none() && spares.starting > spares.waiting;
+                if wait {
+                    spares.waiting += 1;
+                    // Registered before the lock is released: a spare made
+                    // ready from now on wakes this request.
+                    changed.as_mut().enable();
+                }
+                drop(spares);
+                self.terminate_all(stale);
+                if spare.is_some() {
+                    self.spares_changed.notify_waiters();
+                    return spare;
+                }
+                if !wait {
+                    return None;
+                }
+            }
+            let _waiting = Waiting(&self.spares);
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return None;
+            }
+        }
     }
 
     /// Hand out the spare that rested longest in place of `worker`, which
@@ -290,6 +326,8 @@ impl EnvPool {
             generation: AtomicU64::new(0),
             last_used: Mutex::new(Instant::now()),
             spares: Mutex::new(Spares::default()),
+            spares_changed: tokio::sync::Notify::new(),
+            warming: AtomicBool::new(false),
             exited_tx,
             last_error: Mutex::new(None),
             python_version: Mutex::new(None),
@@ -375,6 +413,9 @@ impl EnvPool {
         let stale = worker.generation != self.shared.generation.load(Ordering::Acquire);
         if stale || (max > 0 && worker.runs() >= max) {
             self.discard(worker, RestartCause::Recycle);
+        } else if self.shared.warming.load(Ordering::Acquire) {
+            drop(worker); // back in the pool, then
+            self.shared.spares_changed.notify_waiters();
         }
     }
 
@@ -437,13 +478,55 @@ impl EnvPool {
     /// Start spares until busy + idle + spare + starting reaches the size
     /// (only for pools kept warm, and only within the worker budget).
     pub fn refill(&self) {
+        self.start_spares(usize::MAX);
+    }
+
+    /// Fill the pool in the background of a server that already answers:
+    /// one worker first, alone on the CPU, which the first request takes as
+    /// soon as it is ready; then, once that request's run is over, or after
+    /// a short while, the rest. (Starting them all at once would make the
+    /// first request wait for workers sharing the cores, and its run too.)
+    pub async fn warm_first_then_rest(&self) {
+        const FIRST_RUN_WITHIN: Duration = Duration::from_millis(250);
+        self.shared.warming.store(true, Ordering::Release);
+        self.start_spares(1);
+        let mut deadline = tokio::time::Instant::now() + self.shared.spec.start_timeout;
+        let mut first_ready = false;
+        loop {
+            let changed = self.shared.spares_changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            let (ready, starting) = {
+                let spares = self.shared.spares.lock();
+                (spares.ready.len(), spares.starting)
+            };
+            if ready == 0 && starting == 0 && self.pool.status().available > 0 {
+                break; // the first run is over
+            }
+            if ready == 0 && starting == 0 && self.pool.status().size == 0 {
+                break; // the first worker failed to start
+            }
+            if !first_ready && ready > 0 {
+                first_ready = true;
+                deadline = tokio::time::Instant::now() + FIRST_RUN_WITHIN;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                break;
+            }
+        }
+        self.shared.warming.store(false, Ordering::Release);
+        self.refill();
+    }
+
+    /// Start up to `limit` spares, within what [`EnvPool::refill`] allows.
+    fn start_spares(&self, limit: usize) {
         if self.shared.closed.load(Ordering::Acquire) || !self.shared.keep_warm {
             return;
         }
         let permits = {
             let mut spares = self.shared.spares.lock();
             let live = self.pool.status().size + spares.ready.len() + spares.starting;
-            let missing = self.shared.config.size.saturating_sub(live);
+            let missing = self.shared.config.size.saturating_sub(live).min(limit);
             let permits: Vec<_> = (0..missing)
                 .map_while(|_| self.shared.budget.try_acquire())
                 .collect();
@@ -471,6 +554,8 @@ impl EnvPool {
                     }
                     Err(_) => {}
                 }
+                drop(spares);
+                shared.spares_changed.notify_waiters();
             });
         }
     }
@@ -556,6 +641,15 @@ impl EnvPool {
         workers.extend(std::mem::take(&mut self.shared.spares.lock().ready));
         self.pool.close();
         futures_util::future::join_all(workers.into_iter().map(|w| w.terminate(grace))).await;
+    }
+}
+
+/// A request counted in `Spares::waiting` while it waits for a spare.
+struct Waiting<'a>(&'a Mutex<Spares<PooledWorker>>);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.lock().waiting -= 1;
     }
 }
 

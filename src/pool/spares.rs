@@ -21,6 +21,9 @@ pub(crate) struct Spares<W> {
     pub(crate) ready: VecDeque<W>,
     /// Spares being started now.
     pub(crate) starting: usize,
+    /// Requests waiting for one of the starting spares instead of starting
+    /// a worker of their own.
+    pub(crate) waiting: usize,
 }
 
 impl<W> Default for Spares<W> {
@@ -28,6 +31,7 @@ impl<W> Default for Spares<W> {
         Spares {
             ready: VecDeque::new(),
             starting: 0,
+            waiting: 0,
         }
     }
 }
@@ -107,6 +111,7 @@ mod tests {
         Spares {
             ready: ids.iter().map(|&id| fake(id)).collect(),
             starting: 0,
+            waiting: 0,
         }
     }
 

@@ -4,7 +4,11 @@
 //! then runs one request at a time. Anything that goes wrong mid-request
 //! leaves it poisoned: the pool never hands it out again.
 
+mod code_cache;
 mod process;
+
+pub(crate) use code_cache::CodeCache;
+pub(crate) use code_cache::{default_dir as default_cache_dir, prepare_dir as prepare_cache_dir};
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -33,16 +37,36 @@ const STDERR_TAIL_BYTES: usize = 4096;
 /// cgroup is narrowed to what it really has once it is ready.
 const STARTUP_TASKS: u64 = 1024;
 
-/// What the interpreter runs (`python -I -u -c LAUNCH worker.py SCRATCH
-/// PRELOAD`): the bootstrap compiled and executed as `__main__`. Run as a
-/// script instead, its whole syntax tree (~3.5 MB of heap) would stay alive
-/// for as long as its top level runs, that is the worker's life, and every
-/// fork would copy the page tables that map it and every exit tear them
-/// down. Compiled here, that memory is free once `compile` returns, and the
-/// bootstrap hands it back to the OS before it forks (see `main` in
+/// What the interpreter runs (`python -I -u -c LAUNCH worker.py CODE
+/// SCRATCH PRELOAD`): the bootstrap's code executed as `__main__`, read from
+/// `CODE` (see [`CodeCache`]) when that holds code of this interpreter's
+/// bytecode magic, else compiled from `worker.py` and then also left in
+/// `__bootstrap_code__` for the `ready` frame to carry to the server. Run as
+/// a script instead, its whole syntax tree (~3.5 MB of heap) would stay
+/// alive for as long as its top level runs, that is the worker's life, and
+/// every fork would copy the page tables that map it and every exit tear
+/// them down. Compiled here, that memory is free once `compile` returns, and
+/// the bootstrap hands it back to the OS before it forks (see `main` in
 /// `python/worker.py`).
-pub(crate) const LAUNCH: &str = "import io, sys; p = sys.argv.pop(1); sys.argv[0] = __file__ = p; \
-    f = io.open_code(p); c = compile(f.read(), p, 'exec'); f.close(); del f; exec(c)";
+pub(crate) const LAUNCH: &str = "\
+import io, marshal, sys
+from _frozen_importlib_external import MAGIC_NUMBER as m
+p = sys.argv.pop(1); k = sys.argv.pop(1); sys.argv[0] = __file__ = p; c = None
+try:
+    with io.open_code(k) as f:
+        b = f.read()
+    if b[:4] == m:
+        c = marshal.loads(memoryview(b)[4:])
+    del b
+except Exception:
+    pass
+if c is None:
+    with io.open_code(p) as f:
+        c = compile(f.read(), p, 'exec')
+    __bootstrap_code__ = m + marshal.dumps(c)
+del k, m
+exec(c)
+";
 
 /// A worker's egress proxy settings.
 #[derive(Debug, Clone)]
@@ -84,6 +108,9 @@ pub struct WorkerSpec {
     /// Bytes the worker's memory cgroup allows: one run's memory limit plus
     /// the worker's own; `None`: no cap.
     pub memory_max: Option<u64>,
+    /// Where the bootstrap's compiled code is read and kept; `None`: every
+    /// worker compiles it.
+    pub code_cache: Option<CodeCache>,
 }
 
 /// What the worker reported in its `ready` frame.
@@ -214,6 +241,10 @@ impl Worker {
             "-c".into(),
             LAUNCH.into(),
             spec.script.clone().into(),
+            spec.code_cache
+                .as_ref()
+                .map(|c| c.staged.clone().into_os_string())
+                .unwrap_or_default(),
             scratch.path().into(),
             spec.preload.join(",").into(),
         ];
@@ -301,6 +332,11 @@ impl Worker {
                     } else {
                         worker.info.python_version = frame.python.unwrap_or_default();
                         worker.info.executable = frame.executable.unwrap_or_default();
+                        if let (Some(cache), Some(code)) = (&spec.code_cache, frame.code) {
+                            // Off the start's path: the worker is ready now.
+                            let cache = cache.clone();
+                            tokio::task::spawn_blocking(move || cache.store(&code));
+                        }
                         if let Some(cgroup) = &mut worker.cgroup
                             && let Err(e) = cgroup.calibrate()
                         {

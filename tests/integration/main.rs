@@ -39,3 +39,4 @@ mod sessions;
 mod shutdown;
 mod streaming;
 mod timeouts;
+mod warmup;

@@ -32,6 +32,16 @@ pub fn error_message(body: &Value) -> &str {
 pub async fn bare_worker(
     env: &[(&str, &str)],
 ) -> (code_executor::testing::Worker, tempfile::TempDir) {
+    let (spec, dir) = bare_spec(env);
+    let worker = code_executor::testing::Worker::create(&spec, None)
+        .await
+        .expect("worker starts");
+    (worker, dir)
+}
+
+/// How [`bare_worker`] starts a worker; the bootstrap and the scratch roots
+/// live in the returned directory.
+pub fn bare_spec(env: &[(&str, &str)]) -> (code_executor::testing::WorkerSpec, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("worker.py");
     std::fs::write(&script, code_executor::executor::WORKER_SCRIPT).unwrap();
@@ -53,11 +63,9 @@ pub async fn bare_worker(
         owner: None,
         run_processes: 256,
         memory_max: None,
+        code_cache: None,
     };
-    let worker = code_executor::testing::Worker::create(&spec, None)
-        .await
-        .expect("worker starts");
-    (worker, dir)
+    (spec, dir)
 }
 
 /// The real interpreter behind `python3` on PATH (not a launcher shim).
