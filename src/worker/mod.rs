@@ -40,7 +40,9 @@ const STARTUP_TASKS: u64 = 1024;
 /// What the interpreter runs (`python -I -u -c LAUNCH worker.py CODE
 /// SCRATCH PRELOAD`): the bootstrap's code executed as `__main__`, read from
 /// `CODE` (see [`CodeCache`]) when that holds code of this interpreter's
-/// bytecode magic, else compiled from `worker.py` and then also left in
+/// bytecode magic (its code objects then take this start's `worker.py` path,
+/// which tracebacks show and the bootstrap tells its own frames by), else
+/// compiled from `worker.py` and then also left in
 /// `__bootstrap_code__` for the `ready` frame to carry to the server. Run as
 /// a script instead, its whole syntax tree (~3.5 MB of heap) would stay
 /// alive for as long as its top level runs, that is the worker's life, and
@@ -57,9 +59,15 @@ try:
         b = f.read()
     if b[:4] == m:
         c = marshal.loads(memoryview(b)[4:])
+        if c.co_filename != p:
+            def r(o):
+                return o.replace(co_filename=p, co_consts=tuple(
+                    r(x) if type(x) is type(o) else x for x in o.co_consts))
+            c = r(c)
+            del r
     del b
 except Exception:
-    pass
+    c = None
 if c is None:
     with io.open_code(p) as f:
         c = compile(f.read(), p, 'exec')

@@ -100,6 +100,16 @@ async fn workers_run_the_bootstrap_kept_by_an_earlier_start_and_replace_a_stale_
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     server.stop().await;
+
+    // Kept code names this start's bootstrap in tracebacks, so a run's
+    // traceback still shows none of the worker's frames.
+    let server = server_caching_in(cache.path()).await;
+    let out = server.run("def f():\n    return 1/0\nf()").await;
+    let stderr = out["stderr"].as_str().unwrap();
+    assert!(stderr.contains("ZeroDivisionError"), "{out}");
+    assert!(stderr.contains("File \"<code>\", line 2, in f"), "{stderr}");
+    assert!(!stderr.contains("worker.py"), "worker frames leak: {stderr}");
+    server.stop().await;
 }
 
 #[tokio::test]

@@ -358,10 +358,17 @@ async fn writes_outside_the_run_directory_are_refused() {
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.is_dir())
+        .filter(|p| p.is_dir() && p.file_name().unwrap().to_string_lossy().starts_with("worker-"))
         .map(|p| p.display().to_string())
         .collect();
     assert_eq!(roots.len(), 2, "{roots:?}");
+    // The compiled bootstrap the environment's next workers run.
+    let staged = std::fs::read_dir(base.join("bootstrap"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().display().to_string())
+        .find(|p| p.ends_with(".code"))
+        .expect("the bootstrap is staged");
     let prefix = common::python()
         .parent()
         .unwrap()
@@ -388,6 +395,8 @@ attempt('other-write', lambda: open(os.path.join(other, 'x'), 'w'))
 attempt('other-list', lambda: os.listdir(other))
 attempt('base-list', lambda: os.listdir({base:?}))
 attempt('config', lambda: open({config:?}).read())
+attempt('bootstrap-write', lambda: open({staged:?}, 'r+b').write(b'x'))
+attempt('bootstrap-replace', lambda: open(os.path.join(os.path.dirname({staged:?}), 'new'), 'w'))
 attempt('own', lambda: open('mine.txt', 'w').write('ok'))
 attempt('tmpdir', lambda: open(os.path.join(os.environ['TMPDIR'], 't'), 'w'))
 "#,
@@ -405,6 +414,8 @@ attempt('tmpdir', lambda: open(os.path.join(os.environ['TMPDIR'], 't'), 'w'))
         "other-list",
         "base-list",
         "config",
+        "bootstrap-write",
+        "bootstrap-replace",
     ] {
         assert!(
             stdout.contains(&format!("{label} refused ")),
