@@ -145,7 +145,10 @@ async fn a_fork_bomb_that_catches_its_errors_is_a_process_limit() {
 }
 
 /// Threads until one is refused (at most 60): how many a run may have.
-const THREADS: &str = "import threading\nstop = threading.Event()\nstarted = 0\ntry:\n    for _ in range(60):\n        threading.Thread(target=stop.wait).start()\n        started += 1\nexcept RuntimeError:\n    pass\nstop.set()\nprint(started)";
+/// Threads started until the cap refuses one, all gone (joined, and their
+/// tasks ended) before the call returns: a session's next call must not meet
+/// this one's threads still exiting.
+const THREADS: &str = "import threading, time\ndef tasks():\n    return int(open('/proc/self/status').read().split('Threads:')[1].split()[0])\nbefore = tasks()\nstop = threading.Event()\nthreads = []\ntry:\n    for _ in range(60):\n        t = threading.Thread(target=stop.wait)\n        t.start()\n        threads.append(t)\nexcept RuntimeError:\n    pass\nstop.set()\nfor t in threads:\n    t.join()\nwhile tasks() > before:\n    time.sleep(0.001)\nprint(len(threads))";
 
 /// A request's `limits.processes` binds even a run as root (which
 /// `RLIMIT_NPROC` does not): the worker's pids cgroup is lowered for that
