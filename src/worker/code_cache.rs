@@ -66,6 +66,11 @@ impl CodeCache {
             && let Ok(code) = std::fs::read(kept)
         {
             let _ = write_atomically(&cache.staged, &code);
+            // Used now: the folder keeps the most recently used files.
+            let _ = std::fs::File::options()
+                .append(true)
+                .open(kept)
+                .and_then(|f| f.set_modified(std::time::SystemTime::now()));
         }
         cache
     }
@@ -93,7 +98,11 @@ impl CodeCache {
 /// The default cache folder: `$XDG_CACHE_HOME/code-executor`, else
 /// `$HOME/.cache/code-executor`.
 pub(crate) fn default_dir() -> Option<PathBuf> {
-    let from = |var: &str| std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let from = |var: &str| {
+        std::env::var_os(var)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     from("XDG_CACHE_HOME")
         .filter(|p| p.is_absolute())
         .or_else(|| Some(from("HOME")?.join(".cache")))
@@ -101,20 +110,39 @@ pub(crate) fn default_dir() -> Option<PathBuf> {
         .map(|p| p.join("code-executor"))
 }
 
-/// Make `dir` (mode 0700 when created); `None` when it cannot be used.
+/// Files the cache folder keeps: the most recently used ones (a file is
+/// one environment's, about 130 KB).
+const KEPT_FILES: usize = 32;
+
+/// Make `dir` (mode 0700 when created) and drop all but its [`KEPT_FILES`]
+/// most recently used files; `None` when it cannot be used.
 pub(crate) fn prepare_dir(dir: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
-    match std::fs::DirBuilder::new()
+    if let Err(e) = std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
     {
-        Ok(()) => Some(dir.to_path_buf()),
-        Err(e) => {
-            tracing::debug!(dir = %dir.display(), "no bootstrap code cache: {e}");
-            None
+        tracing::debug!(dir = %dir.display(), "no bootstrap code cache: {e}");
+        return None;
+    }
+    let mut files: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("bootstrap-") && name.ends_with(".code")
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    if files.len() > KEPT_FILES {
+        files.sort_by(|a, b| b.0.cmp(&a.0));
+        for (_, old) in &files[KEPT_FILES..] {
+            let _ = std::fs::remove_file(old);
         }
     }
+    Some(dir.to_path_buf())
 }
 
 /// Replace `path` with `bytes` so that a reader sees the old file or the new
@@ -141,7 +169,11 @@ mod tests {
     fn each_environment_has_its_own_file_and_a_kept_copy_is_staged() {
         let staging = tempfile::tempdir().unwrap();
         let kept = tempfile::tempdir().unwrap();
-        let (py, a, b) = (Path::new("/e/a/bin/python"), Path::new("/e/a"), Path::new("/e/b"));
+        let (py, a, b) = (
+            Path::new("/e/a/bin/python"),
+            Path::new("/e/a"),
+            Path::new("/e/b"),
+        );
         let first = CodeCache::new(b"script", py, a, staging.path(), Some(kept.path()));
         let other = CodeCache::new(b"script", py, b, staging.path(), Some(kept.path()));
         let newer = CodeCache::new(b"script 2", py, a, staging.path(), Some(kept.path()));
@@ -150,7 +182,10 @@ mod tests {
         assert!(!first.staged.exists());
         first.store(b"MAGIcode");
         assert_eq!(std::fs::read(&first.staged).unwrap(), b"MAGIcode");
-        assert_eq!(std::fs::read(first.persistent.as_ref().unwrap()).unwrap(), b"MAGIcode");
+        assert_eq!(
+            std::fs::read(first.persistent.as_ref().unwrap()).unwrap(),
+            b"MAGIcode"
+        );
         // A later server start stages the kept copy.
         let staging2 = tempfile::tempdir().unwrap();
         let again = CodeCache::new(b"script", py, a, staging2.path(), Some(kept.path()));
@@ -158,5 +193,24 @@ mod tests {
         // Too short to be code: nothing is replaced.
         again.store(b"MAG");
         assert_eq!(std::fs::read(&again.staged).unwrap(), b"MAGIcode");
+    }
+
+    #[test]
+    fn the_folder_keeps_the_most_recently_used_files() {
+        let kept = tempfile::tempdir().unwrap();
+        let day = std::time::Duration::from_secs(86_400);
+        let now = std::time::SystemTime::now();
+        for i in 0..(KEPT_FILES + 3) {
+            let path = kept.path().join(format!("bootstrap-{i:02}.code"));
+            std::fs::write(&path, b"MAGIcode").unwrap();
+            let f = std::fs::File::options().append(true).open(&path).unwrap();
+            f.set_modified(now - day * (i as u32)).unwrap();
+        }
+        std::fs::write(kept.path().join("other"), b"x").unwrap();
+        assert!(prepare_dir(kept.path()).is_some());
+        let left = |i: usize| kept.path().join(format!("bootstrap-{i:02}.code")).exists();
+        assert!((0..KEPT_FILES).all(left));
+        assert!(!(KEPT_FILES..KEPT_FILES + 3).any(left));
+        assert!(kept.path().join("other").exists(), "only its own files");
     }
 }

@@ -61,7 +61,11 @@ async fn workers_run_the_bootstrap_kept_by_an_earlier_start_and_replace_a_stale_
     let files = kept_files(cache.path()).await;
     assert_eq!(files.len(), 1, "{files:?}");
     let kept = std::fs::read(&files[0]).unwrap();
-    assert_eq!(kept[..4], magic[..], "the file starts with the bytecode magic");
+    assert_eq!(
+        kept[..4],
+        magic[..],
+        "the file starts with the bytecode magic"
+    );
     assert!(kept.len() > 10_000, "{} bytes", kept.len());
     server.stop().await;
 
@@ -108,7 +112,10 @@ async fn workers_run_the_bootstrap_kept_by_an_earlier_start_and_replace_a_stale_
     let stderr = out["stderr"].as_str().unwrap();
     assert!(stderr.contains("ZeroDivisionError"), "{out}");
     assert!(stderr.contains("File \"<code>\", line 2, in f"), "{stderr}");
-    assert!(!stderr.contains("worker.py"), "worker frames leak: {stderr}");
+    assert!(
+        !stderr.contains("worker.py"),
+        "worker frames leak: {stderr}"
+    );
     server.stop().await;
 }
 
@@ -168,7 +175,11 @@ async fn a_warming_pool_starts_one_worker_first_and_the_first_request_takes_it()
     // Then the rest of the pool comes up.
     let deadline = Instant::now() + Duration::from_secs(60);
     while executor.list_envs()[0].pool.size < 4 {
-        assert!(Instant::now() < deadline, "{:?}", executor.list_envs()[0].pool);
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            executor.list_envs()[0].pool
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     executor.shutdown().await;

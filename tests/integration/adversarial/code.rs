@@ -358,7 +358,13 @@ async fn writes_outside_the_run_directory_are_refused() {
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.is_dir() && p.file_name().unwrap().to_string_lossy().starts_with("worker-"))
+        .filter(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("worker-")
+        })
         .map(|p| p.display().to_string())
         .collect();
     assert_eq!(roots.len(), 2, "{roots:?}");
