@@ -137,7 +137,7 @@ pub(crate) fn prepare_dir(dir: &Path) -> Option<PathBuf> {
         .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
         .collect();
     if files.len() > KEPT_FILES {
-        files.sort_by(|a, b| b.0.cmp(&a.0));
+        files.sort_by_key(|f| std::cmp::Reverse(f.0));
         for (_, old) in &files[KEPT_FILES..] {
             let _ = std::fs::remove_file(old);
         }
