@@ -645,3 +645,49 @@ impl Sink {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::{Caller, Clients, ClientsConfig, FrontEnd};
+
+    fn caller(clients: &Clients) -> Caller {
+        let client = clients.anonymous().expect("the anonymous client");
+        Caller::new(client, "r".into(), None, FrontEnd::Http)
+    }
+
+    #[tokio::test]
+    async fn a_request_holds_a_slot_for_each_of_its_records_or_none() {
+        let metrics = Arc::new(crate::metrics::Metrics::new(Vec::new()));
+        let clients = Clients::load(ClientsConfig::default(), metrics.clone()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let config = AuditConfig {
+            target: Some(AuditTarget::File(dir.path().join("audit.log"))),
+            fail: AuditFail::Closed,
+            queue: 3,
+            ..AuditConfig::default()
+        };
+        let audit = Audit::start(&config, metrics).unwrap();
+        let (other, mine) = (caller(&clients), caller(&clients));
+        // Another request holds one slot: two are free, three are asked.
+        *other.audit_slot.lock() = audit.reserve().unwrap();
+        assert!(matches!(
+            audit.reserve_records(&mine, 3),
+            Err(ExecError::AuditUnavailable(_))
+        ));
+        // The refusal kept none: both free slots can still be had.
+        audit.reserve_records(&mine, 2).unwrap();
+        let held = |c: &Caller| c.audit_slot.lock().as_ref().map_or(0, |s| s.0.len());
+        assert_eq!(held(&mine), 2);
+        // More than the queue holds is never granted.
+        let err = audit.reserve_records(&mine, 4).unwrap_err();
+        assert!(err.to_string().contains("audit_queue = 3"), "{err}");
+        // Each record kept takes one of the caller's slots.
+        for _ in 0..2 {
+            audit.emit(Record::new(RecordKind::Run, Some(&mine)), Some(&mine));
+        }
+        assert_eq!(held(&mine), 0);
+        audit.flush(Duration::from_secs(5)).await;
+        assert_eq!(audit.counts(), (2, 0));
+    }
+}

@@ -679,24 +679,26 @@ async fn a_batch_failing_closed_holds_a_record_slot_for_every_submission() {
     server.stop().await;
 }
 
-/// Runs `print(N)` until one is answered `want`; the last answer.
+/// Runs `print(1)` until one is answered `want`, the `n`th attempt with
+/// request id `{id}-{n}`; the last answer and its request id.
 async fn run_until(
     server: &TestServer,
     want: u16,
     id: &str,
-) -> (u16, reqwest::header::HeaderMap, Value) {
+) -> ((u16, reqwest::header::HeaderMap, Value), String) {
     let start = Instant::now();
-    loop {
+    for n in 0.. {
+        let attempt = format!("{id}-{n}");
         let answer = post_as(
             server,
             "/execute",
             None,
-            Some(id),
+            Some(&attempt),
             json!({"code": "print(1)"}),
         )
         .await;
         if answer.0 == want {
-            return answer;
+            return (answer, attempt);
         }
         assert!(
             start.elapsed() < Duration::from_secs(10),
@@ -706,6 +708,7 @@ async fn run_until(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    unreachable!("the attempts are endless")
 }
 
 /// Send SIGHUP to this process (the server's reload listener takes it).
@@ -759,7 +762,7 @@ async fn a_sink_failing_closed_refuses_runs_and_loses_no_acknowledged_record() {
     .await;
     assert_eq!(status, 200, "{body}");
     // ... and once the sink is seen failing, runs are refused, naming why.
-    let (_, headers, refused) = run_until(&server, 503, "closed-refused").await;
+    let ((_, headers, refused), refused_id) = run_until(&server, 503, "closed-refused").await;
     assert_eq!(refused["error"]["code"], "audit_unavailable", "{refused}");
     assert!(
         common::error_message(&refused).contains("audit log"),
@@ -768,8 +771,8 @@ async fn a_sink_failing_closed_refuses_runs_and_loses_no_acknowledged_record() {
     assert_eq!(headers["retry-after"], "1");
     // The directory is back: the held record is written, runs go on.
     std::fs::create_dir(&logs).unwrap();
-    run_until(&server, 200, "closed-c").await;
-    wait_for_record(&log, "closed-c", |r| r["request_id"] == "closed-c").await;
+    let (_, c_id) = run_until(&server, 200, "closed-c").await;
+    wait_for_record(&log, "closed-c", |r| r["request_id"] == c_id.as_str()).await;
     let written = records(&log);
     let ids: Vec<&str> = written
         .iter()
@@ -779,9 +782,10 @@ async fn a_sink_failing_closed_refuses_runs_and_loses_no_acknowledged_record() {
         ids.contains(&"closed-b"),
         "acknowledged record lost: {ids:?}"
     );
-    assert!(ids.contains(&"closed-c"), "{ids:?}");
+    assert!(ids.contains(&c_id.as_str()), "{ids:?}");
+    // (Attempts before the sink was seen failing ran, and have theirs.)
     assert!(
-        !ids.contains(&"closed-refused"),
+        !ids.contains(&refused_id.as_str()),
         "a refused run has a run record: {ids:?}"
     );
     let before: Vec<Value> = records(&moved.join("audit.log"));
@@ -801,7 +805,7 @@ async fn a_full_sink_fails_closed_with_503_and_open_with_counted_drops() {
     .await;
     let (status, _, _) = post_as(&server, "/execute", None, None, json!({"code": "1"})).await;
     assert_eq!(status, 200);
-    let (_, _, refused) = run_until(&server, 503, "full-closed").await;
+    let ((_, _, refused), _) = run_until(&server, 503, "full-closed").await;
     assert_eq!(refused["error"]["code"], "audit_unavailable");
     server.stop().await;
 

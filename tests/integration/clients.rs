@@ -530,7 +530,8 @@ async fn mcp_over_stdio_acts_as_its_configured_client() {
         &(client(
             "notebook",
             "scopes = [\"execute\"]\nmax_timeout = 1\nrate_per_minute = 6\nburst = 2",
-        ) + &client("other", "scopes = [\"execute\", \"sessions\", \"install\"]")),
+        ) + &client("other", "scopes = [\"execute\", \"sessions\", \"install\"]")
+            + &client("confined", "scopes = [\"execute\"]\nenvs = [\"nowhere\"]")),
     );
     let python = crate::common::python();
     let (stdio, _child) = connect_stdio(
@@ -589,6 +590,31 @@ async fn mcp_over_stdio_acts_as_its_configured_client() {
     assert_eq!(forbidden["front_end"], "mcp-stdio", "{forbidden}");
     assert_eq!(forbidden["client"], "notebook", "{forbidden}");
     let _ = stdio.cancel().await;
+
+    // A client confined to other envs is refused the server's env, named.
+    let (confined, _confined_child) = connect_stdio(
+        env!("CARGO_BIN_EXE_code-executor").as_ref(),
+        &[
+            "--python",
+            python.to_str().unwrap(),
+            "--pool-size",
+            "1",
+            "--clients",
+            clients.to_str().unwrap(),
+            "--mcp-client",
+            "confined",
+        ],
+        &[("TMPDIR", dir.path() as &Path)],
+    )
+    .await;
+    let shown = refused(&execute_code(&confined, json!({"code": "1"})).await.unwrap());
+    assert!(
+        shown.contains("forbidden")
+            && shown.contains("may not use environment")
+            && shown.contains("nowhere"),
+        "{shown}"
+    );
+    let _ = confined.cancel().await;
 
     // A name the clients file lacks stops the server at start.
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_code-executor"))
