@@ -1,6 +1,6 @@
 //! The audit log (`--audit-log PATH`, `-` for stderr): one JSON line per
-//! run, session call, grading, session start/close/expiry, install, and
-//! refused request (authentication, scope, env, quota). The schema is
+//! run, session call, grading, session start/close/expiry, install, env
+//! create/delete, and refused request (authentication, scope, env, quota). The schema is
 //! versioned ([`SCHEMA_VERSION`]) and documented field by field in
 //! docs/operations.md.
 //!
@@ -64,9 +64,9 @@ pub enum RecordKind {
     SessionExpire,
     /// A package install.
     Install,
-    /// An environment created (env lifecycle endpoints).
+    /// `POST /envs` ended (an environment created, or the create failed).
     EnvCreate,
-    /// An environment deleted (env lifecycle endpoints).
+    /// `DELETE /envs/{name}` ended (deleted, or refused).
     EnvDelete,
     /// A request refused for its credentials or rights (401, 403).
     AuthFailure,
