@@ -24,7 +24,9 @@ field listed is in every frame of its type, except those marked optional.
 |                  |           | ended the run: `type`, `message`, `traceback`, `line` (int    |
 |                  |           | or nil), `errno` (int or nil)), `artifacts` (maps of `path`,  |
 |                  |           | `size`, `mime`, and `data` (bin) or `omitted`: true);         |
-|                  |           | optional: `cpu_ms`, `peak_rss_kb` (with `rusage`),            |
+|                  |           | optional: `cpu_ms`, `peak_rss_kb` (the run's CPU time and     |
+|                  |           | peak RSS, KiB: as its process measured them just before it    |
+|                  |           | reported, if it did; with `rusage`, from reaping it),         |
 |                  |           | `disk_exceeded` (true: killed over `limits.disk_bytes`);      |
 |                  |           | in session mode `session_lost` (a reason, or nil)             |
 | worker -> server | `result`  | `id`, `exit_code` (0), `pid`: the answer to `session`, with   |
@@ -944,6 +946,7 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         except (ChannelClosed, EOFError):
             os._exit(0)
         req.close()
+        begun = own_usage().get("cpu_ms", 0.0)
         msg = marshal.loads(frame)
         del frame
         apply_limits(msg["limits"])
@@ -959,7 +962,8 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         del msg
         outcome = run_user_code(code, argv, main, result_cap=result_cap)
         status = outcome.status
-        report = packb({"status": status, "result": outcome.result, "error": outcome.error})
+        report = packb({"status": status, "result": outcome.result, "error": outcome.error,
+                        **own_usage(begun)})
         try:
             write_all(ctl_w, struct.pack("!I", len(report)) + report)
         except OSError:
@@ -1201,6 +1205,20 @@ def run_usage(child):
     return {"cpu_ms": usage[0] * 1000.0, "peak_rss_kb": int(usage[1])}
 
 
+def own_usage(begun=0.0):
+    """The report's ``cpu_ms`` and ``peak_rss_kb``, as the run's own process
+    measures them just before it reports (subprocesses it waited for
+    included): CPU time since ``begun`` (its ``cpu_ms`` at the request's
+    start), and the process's peak RSS in KiB."""
+    if resource is None:
+        return {}
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_ms = (me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime) * 1000.0
+    return {"cpu_ms": max(0.0, cpu_ms - begun),
+            "peak_rss_kb": max(me.ru_maxrss, kids.ru_maxrss)}
+
+
 def sane_report(report):
     """The child's report, trusting nothing: user code can write to the ctl
     pipe, so anything that is not a well-formed report reads as an empty one."""
@@ -1222,12 +1240,18 @@ def sane_report(report):
     else:
         error = None
     result = report.get("result")
-    return {
+    sane = {
         "status": status if isinstance(status, int) and not isinstance(status, bool)
         and -255 <= status <= 255 else 0,
         "result": result if isinstance(result, str) else None,
         "error": error,
     }
+    cpu, rss = report.get("cpu_ms"), report.get("peak_rss_kb")
+    if isinstance(cpu, float) and 0 <= cpu < 1e15:
+        sane["cpu_ms"] = cpu
+    if isinstance(rss, int) and not isinstance(rss, bool) and 0 <= rss < 1 << 63:
+        sane["peak_rss_kb"] = rss
+    return sane
 
 
 def empty_pipe(fd):
@@ -1500,6 +1524,7 @@ def result_frame(msg, run, artifacts):
         "result": report.get("result"),
         "error": report.get("error"),
         "artifacts": artifacts,
+        **{k: report[k] for k in ("cpu_ms", "peak_rss_kb") if k in report},
     }
 
 
@@ -2023,6 +2048,7 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
 
 def session_call(msg, main, rundir, devnull):
     """Run one call's code in the session's ``main``; the encoded report."""
+    begun = own_usage().get("cpu_ms", 0.0)
     outcome = RunOutcome()
     try:
         os.dup2(devnull, 0)
@@ -2049,7 +2075,8 @@ def session_call(msg, main, rundir, devnull):
             stream.flush()
         except BaseException:
             pass
-    return packb({"status": outcome.status, "result": outcome.result, "error": outcome.error})
+    return packb({"status": outcome.status, "result": outcome.result, "error": outcome.error,
+                  **own_usage(begun)})
 
 
 def set_cpu_budget(seconds):

@@ -1,6 +1,6 @@
 //! The audit log (`--audit-log PATH`, `-` for stderr): one JSON line per
-//! run, session call, grading, session start/close/expiry, install, and
-//! refused request (authentication, scope, env, quota). The schema is
+//! run, session call, grading, session start/close/expiry, install, env
+//! create/delete, and refused request (authentication, scope, env, quota). The schema is
 //! versioned ([`SCHEMA_VERSION`]) and documented field by field in
 //! docs/operations.md.
 //!
@@ -64,9 +64,9 @@ pub enum RecordKind {
     SessionExpire,
     /// A package install.
     Install,
-    /// An environment created (env lifecycle endpoints).
+    /// `POST /envs` ended (an environment created, or the create failed).
     EnvCreate,
-    /// An environment deleted (env lifecycle endpoints).
+    /// `DELETE /envs/{name}` ended (deleted, or refused).
     EnvDelete,
     /// A request refused for its credentials or rights (401, 403).
     AuthFailure,
@@ -322,8 +322,9 @@ enum Msg {
     Flush(oneshot::Sender<()>),
 }
 
-/// A queue slot reserved for a request's record (`audit_fail = "closed"`).
-pub struct Slot(mpsc::OwnedPermit<Msg>);
+/// Queue slots reserved for a request's records (`audit_fail = "closed"`),
+/// one per record it will write; each record kept takes one.
+pub struct Slot(Vec<mpsc::OwnedPermit<Msg>>);
 
 impl std::fmt::Debug for Slot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -428,6 +429,27 @@ impl Audit {
     /// Before a request runs: with `audit_fail = "closed"`, a queue slot
     /// for its record, or `503 audit_unavailable`; `None` otherwise.
     pub fn reserve(&self) -> Result<Option<Slot>, ExecError> {
+        self.reserve_n(1, 1)
+    }
+
+    /// With `audit_fail = "closed"`: make the slots `caller` holds number
+    /// at least `n` (a request that writes `n` records), all or none, or
+    /// `503 audit_unavailable`. A no-op otherwise.
+    pub fn reserve_records(&self, caller: &Caller, n: usize) -> Result<(), ExecError> {
+        let mut held = caller.audit_slot.lock();
+        let have = held.as_ref().map_or(0, |s| s.0.len());
+        if have >= n {
+            return Ok(());
+        }
+        if let Some(Slot(more)) = self.reserve_n(n - have, n)? {
+            held.get_or_insert_with(|| Slot(Vec::new())).0.extend(more);
+        }
+        Ok(())
+    }
+
+    /// `n` more queue slots (closed) for a request writing `total`
+    /// records, or none of them.
+    fn reserve_n(&self, n: usize, total: usize) -> Result<Option<Slot>, ExecError> {
         let (Some(tx), AuditFail::Closed) = (&self.tx, self.fail) else {
             return Ok(None);
         };
@@ -437,15 +459,25 @@ impl Audit {
                     .into(),
             ));
         }
-        tx.clone()
-            .try_reserve_owned()
-            .map(|permit| Some(Slot(permit)))
-            .map_err(|_| {
+        if total > tx.max_capacity() {
+            return Err(ExecError::AuditUnavailable(format!(
+                "the request writes {total} audit records, more than the audit queue holds \
+                 (audit_queue = {}; audit_fail = \"closed\")",
+                tx.max_capacity()
+            )));
+        }
+        let mut permits = Vec::with_capacity(n);
+        for _ in 0..n {
+            // A slot short: the ones taken go back as `permits` drops.
+            let permit = tx.clone().try_reserve_owned().map_err(|_| {
                 ExecError::AuditUnavailable(
                     "the audit log is not keeping up (audit_fail = \"closed\"): retry shortly"
                         .into(),
                 )
-            })
+            })?;
+            permits.push(permit);
+        }
+        Ok(Some(Slot(permits)))
     }
 
     /// Keep `record`: in the caller's reserved slot when it has one, else
@@ -455,8 +487,9 @@ impl Audit {
             return;
         };
         let msg = Msg::Record(Box::new(record));
-        if let Some(slot) = caller.and_then(|c| c.audit_slot.lock().take()) {
-            slot.0.send(msg);
+        let reserved = caller.and_then(|c| c.audit_slot.lock().as_mut().and_then(|s| s.0.pop()));
+        if let Some(permit) = reserved {
+            permit.send(msg);
             return;
         }
         if tx.try_send(msg).is_err() {
@@ -610,5 +643,51 @@ impl Sink {
         if let Err(e) = self.reopen() {
             tracing::error!("cannot open the audit log after rotating it: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::{Caller, Clients, ClientsConfig, FrontEnd};
+
+    fn caller(clients: &Clients) -> Caller {
+        let client = clients.anonymous().expect("the anonymous client");
+        Caller::new(client, "r".into(), None, FrontEnd::Http)
+    }
+
+    #[tokio::test]
+    async fn a_request_holds_a_slot_for_each_of_its_records_or_none() {
+        let metrics = Arc::new(crate::metrics::Metrics::new(Vec::new()));
+        let clients = Clients::load(ClientsConfig::default(), metrics.clone()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let config = AuditConfig {
+            target: Some(AuditTarget::File(dir.path().join("audit.log"))),
+            fail: AuditFail::Closed,
+            queue: 3,
+            ..AuditConfig::default()
+        };
+        let audit = Audit::start(&config, metrics).unwrap();
+        let (other, mine) = (caller(&clients), caller(&clients));
+        // Another request holds one slot: two are free, three are asked.
+        *other.audit_slot.lock() = audit.reserve().unwrap();
+        assert!(matches!(
+            audit.reserve_records(&mine, 3),
+            Err(ExecError::AuditUnavailable(_))
+        ));
+        // The refusal kept none: both free slots can still be had.
+        audit.reserve_records(&mine, 2).unwrap();
+        let held = |c: &Caller| c.audit_slot.lock().as_ref().map_or(0, |s| s.0.len());
+        assert_eq!(held(&mine), 2);
+        // More than the queue holds is never granted.
+        let err = audit.reserve_records(&mine, 4).unwrap_err();
+        assert!(err.to_string().contains("audit_queue = 3"), "{err}");
+        // Each record kept takes one of the caller's slots.
+        for _ in 0..2 {
+            audit.emit(Record::new(RecordKind::Run, Some(&mine)), Some(&mine));
+        }
+        assert_eq!(held(&mine), 0);
+        audit.flush(Duration::from_secs(5)).await;
+        assert_eq!(audit.counts(), (2, 0));
     }
 }

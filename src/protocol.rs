@@ -17,7 +17,9 @@
 //! |                  |           | ended the run: `type`, `message`, `traceback`, `line` (int    |
 //! |                  |           | or nil), `errno` (int or nil)), `artifacts` (maps of `path`,  |
 //! |                  |           | `size`, `mime`, and `data` (bin) or `omitted`: true);         |
-//! |                  |           | optional: `cpu_ms`, `peak_rss_kb` (with `rusage`),            |
+//! |                  |           | optional: `cpu_ms`, `peak_rss_kb` (the run's CPU time and     |
+//! |                  |           | peak RSS, KiB: as its process measured them just before it    |
+//! |                  |           | reported, if it did; with `rusage`, from reaping it),         |
 //! |                  |           | `disk_exceeded` (true: killed over `limits.disk_bytes`);      |
 //! |                  |           | in session mode `session_lost` (a reason, or nil)             |
 //! | worker -> server | `result`  | `id`, `exit_code` (0), `pid`: the answer to `session`, with   |
@@ -229,9 +231,9 @@ pub struct WorkerFrame {
     pub result: Option<String>,
     pub error: Option<WireError>,
     pub artifacts: Vec<WireArtifact>,
-    /// User + system CPU time of the run's process (with `rusage`).
+    /// User + system CPU time of the run's process (see the table).
     pub cpu_ms: Option<f64>,
-    /// Peak resident set of the run's process, KiB (with `rusage`).
+    /// Peak resident set of the run's process, KiB (see the table).
     pub peak_rss_kb: Option<u64>,
     /// Session mode: why the session child is gone after this call.
     pub session_lost: Option<String>,

@@ -43,8 +43,8 @@ pub enum Scope {
     Grade,
     /// `/install`; MCP `install_packages`.
     Install,
-    /// Creating and deleting environments (reserved for the env lifecycle
-    /// endpoints).
+    /// Creating and deleting environments (`POST /envs`,
+    /// `DELETE /envs/{name}`).
     EnvsAdmin,
     /// `GET /metrics`.
     Metrics,

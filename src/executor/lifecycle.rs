@@ -81,9 +81,62 @@ fn step(name: &str, out: ProcessOutput) -> Result<CreateStep, ExecError> {
     })
 }
 
+/// An env create's or delete's outcome in its record: `ok`, or `error`
+/// with the error's code and status.
+fn audit_outcome<T>(r: &mut crate::audit::Record, done: &Result<T, ExecError>) {
+    match done {
+        Ok(_) => r.outcome = Some("ok"),
+        Err(err) => {
+            r.outcome = Some("error");
+            r.error = Some(err.code());
+            r.status = Some(err.status());
+        }
+    }
+}
+
 impl Executor {
-    /// Create an environment (see the module); it is served at once.
+    /// Create an environment (see the module); it is served at once. The
+    /// attempt, made or failed, leaves an `env_create` audit record.
     pub async fn create_env(
+        &self,
+        req: CreateEnvRequest,
+        progress: Option<&Progress>,
+    ) -> Result<CreateEnvResult, ExecError> {
+        let started = Instant::now();
+        let name = req.name.clone();
+        let packages: Vec<String> = req.specs.iter().chain(&req.pip).cloned().collect();
+        let created = self.create_new_env(req, progress).await;
+        self.audit_record(crate::audit::RecordKind::EnvCreate, |r| {
+            r.env = Some(name);
+            r.packages = (!packages.is_empty()).then_some(packages);
+            r.wall_ms = Some((started.elapsed().as_secs_f64() * 1e6).round() / 1e3);
+            r.env_hash = created.as_ref().ok().map(|done| done.env_hash.clone());
+            audit_outcome(r, &created);
+        });
+        created
+    }
+
+    /// Delete an environment (see [`Executor::delete_unaudited`]), leaving
+    /// an `env_delete` audit record, done or refused.
+    pub async fn delete_env(&self, name: &str, force: bool) -> Result<DeleteEnvResult, ExecError> {
+        self.reserve_records(1)?;
+        let hash = self
+            .audit()
+            .enabled()
+            .then(|| self.audit_env_hash(Some(name)))
+            .flatten();
+        let deleted = self.delete_unaudited(name, force).await;
+        self.audit_record(crate::audit::RecordKind::EnvDelete, |r| {
+            let env = deleted.as_ref().map_or(name, |d| d.name.as_str());
+            r.env = Some(env.to_string());
+            r.env_hash = hash;
+            audit_outcome(r, &deleted);
+        });
+        deleted
+    }
+
+    /// [`Executor::create_env`] before its record.
+    async fn create_new_env(
         &self,
         req: CreateEnvRequest,
         progress: Option<&Progress>,
@@ -374,7 +427,11 @@ impl Executor {
     /// Conda prefixes (not Conda's root) can be deleted; the default
     /// environment, or one with live sessions, only with `force` (which
     /// closes the sessions).
-    pub async fn delete_env(&self, name: &str, force: bool) -> Result<DeleteEnvResult, ExecError> {
+    async fn delete_unaudited(
+        &self,
+        name: &str,
+        force: bool,
+    ) -> Result<DeleteEnvResult, ExecError> {
         if self.closing.load(Ordering::Acquire) {
             return Err(ExecError::ShuttingDown);
         }

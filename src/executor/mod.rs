@@ -374,6 +374,7 @@ impl Executor {
         let mut r = crate::audit::Record::new(kind, caller);
         {
             r.env = env.map(str::to_string);
+            r.env_hash = self.audit_env_hash(env);
             r.outcome = Some("refused");
             r.status = Some(err.status());
             r.error = Some(err.code());
@@ -395,7 +396,29 @@ impl Executor {
         let caller = crate::auth::current();
         let mut record = crate::audit::Record::new(kind, caller.as_deref());
         fill(&mut record);
+        // A create that failed names an environment it did not make (one
+        // of that name may exist): its record has the hash of none.
+        if record.env_hash.is_none() && kind != crate::audit::RecordKind::EnvCreate {
+            record.env_hash = self.audit_env_hash(record.env.as_deref());
+        }
         self.audit.emit(record, caller.as_deref());
+    }
+
+    /// The content hash of the served environment named `env`, for a
+    /// record that names one.
+    pub(crate) fn audit_env_hash(&self, env: Option<&str>) -> Option<String> {
+        let entry = self.env_entry(Some(env.filter(|e| !e.is_empty())?)).ok()?;
+        Some(entry.hash().to_string())
+    }
+
+    /// With `audit_fail = "closed"`: the current caller holds a reserved
+    /// queue slot for each of the `n` records its request writes, or the
+    /// request is refused (`503 audit_unavailable`) before anything runs.
+    pub(crate) fn reserve_records(&self, n: usize) -> Result<(), ExecError> {
+        match crate::auth::current() {
+            Some(caller) => self.audit.reserve_records(&caller, n),
+            None => Ok(()),
+        }
     }
 
     /// Directory holding the bootstrap and the workers' scratch roots.
@@ -470,18 +493,6 @@ impl Executor {
         let out = run_bounded(cmd, self.install_timeout)
             .await
             .map_err(ExecError::Installer)?;
-        self.audit_record(crate::audit::RecordKind::Install, |r| {
-            r.env = Some(entry.spec.name.clone());
-            r.packages = Some(req.packages.clone());
-            r.outcome = Some(if out.timed_out {
-                "timeout"
-            } else if out.exit_code == 0 {
-                "ok"
-            } else {
-                "error"
-            });
-            r.exit_code = Some(out.exit_code);
-        });
         drop(requirements);
         let mut installed = Vec::new();
         if out.exit_code == 0 && !out.timed_out {
@@ -495,6 +506,19 @@ impl Executor {
         }
         // Even a failed install may have changed something.
         entry.rehash();
+        self.audit_record(crate::audit::RecordKind::Install, |r| {
+            r.env = Some(entry.spec.name.clone());
+            r.env_hash = Some(entry.hash().to_string());
+            r.packages = Some(req.packages.clone());
+            r.outcome = Some(if out.timed_out {
+                "timeout"
+            } else if out.exit_code == 0 {
+                "ok"
+            } else {
+                "error"
+            });
+            r.exit_code = Some(out.exit_code);
+        });
         Ok(InstallResult {
             env: entry.spec.name.clone(),
             manager: tool.name().into(),

@@ -80,6 +80,8 @@ struct AuditedRun<'a> {
     executor: &'a Executor,
     facts: CodeFacts,
     env: String,
+    /// The environment's content hash when the run started.
+    env_hash: Arc<str>,
     session: Option<String>,
     started: Instant,
     done: bool,
@@ -101,7 +103,7 @@ impl AuditedRun<'_> {
                     r.limit = report.outcome.limit.map(Limit::as_str);
                     r.exit_code = Some(out.exit_code);
                     r.wall_ms = Some((out.duration_ms * 1e3).round() / 1e3);
-                    r.cpu_ms = out.cpu_ms;
+                    r.cpu_ms = out.cpu_ms.map(|ms| (ms * 1e3).round() / 1e3);
                     r.peak_rss_kb = out.peak_rss_kb;
                     r.output_bytes = Some((out.stdout.len() + out.stderr.len()) as u64);
                     if let Some(net) = &out.network {
@@ -135,6 +137,7 @@ impl AuditedRun<'_> {
     fn fill(&self, r: &mut crate::audit::Record) {
         r.set_code(&self.facts);
         r.env = Some(self.env.clone());
+        r.env_hash = Some(self.env_hash.to_string());
         r.session = self.session.clone();
     }
 }
@@ -247,6 +250,7 @@ impl Executor {
             executor: self,
             facts,
             env: entry.spec.name.clone(),
+            env_hash: entry.hash(),
             session: session.as_ref().map(|c| c.session().id().to_string()),
             started: Instant::now(),
             done: false,

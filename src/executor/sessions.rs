@@ -134,11 +134,18 @@ impl Executor {
                 }
             }
         };
-        let info =
-            self.sessions
-                .insert(reservation, entry.spec.name.clone(), ttl, timeout, worker)?;
+        let env_hash = entry.hash();
+        let info = self.sessions.insert(
+            reservation,
+            entry.spec.name.clone(),
+            env_hash.clone(),
+            ttl,
+            timeout,
+            worker,
+        )?;
         self.audit_record(crate::audit::RecordKind::SessionCreate, |r| {
             r.env = Some(info.env.clone());
+            r.env_hash = Some(env_hash.to_string());
             r.session = Some(info.id.clone());
             r.outcome = Some("ok");
         });
@@ -166,6 +173,7 @@ impl Executor {
             self.audit_refusal(&err, None);
             return Err(err);
         }
+        self.reserve_records(1)?;
         let info = self
             .sessions
             .close(id, caller.as_ref().map(|c| c.client.name()))?;

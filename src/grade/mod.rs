@@ -141,6 +141,8 @@ impl Executor {
                 other => other,
             })?);
         }
+        // One grade record per submission: each has its slot before any runs.
+        self.reserve_records(submissions.len())?;
         Ok(PreparedBatch { submissions, width })
     }
 

@@ -251,6 +251,7 @@ async fn list_sessions(State(state): State<AppState>) -> Response {
         (status = 401, description = "Missing or wrong token (`unauthorized`)", body = openapi::ErrorBody),
         (status = 403, description = "The client lacks the `sessions` scope (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "No such live session here (`unknown_session`)", body = openapi::ErrorBody),
+        (status = 503, description = "The audit log cannot take the record (`audit_unavailable`)", body = openapi::ErrorBody),
     )
 )]
 async fn close_session(
@@ -482,8 +483,9 @@ async fn install(
         (status = 409, description = "An environment or folder of that name exists (`conflict`)", body = openapi::ErrorBody),
         (status = 413, description = "Body over `max_body_bytes` or environment_yml over 1 MiB (`too_large`)", body = openapi::ErrorBody),
         (status = 422, description = "A step failed or `create_timeout_secs` passed; nothing was left on disk (`create_failed`)", body = openapi::ErrorBody),
+        (status = 429, description = "The client's `max_concurrent` or `rate_per_minute` is spent (`too_many_requests`, with `Retry-After`)", body = openapi::ErrorBody),
         (status = 500, description = "The files could not be laid out (`internal`)", body = openapi::ErrorBody),
-        (status = 503, description = "Shutting down (`unavailable`)", body = openapi::ErrorBody),
+        (status = 503, description = "Shutting down (`unavailable`), or the audit log cannot take the record (`audit_unavailable`)", body = openapi::ErrorBody),
     )
 )]
 async fn create_env(
@@ -523,7 +525,7 @@ struct DeleteEnvQuery {
         (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
         (status = 409, description = "The default environment, one with live sessions (without `force`), or Conda's root (`conflict`)", body = openapi::ErrorBody),
         (status = 500, description = "The prefix could not be removed (`internal`)", body = openapi::ErrorBody),
-        (status = 503, description = "Shutting down (`unavailable`)", body = openapi::ErrorBody),
+        (status = 503, description = "Shutting down (`unavailable`), or the audit log cannot take the record (`audit_unavailable`)", body = openapi::ErrorBody),
     )
 )]
 async fn delete_env(

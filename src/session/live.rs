@@ -17,6 +17,9 @@ pub struct Session {
     /// Index of the session's environment in the executor.
     pub(super) env: usize,
     pub(super) env_name: String,
+    /// The environment's content hash when the session started (its
+    /// expiry's audit record names it; no request is there to look it up).
+    pub(super) env_hash: Arc<str>,
     /// The client that created it (`None`: created in-process, no
     /// client): only that client's calls find it.
     pub(super) owner: Option<Arc<str>>,
@@ -40,10 +43,10 @@ pub struct Session {
 }
 
 impl Session {
+    /// A session `id` in `env` (its index, name and content hash).
     pub(super) fn new(
         id: String,
-        env: usize,
-        env_name: String,
+        (env, env_name, env_hash): (usize, String, Arc<str>),
         owner: Option<Arc<str>>,
         ttl: Duration,
         timeout: f64,
@@ -53,6 +56,7 @@ impl Session {
             id,
             env,
             env_name,
+            env_hash,
             owner,
             ttl,
             timeout,

@@ -182,6 +182,7 @@ impl Sessions {
         &self,
         reservation: Reservation,
         env_name: String,
+        env_hash: Arc<str>,
         ttl: Duration,
         timeout: f64,
         worker: PooledWorker,
@@ -195,8 +196,7 @@ impl Sessions {
         };
         let session = Arc::new(Session::new(
             id.clone(),
-            reservation.env,
-            env_name,
+            (reservation.env, env_name, env_hash),
             reservation.owner.clone(),
             ttl,
             timeout,
@@ -367,6 +367,7 @@ impl Sessions {
                 record.client = session.owner.clone();
                 record.session = Some(session.id.clone());
                 record.env = Some(session.env_name.clone());
+                record.env_hash = Some(session.env_hash.to_string());
                 audit.emit(record, None);
             }
             let grace = self.grace;

@@ -154,10 +154,11 @@ pub struct RunOutput {
     pub error: Option<protocol::WireError>,
     /// Files the run created or changed.
     pub artifacts: Vec<protocol::WireArtifact>,
-    /// CPU time (user + system) of the run's process, when the exec frame
-    /// asked for `rusage`.
+    /// CPU time (user + system) of the run's process: measured by the run
+    /// before it reported (when it did), or from reaping it when the exec
+    /// frame asked for `rusage`.
     pub cpu_ms: Option<f64>,
-    /// Peak resident set of the run's process in KiB, with `rusage`.
+    /// Peak resident set of the run's process in KiB (as `cpu_ms`).
     pub peak_rss_kb: Option<u64>,
     /// What the run did through the egress proxy (environments with
     /// `allowed_hosts`).

@@ -1,7 +1,8 @@
 //! The audit log: one JSON line per run, session call, grading, session
-//! start/close/expiry, install and refused request, with the fields
-//! docs/operations.md documents; its sink failing open or closed; SIGHUP
-//! reopening it and size-based rotation.
+//! start/close/expiry, install, env create/delete and refused request, with
+//! the fields docs/operations.md documents (the env's hash, a run's CPU time
+//! and peak RSS among them); its sink failing open or closed, a batch
+//! holding a slot per record; SIGHUP reopening it and size-based rotation.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -239,6 +240,12 @@ rate_per_minute = 1
     assert_eq!(run["exit_code"], 0);
     assert_eq!(run["output_bytes"], 3);
     assert!(run["wall_ms"].as_f64().unwrap() > 0.0, "{run}");
+    // The env's hash is the one the result shows; CPU time and peak RSS
+    // are there without asking for rusage.
+    let hash_a = body["env_hash"].as_str().expect("env_hash in the result");
+    assert_eq!(run["env_hash"], hash_a, "{run}");
+    assert!(run["cpu_ms"].as_f64().unwrap() >= 0.0, "{run}");
+    assert!(run["peak_rss_kb"].as_u64().unwrap() > 1000, "{run}");
     assert!(run["time"].as_str().unwrap().ends_with('Z'), "{run}");
     for absent in ["code", "stdout", "stderr"] {
         assert!(run.get(absent).is_none(), "{absent} in {run}");
@@ -304,6 +311,58 @@ rate_per_minute = 1
     )
     .await;
     assert_eq!(status, 200, "{installed}");
+    let (status, _, in_b) = post_as(
+        &server,
+        "/execute",
+        alice,
+        None,
+        json!({"code": "1", "env": "b"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{in_b}");
+    let (status, _, after_install) = post_as(
+        &server,
+        "/execute",
+        alice,
+        None,
+        json!({"code": "1", "env": "a"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{after_install}");
+
+    let admin = Some("admin-token");
+    let (status, _, made) = post_as(
+        &server,
+        "/envs",
+        admin,
+        Some("audit-env-create"),
+        json!({"name": "made", "specs": ["python=3.11"]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{made}");
+    let (status, _, failed) = post_as(
+        &server,
+        "/envs",
+        admin,
+        Some("audit-env-create-failed"),
+        json!({"name": "broken", "specs": ["failing-pkg"]}),
+    )
+    .await;
+    assert_eq!(status, 422, "{failed}");
+    for (name, id, want) in [
+        ("made", "audit-env-delete", 200),
+        ("nosuch", "audit-env-delete-unknown", 404),
+    ] {
+        let deleted = server
+            .client
+            .delete(format!("{}/envs/{name}", server.url))
+            .bearer_auth("admin-token")
+            .header("x-request-id", id)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(deleted.status(), want, "{name}");
+    }
 
     let (status, _, _) = post_as(
         &server,
@@ -337,19 +396,26 @@ rate_per_minute = 1
     assert_eq!(call["kind"], "session_call");
     assert_eq!(call["session"], id.as_str());
     assert_eq!(call["code_sha256"], sha256("x = 1\nprint(x)"));
+    assert_eq!(call["env_hash"], hash_a, "{call}");
+    assert!(call["cpu_ms"].as_f64().is_some(), "{call}");
+    assert!(call["peak_rss_kb"].as_u64().unwrap() > 1000, "{call}");
     let created = wait_for_record(&log, "session_create", |r| {
         r["kind"] == "session_create" && r["session"] == id.as_str()
     })
     .await;
     assert_eq!(created["client"], "alice");
     assert_eq!(created["request_id"], "audit-session");
+    assert_eq!(created["env_hash"], hash_a, "{created}");
     let close = wait_for_record(&log, "session_close", |r| r["kind"] == "session_close").await;
     assert_eq!(close["session"], id.as_str());
+    assert_eq!(close["env_hash"], hash_a, "{close}");
     let expired = wait_for_record(&log, "session_expire", |r| {
         r["kind"] == "session_expire" && r["session"] == short_id.as_str()
     })
     .await;
     assert_eq!(expired["client"], "alice", "{expired}");
+    assert_eq!(expired["env"], "a", "{expired}");
+    assert_eq!(expired["env_hash"], hash_a, "{expired}");
     let grade = wait_for_record(&log, "grade", |r| r["kind"] == "grade").await;
     assert_eq!(grade["request_id"], "audit-grade");
     assert_eq!(grade["cases"], 2);
@@ -357,10 +423,59 @@ rate_per_minute = 1
     assert_eq!(grade["verdicts"]["wrong_answer"], 1, "{grade}");
     assert_eq!(grade["code_sha256"], sha256("print(int(input()) * 2)"));
     assert_eq!(grade["outcome"], "error");
+    assert_eq!(grade["env"], "a", "{grade}");
+    assert_eq!(grade["env_hash"], hash_a, "{grade}");
     let install = wait_for_record(&log, "install", |r| r["kind"] == "install").await;
     assert_eq!(install["client"], "admin");
     assert_eq!(install["packages"], json!(["zlib"]));
     assert_eq!(install["exit_code"], 0);
+    assert_eq!(install["env"], "a");
+    // An install's hash is the env's after it, as the next run shows it.
+    assert_eq!(install["env_hash"], after_install["env_hash"], "{install}");
+    let env_create = wait_for_record(&log, "env_create", |r| {
+        r["request_id"] == "audit-env-create"
+    })
+    .await;
+    assert_eq!(env_create["kind"], "env_create");
+    assert_eq!(env_create["client"], "admin");
+    assert_eq!(env_create["front_end"], "http");
+    assert_eq!(env_create["env"], "made");
+    assert_eq!(env_create["env_hash"], made["env_hash"], "{env_create}");
+    assert_eq!(env_create["packages"], json!(["python=3.11"]));
+    assert_eq!(env_create["outcome"], "ok");
+    assert!(
+        env_create["wall_ms"].as_f64().unwrap() > 0.0,
+        "{env_create}"
+    );
+    let create_failed = wait_for_record(&log, "failed env_create", |r| {
+        r["request_id"] == "audit-env-create-failed"
+    })
+    .await;
+    assert_eq!(create_failed["kind"], "env_create");
+    assert_eq!(create_failed["env"], "broken");
+    assert_eq!(create_failed["outcome"], "error");
+    assert_eq!(create_failed["status"], 422);
+    assert_eq!(create_failed["error"], "create_failed");
+    assert!(create_failed.get("env_hash").is_none(), "{create_failed}");
+    let env_delete = wait_for_record(&log, "env_delete", |r| {
+        r["request_id"] == "audit-env-delete"
+    })
+    .await;
+    assert_eq!(env_delete["kind"], "env_delete");
+    assert_eq!(env_delete["client"], "admin");
+    assert_eq!(env_delete["env"], "made");
+    assert_eq!(env_delete["env_hash"], made["env_hash"], "{env_delete}");
+    assert_eq!(env_delete["outcome"], "ok");
+    let delete_unknown = wait_for_record(&log, "refused env_delete", |r| {
+        r["request_id"] == "audit-env-delete-unknown"
+    })
+    .await;
+    assert_eq!(delete_unknown["kind"], "env_delete");
+    assert_eq!(delete_unknown["env"], "nosuch");
+    assert_eq!(delete_unknown["outcome"], "error");
+    assert_eq!(delete_unknown["status"], 404);
+    assert_eq!(delete_unknown["error"], "unknown_env");
+    assert!(delete_unknown.get("env_hash").is_none(), "{delete_unknown}");
     let unknown = wait_for_record(&log, "401", |r| r["request_id"] == "audit-401").await;
     assert_eq!(unknown["kind"], "auth_failure");
     assert_eq!(unknown["status"], 401);
@@ -370,13 +485,23 @@ rate_per_minute = 1
     assert_eq!(forbidden["client"], "tight");
     assert_eq!(forbidden["status"], 403);
     assert_eq!(forbidden["env"], "b");
+    assert_eq!(forbidden["env_hash"], in_b["env_hash"], "{forbidden}");
     let limited = wait_for_record(&log, "429", |r| r["request_id"] == "audit-429").await;
     assert_eq!(limited["kind"], "rate_limited");
     assert_eq!(limited["status"], 429);
     assert_eq!(limited["error"], "too_many_requests");
 
-    // Every record holds documented fields only, and every record has the
-    // fields every record has.
+    // Every kind of record is there; every record holds documented fields
+    // only, and every record has the fields every record has.
+    let seen: BTreeSet<String> = records(&log)
+        .iter()
+        .filter_map(|r| r["kind"].as_str().map(str::to_string))
+        .collect();
+    let every: BTreeSet<String> = RecordKind::ALL
+        .iter()
+        .map(|k| k.as_str().to_string())
+        .collect();
+    assert_eq!(seen, every, "kinds of record written");
     for record in records(&log) {
         for key in record.as_object().unwrap().keys() {
             assert!(documented.contains(key), "undocumented {key:?} in {record}");
@@ -413,24 +538,167 @@ async fn code_and_output_are_recorded_only_with_audit_include_code() {
     server.stop().await;
 }
 
-/// Runs `print(N)` until one is answered `want`; the last answer.
+#[tokio::test]
+async fn every_run_records_its_cpu_time_and_peak_rss_without_asking_for_rusage() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    let server = TestServer::with_config(Config {
+        audit: audit_to(&log, AuditFail::Open),
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    // About 100 ms of CPU or more, and 64 MiB written.
+    let burn = "n = 0\nfor i in range(2_000_000):\n    n += i\nprint(n > 0)";
+    let grow = "x = b'x' * (64 << 20)\nprint(len(x))";
+    let mut ids = Vec::new();
+    for (id, code) in [("cpu-run", burn), ("rss-run", grow)] {
+        let (status, _, body) =
+            post_as(&server, "/execute", None, Some(id), json!({"code": code})).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["exit_code"], 0, "{body}");
+        // The result a client sees is as it was: no rusage fields.
+        assert!(body.get("cpu_ms").is_none(), "{body}");
+        assert!(body.get("peak_rss_kb").is_none(), "{body}");
+        ids.push(id);
+    }
+    let (status, _, session) = post_as(&server, "/sessions", None, None, json!({})).await;
+    assert_eq!(status, 201, "{session}");
+    let (status, _, body) = post_as(
+        &server,
+        "/execute",
+        None,
+        Some("cpu-call"),
+        json!({"code": burn, "session": session["id"]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    let cpu = wait_for_record(&log, "cpu-run", |r| r["request_id"] == "cpu-run").await;
+    let cpu_ms = cpu["cpu_ms"].as_f64().expect("cpu_ms");
+    let wall_ms = cpu["wall_ms"].as_f64().unwrap();
+    assert!(cpu_ms >= 30.0, "{cpu}");
+    // The run's own CPU, not its process's life before the request.
+    assert!(cpu_ms <= wall_ms + 20.0, "{cpu}");
+    let rss = wait_for_record(&log, "rss-run", |r| r["request_id"] == "rss-run").await;
+    assert!(
+        rss["peak_rss_kb"].as_u64().expect("peak_rss_kb") >= 64 << 10,
+        "{rss}"
+    );
+    assert!(cpu["peak_rss_kb"].as_u64().unwrap() < 64 << 10, "{cpu}");
+    let call = wait_for_record(&log, "cpu-call", |r| r["request_id"] == "cpu-call").await;
+    assert_eq!(call["kind"], "session_call");
+    assert!(call["cpu_ms"].as_f64().expect("cpu_ms") >= 30.0, "{call}");
+    assert!(
+        call["peak_rss_kb"].as_u64().expect("peak_rss_kb") > 1000,
+        "{call}"
+    );
+
+    // A run killed at its timeout never reported: nothing measured.
+    let (status, _, body) = post_as(
+        &server,
+        "/execute",
+        None,
+        Some("killed-run"),
+        json!({"code": "while True: pass", "timeout": 0.5}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["timed_out"], true, "{body}");
+    let killed = wait_for_record(&log, "killed-run", |r| r["request_id"] == "killed-run").await;
+    assert_eq!(killed["outcome"], "timeout", "{killed}");
+    assert!(killed.get("cpu_ms").is_none(), "{killed}");
+    server.stop().await;
+}
+
+/// A `/grade/batch` body of `n` submissions, `print(i)` each, one case each.
+fn batch_of(n: usize) -> Value {
+    let submissions: Vec<Value> = (0..n)
+        .map(|i| json!({"code": format!("print({i})"), "tests": [{"expected_stdout": format!("{i}\n")}]}))
+        .collect();
+    json!({ "submissions": submissions })
+}
+
+#[tokio::test]
+async fn a_batch_failing_closed_holds_a_record_slot_for_every_submission() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    let server = TestServer::with_config(Config {
+        audit: AuditConfig {
+            queue: 3,
+            ..audit_to(&log, AuditFail::Closed)
+        },
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    // More submissions than the queue can hold records for: refused
+    // before anything runs.
+    let (status, headers, refused) =
+        post_as(&server, "/grade/batch", None, Some("batch-4"), batch_of(4)).await;
+    assert_eq!(status, 503, "{refused}");
+    assert_eq!(refused["error"]["code"], "audit_unavailable", "{refused}");
+    assert!(
+        common::error_message(&refused).contains("4 audit records"),
+        "{refused}"
+    );
+    assert_eq!(headers["retry-after"], "1");
+    // As many as it holds: every submission is graded and recorded.
+    let (status, _, graded) =
+        post_as(&server, "/grade/batch", None, Some("batch-3"), batch_of(3)).await;
+    assert_eq!(status, 200, "{graded}");
+    assert_eq!(graded["results"].as_array().unwrap().len(), 3, "{graded}");
+    let start = Instant::now();
+    let hashes = loop {
+        let hashes: BTreeSet<String> = records(&log)
+            .iter()
+            .filter(|r| r["request_id"] == "batch-3" && r["kind"] == "grade")
+            .filter_map(|r| r["code_sha256"].as_str().map(str::to_string))
+            .collect();
+        if hashes.len() == 3 || start.elapsed() > Duration::from_secs(10) {
+            break hashes;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let want: BTreeSet<String> = (0..3).map(|i| sha256(&format!("print({i})"))).collect();
+    assert_eq!(hashes, want, "a grade record per submission");
+    assert!(
+        !records(&log).iter().any(|r| r["request_id"] == "batch-4"),
+        "the refused batch left a record"
+    );
+    // Streamed, the same holds.
+    let resp = server
+        .client
+        .post(format!("{}/grade/batch", server.url))
+        .header("accept", "text/event-stream")
+        .json(&batch_of(5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    server.stop().await;
+}
+
+/// Runs `print(1)` until one is answered `want`, the `n`th attempt with
+/// request id `{id}-{n}`; the last answer and its request id.
 async fn run_until(
     server: &TestServer,
     want: u16,
     id: &str,
-) -> (u16, reqwest::header::HeaderMap, Value) {
+) -> ((u16, reqwest::header::HeaderMap, Value), String) {
     let start = Instant::now();
-    loop {
+    for n in 0.. {
+        let attempt = format!("{id}-{n}");
         let answer = post_as(
             server,
             "/execute",
             None,
-            Some(id),
+            Some(&attempt),
             json!({"code": "print(1)"}),
         )
         .await;
         if answer.0 == want {
-            return answer;
+            return (answer, attempt);
         }
         assert!(
             start.elapsed() < Duration::from_secs(10),
@@ -440,6 +708,7 @@ async fn run_until(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    unreachable!("the attempts are endless")
 }
 
 /// Send SIGHUP to this process (the server's reload listener takes it).
@@ -493,7 +762,7 @@ async fn a_sink_failing_closed_refuses_runs_and_loses_no_acknowledged_record() {
     .await;
     assert_eq!(status, 200, "{body}");
     // ... and once the sink is seen failing, runs are refused, naming why.
-    let (_, headers, refused) = run_until(&server, 503, "closed-refused").await;
+    let ((_, headers, refused), refused_id) = run_until(&server, 503, "closed-refused").await;
     assert_eq!(refused["error"]["code"], "audit_unavailable", "{refused}");
     assert!(
         common::error_message(&refused).contains("audit log"),
@@ -502,8 +771,8 @@ async fn a_sink_failing_closed_refuses_runs_and_loses_no_acknowledged_record() {
     assert_eq!(headers["retry-after"], "1");
     // The directory is back: the held record is written, runs go on.
     std::fs::create_dir(&logs).unwrap();
-    run_until(&server, 200, "closed-c").await;
-    wait_for_record(&log, "closed-c", |r| r["request_id"] == "closed-c").await;
+    let (_, c_id) = run_until(&server, 200, "closed-c").await;
+    wait_for_record(&log, "closed-c", |r| r["request_id"] == c_id.as_str()).await;
     let written = records(&log);
     let ids: Vec<&str> = written
         .iter()
@@ -513,9 +782,10 @@ async fn a_sink_failing_closed_refuses_runs_and_loses_no_acknowledged_record() {
         ids.contains(&"closed-b"),
         "acknowledged record lost: {ids:?}"
     );
-    assert!(ids.contains(&"closed-c"), "{ids:?}");
+    assert!(ids.contains(&c_id.as_str()), "{ids:?}");
+    // (Attempts before the sink was seen failing ran, and have theirs.)
     assert!(
-        !ids.contains(&"closed-refused"),
+        !ids.contains(&refused_id.as_str()),
         "a refused run has a run record: {ids:?}"
     );
     let before: Vec<Value> = records(&moved.join("audit.log"));
@@ -535,7 +805,7 @@ async fn a_full_sink_fails_closed_with_503_and_open_with_counted_drops() {
     .await;
     let (status, _, _) = post_as(&server, "/execute", None, None, json!({"code": "1"})).await;
     assert_eq!(status, 200);
-    let (_, _, refused) = run_until(&server, 503, "full-closed").await;
+    let ((_, _, refused), _) = run_until(&server, 503, "full-closed").await;
     assert_eq!(refused["error"]["code"], "audit_unavailable");
     server.stop().await;
 

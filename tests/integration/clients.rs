@@ -402,7 +402,9 @@ async fn every_rule_holds_over_mcp_streamable_http_by_bearer_token() {
             "runner",
             "scopes = [\"execute\"]\nenvs = [\"a\"]\nrate_per_minute = 60\nburst = 2",
         ) + &client("owner", "scopes = [\"execute\", \"sessions\"]")
-            + &client("intruder", "scopes = [\"execute\", \"sessions\"]")),
+            + &client("intruder", "scopes = [\"execute\", \"sessions\"]")
+            + &client("single", "scopes = [\"execute\"]\nmax_concurrent = 1")
+            + &client("installer", "scopes = [\"install\"]")),
     );
     let server = TestServer::with_config(Config {
         clients_file: Some(clients),
@@ -441,6 +443,54 @@ async fn every_rule_holds_over_mcp_streamable_http_by_bearer_token() {
             .unwrap(),
     );
     assert!(shown.contains("too_many_requests"), "{shown}");
+    let limited = wait_for_record(&log, "mcp 429", |r| {
+        r["kind"] == "rate_limited" && r["client"] == "runner"
+    })
+    .await;
+    assert_eq!(limited["front_end"], "mcp-http", "{limited}");
+    let forbidden = wait_for_record(&log, "mcp 403", |r| {
+        r["kind"] == "auth_failure" && r["client"] == "runner" && r["env"] == "b"
+    })
+    .await;
+    assert_eq!(forbidden["front_end"], "mcp-http", "{forbidden}");
+    // A client without `install` is refused the tool, naming the scope.
+    let shown = refused(
+        &call(&runner, "install_packages", json!({"packages": ["zlib"]}))
+            .await
+            .unwrap(),
+    );
+    assert!(
+        shown.contains("forbidden") && shown.contains("`install`"),
+        "{shown}"
+    );
+
+    // max_concurrent = 1: of calls made at once, one runs and the others
+    // are refused at once; once it ended, the next runs.
+    let mut single = Vec::new();
+    for _ in 0..3 {
+        single.push(connect_http(&url, Some("single-token")).await);
+    }
+    let results = futures_util::future::join_all(single.iter().map(|c| {
+        execute_code(
+            c,
+            json!({"code": "import time; time.sleep(1.5); print('slow')"}),
+        )
+    }))
+    .await;
+    let shown: Vec<String> = results.iter().map(|r| text(r.as_ref().unwrap())).collect();
+    let ran = shown.iter().filter(|t| t.contains("slow")).count();
+    let refusals = shown
+        .iter()
+        .filter(|t| t.contains("too_many_requests") && t.contains("max_concurrent"))
+        .count();
+    assert_eq!((ran, refusals), (1, 2), "{shown:?}");
+    let result = execute_code(&single[0], json!({"code": "print(2)"}))
+        .await
+        .unwrap();
+    assert_ne!(result.is_error, Some(true), "{}", text(&result));
+    for c in single {
+        let _ = c.cancel().await;
+    }
 
     let owner = connect_http(&url, Some("owner-token")).await;
     let created = call(&owner, "create_session", json!({})).await.unwrap();
@@ -480,7 +530,8 @@ async fn mcp_over_stdio_acts_as_its_configured_client() {
         &(client(
             "notebook",
             "scopes = [\"execute\"]\nmax_timeout = 1\nrate_per_minute = 6\nburst = 2",
-        ) + &client("other", "scopes = [\"execute\", \"sessions\"]")),
+        ) + &client("other", "scopes = [\"execute\", \"sessions\", \"install\"]")
+            + &client("confined", "scopes = [\"execute\"]\nenvs = [\"nowhere\"]")),
     );
     let python = crate::common::python();
     let (stdio, _child) = connect_stdio(
@@ -520,10 +571,50 @@ async fn mcp_over_stdio_acts_as_its_configured_client() {
         shown.contains("forbidden") && shown.contains("`sessions`"),
         "{shown}"
     );
+    let shown = refused(
+        &call(&stdio, "install_packages", json!({"packages": ["zlib"]}))
+            .await
+            .unwrap(),
+    );
+    assert!(
+        shown.contains("forbidden") && shown.contains("`install`"),
+        "{shown}"
+    );
     let _ = execute_code(&stdio, json!({"code": "1"})).await.unwrap();
     let shown = refused(&execute_code(&stdio, json!({"code": "1"})).await.unwrap());
     assert!(shown.contains("too_many_requests"), "{shown}");
+    let limited = wait_for_record(&log, "stdio 429", |r| r["kind"] == "rate_limited").await;
+    assert_eq!(limited["front_end"], "mcp-stdio", "{limited}");
+    assert_eq!(limited["client"], "notebook", "{limited}");
+    let forbidden = wait_for_record(&log, "stdio 403", |r| r["kind"] == "auth_failure").await;
+    assert_eq!(forbidden["front_end"], "mcp-stdio", "{forbidden}");
+    assert_eq!(forbidden["client"], "notebook", "{forbidden}");
     let _ = stdio.cancel().await;
+
+    // A client confined to other envs is refused the server's env, named.
+    let (confined, _confined_child) = connect_stdio(
+        env!("CARGO_BIN_EXE_code-executor").as_ref(),
+        &[
+            "--python",
+            python.to_str().unwrap(),
+            "--pool-size",
+            "1",
+            "--clients",
+            clients.to_str().unwrap(),
+            "--mcp-client",
+            "confined",
+        ],
+        &[("TMPDIR", dir.path() as &Path)],
+    )
+    .await;
+    let shown = refused(&execute_code(&confined, json!({"code": "1"})).await.unwrap());
+    assert!(
+        shown.contains("forbidden")
+            && shown.contains("may not use environment")
+            && shown.contains("nowhere"),
+        "{shown}"
+    );
+    let _ = confined.cancel().await;
 
     // A name the clients file lacks stops the server at start.
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_code-executor"))
