@@ -109,7 +109,10 @@ impl Executor {
         let probe = tokio::spawn(async move { Sandbox::probe(&sandbox_config, &networks).await });
         let registry = Registry::build(&config.registry()).await?;
         let sandbox = probe.await.map_err(StartError::Probe)??;
-        remove_stale_base_dirs(&std::env::temp_dir());
+        // Off the start's path: the first worker need not wait for it.
+        let _ = std::thread::Builder::new()
+            .name("stale-dirs".into())
+            .spawn(|| remove_stale_base_dirs(&std::env::temp_dir()));
         let base_dir = tempfile::Builder::new()
             .prefix(&format!(
                 "{}.",

@@ -184,9 +184,11 @@ impl CgroupRoot {
         let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
         let name = server_dir_name(std::process::id(), own_pid_namespace());
         let places = own_places(&mountinfo, &own);
-        for place in &places {
-            remove_stale(&place.base);
-        }
+        // Off the start's path: the first worker need not wait for it.
+        let bases: Vec<PathBuf> = places.iter().map(|p| p.base.clone()).collect();
+        let _ = std::thread::Builder::new()
+            .name("stale-cgroups".into())
+            .spawn(move || bases.iter().for_each(|b| remove_stale(b)));
         let mut hierarchies: Vec<Hierarchy> = Vec::new();
         for controller in Controller::ALL {
             // v2 first: one hierarchy for every controller it offers.

@@ -143,7 +143,16 @@ async fn cgroups_left_by_a_killed_server_are_removed_by_the_next() {
     let foreign = bases[0].join(format!("code-executor-{dead}-{}", pid_namespace() + 1));
     std::fs::create_dir(&foreign).unwrap();
     let server = common::TestServer::start().await;
-    assert_eq!(server_cgroups(dead), Vec::<std::path::PathBuf>::new());
+    // Removed beside the start, not before it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !server_cgroups(dead).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            server_cgroups(dead)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     assert!(foreign.is_dir(), "another namespace's cgroup was removed");
     std::fs::remove_dir(&foreign).unwrap();
     server.stop().await;
