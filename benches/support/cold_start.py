@@ -1,0 +1,79 @@
+"""MCP stdio cold start, as a client meets it, for one or more server binaries
+in turns, beside a `python -c` spawn of the same interpreter.
+
+    python3 benches/support/cold_start.py PYTHON ROUNDS BINARY [BINARY ...]
+
+Each round spawns every BINARY as `BINARY mcp --python PYTHON --pool-size 4`,
+sends `initialize`, then one `execute_code` of `print(2+2)`, and times spawn to
+answer; then it spawns `PYTHON -c 'print(2+2)'`. A BINARY may carry its own
+flags after a space (`"target/release/code-executor --cache-dir none"`).
+Prints the median of each, and of `initialize` alone.
+"""
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+
+def cold_start(command, python):
+    started = time.perf_counter()
+    server = subprocess.Popen(
+        command[:1] + ["mcp", "--python", python, "--pool-size", "4"] + command[1:],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+
+    def send(message):
+        server.stdin.write((json.dumps(message) + "\n").encode())
+        server.stdin.flush()
+
+    send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "cold-start", "version": "1"}}})
+    server.stdout.readline()
+    initialized = time.perf_counter() - started
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "execute_code", "arguments": {"code": "print(2+2)"}}})
+    while True:
+        answer = json.loads(server.stdout.readline())
+        if answer.get("id") == 2:
+            break
+    elapsed = time.perf_counter() - started
+    text = answer["result"]["content"][0]["text"]
+    assert text.startswith("4\n"), answer
+    server.kill()
+    server.wait()
+    return elapsed, initialized
+
+
+def spawn(python):
+    started = time.perf_counter()
+    out = subprocess.run([python, "-c", "print(2+2)"], capture_output=True, check=True)
+    assert out.stdout == b"4\n", out
+    return time.perf_counter() - started
+
+
+def main():
+    python, rounds, binaries = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    commands = [b.split() for b in binaries]
+    cold = {b: [] for b in binaries}
+    init = {b: [] for b in binaries}
+    spawns = []
+    for _ in range(rounds):
+        for binary, command in zip(binaries, commands):
+            elapsed, initialized = cold_start(command, python)
+            cold[binary].append(elapsed)
+            init[binary].append(initialized)
+        spawns.append(spawn(python))
+    ms = lambda values: statistics.median(values) * 1e3
+    base = ms(spawns)
+    for binary in binaries:
+        print(f"{binary}: first result {ms(cold[binary]):.1f} ms ({ms(cold[binary]) / base:.2f}x "
+              f"python -c), initialize {ms(init[binary]):.1f} ms")
+    print(f"python -c spawn: {base:.1f} ms (median of {rounds})")
+
+
+if __name__ == "__main__":
+    main()
