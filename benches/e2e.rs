@@ -554,8 +554,11 @@ async fn main() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_idle = server.rss_kib();
     let mut rss_load = 0;
+    // CPU of the server and everything under it per clean run, by concurrency.
+    let mut cpu_per_run: Vec<(usize, f64)> = Vec::new();
     if !mcp_only {
         for concurrency in [1, 8, 32] {
+            let cpu_before = server.tree_cpu_seconds();
             let sampler = async {
                 let mut max = 0;
                 for _ in 0..(seconds * 10.0) as usize {
@@ -567,6 +570,8 @@ async fn main() {
             let ((latencies, elapsed), max) =
                 tokio::join!(http_load(&server.url, code, concurrency, seconds), sampler);
             rss_load = rss_load.max(max);
+            let cpu = server.tree_cpu_seconds() - cpu_before;
+            cpu_per_run.push((concurrency, cpu / latencies.len().max(1) as f64));
             rows.push(Stats::new(
                 "HTTP /execute print(2+2)",
                 concurrency,
@@ -703,6 +708,51 @@ async fn main() {
             "server RSS: {:.1} MiB idle, {:.1} MiB max under load",
             rss_idle as f64 / 1024.0,
             rss_load as f64 / 1024.0
+        );
+    }
+    if !cpu_per_run.is_empty() {
+        // The fork floors of benches/support/worker_cost.py, measured now.
+        let floors = std::process::Command::new(&python)
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/benches/support/worker_cost.py"
+            ))
+            .args(["--floors", "--runs", "500", "--python"])
+            .arg(&python)
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .map(|t| {
+                t.split_whitespace()
+                    .filter_map(|v| v.parse::<f64>().ok())
+                    .collect::<Vec<f64>>()
+            })
+            .unwrap_or_default();
+        for (concurrency, seconds) in &cpu_per_run {
+            let ms = seconds * 1e3;
+            let mut line = format!(
+                "CPU per clean run at c={concurrency} (server, workers, zygotes, children): {ms:.2} ms"
+            );
+            if let [worker_sized, bare] = floors[..] {
+                line += &format!(
+                    " = {:.1}x the fork floor of a worker-sized process ({:.2} ms), {:.1}x the bare interpreter's ({:.2} ms)",
+                    ms / (worker_sized / 1e3),
+                    worker_sized / 1e3,
+                    ms / (bare / 1e3),
+                    bare / 1e3
+                );
+            }
+            println!("{line}");
+        }
+    }
+    let session = rows
+        .iter()
+        .find(|r| r.name == "HTTP session print(2+2)" && r.concurrency == 1)
+        .map(Stats::p50_ms);
+    if let (Some(session), Some(floor)) = (session, p50("floor: HTTP GET /health")) {
+        println!(
+            "session call c=1 p50 / GET /health p50: {:.2}x ({session:.3} ms / {floor:.3} ms)",
+            session / floor
         );
     }
     let http = "HTTP /execute print(2+2)";

@@ -117,6 +117,46 @@ impl Server {
         }
     }
 
+    /// CPU seconds (user + system) the server and every process under it
+    /// have used so far, from `/proc`: each live process's own time plus
+    /// what its reaped children used, so that a run's process, reaped by
+    /// its zygote, counts there.
+    pub fn tree_cpu_seconds(&self) -> f64 {
+        let mut pending = vec![self.child.id().unwrap()];
+        let mut ticks = 0u64;
+        while let Some(pid) = pending.pop() {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let fields: Vec<&str> = stat
+                .rsplit_once(')')
+                .map_or("", |(_, rest)| rest)
+                .split_whitespace()
+                .collect();
+            // utime, stime, cutime, cstime: fields 14-17 of stat(5).
+            ticks += fields
+                .get(11..15)
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|f| f.parse::<u64>().ok())
+                .sum::<u64>();
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                continue;
+            };
+            for task in tasks.flatten() {
+                if let Ok(children) = std::fs::read_to_string(task.path().join("children")) {
+                    pending.extend(
+                        children
+                            .split_whitespace()
+                            .filter_map(|p| p.parse::<u32>().ok()),
+                    );
+                }
+            }
+        }
+        // /proc reports clock ticks of USER_HZ, 100 a second on Linux.
+        ticks as f64 / 100.0
+    }
+
     /// Resident set size of the server process itself (not its workers), KiB.
     pub fn rss_kib(&self) -> u64 {
         let pid = self.child.id().unwrap();

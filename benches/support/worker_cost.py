@@ -8,6 +8,7 @@ Prints, for the interpreter given (default: this one):
   the worker's imports, what one copy-on-write page fault costs here, and
   the least a graded case costs with a fork per case (a child that only
   reads stdin, runs precompiled code and writes to a pipe);
+* the same cycle of the bare interpreter (``python -I -S``, nothing imported);
 * clean runs of ``print(2+2)`` sent back to back: CPU and minor page faults
   per run of the worker and of its forked children (from /proc/<pid>/stat),
   and the round trip seen by this driver, back to back and with idle gaps;
@@ -112,6 +113,20 @@ print(anon, fork_s / n * 1e6, wall / n * 1e6, (me.ru_utime + me.ru_stime) / n * 
 """
 
 
+# The same cycle in the bare interpreter: nothing imported, no site.
+BARE_FLOOR = r"""
+import os, sys, resource
+n = int(sys.argv[1])
+for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+me, kids = resource.getrusage(0), resource.getrusage(resource.RUSAGE_CHILDREN)
+print((me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime) / n * 1e6)
+"""
+
+
 # The least a session call can cost: one process that runs each call's code
 # itself (the bootstrap's own run_user_code, in one __main__) and answers
 # over the same pipes and codec. Nothing else: no relay through a worker, no
@@ -151,11 +166,11 @@ LAUNCH = ("import io, sys; p = sys.argv.pop(1); sys.argv[0] = __file__ = p; "
 
 
 class Worker:
-    def __init__(self, python, scratch, script=WORKER):
+    def __init__(self, python, scratch, script=WORKER, stdin=subprocess.PIPE):
         self.proc = subprocess.Popen(
             [python, "-I", "-u", "-c", LAUNCH, script, scratch, ""],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        ready = self.read()
+            stdin=stdin, stdout=subprocess.PIPE)
+        self.ready = ready = self.read()
         if ready.get("t") != "ready":
             raise SystemExit("worker did not start: %r" % (ready,))
 
@@ -163,6 +178,10 @@ class Worker:
         data = codec.pure_packb(msg)
         self.proc.stdin.write(struct.pack("!I", len(data)) + data)
         self.proc.stdin.flush()
+
+    def run(self, msg):
+        self.send(msg)
+        return self.read()
 
     def read(self):
         (n,) = struct.unpack("!I", self.proc.stdout.read(4))
@@ -191,7 +210,9 @@ class Worker:
 
 
 def exec_frame(i):
-    return {"t": "exec", "id": i, "code": "print(2+2)", "timeout": 5.0, "max_output": 1 << 20}
+    frame = dict(codec.WARM_REQUEST)
+    frame.update({"id": i, "code": "print(2+2)", "timeout": 5.0, "max_output": 1 << 20})
+    return frame
 
 
 def timed(worker, runs, gap=0.0):
@@ -200,12 +221,45 @@ def timed(worker, runs, gap=0.0):
         if gap:
             time.sleep(gap)
         t = time.perf_counter()
-        worker.send(exec_frame(i))
-        reply = worker.read()
+        reply = worker.run(exec_frame(i))
         rts.append((time.perf_counter() - t) * 1e3)
         if reply.get("stdout") != b"4\n":
             raise SystemExit("unexpected reply: %r" % (reply,))
     return rts
+
+
+def clean_runs(worker, path, n, floor_us, bare_us, fault_us):
+    """Clean runs of print(2+2) back to back on ``worker``: CPU and page
+    faults per run of each process, and the round trip."""
+    timed(worker, 100)
+    h0 = {pid: worker.stat(pid) for pid in worker.helpers()}
+    s0 = worker.stat()
+    rts = timed(worker, n)
+    s1 = worker.stat()
+    h1 = {pid: worker.stat(pid) for pid in worker.helpers()}
+    # A helper alive all along is the worker's zygote (when it has one):
+    # the run children are its children, not the worker's.
+    zygote = [(h0[pid], h1[pid]) for pid in h0 if pid in h1]
+    w_cpu, c_cpu = (s1[2] - s0[2]) / n * 1e3, (s1[3] - s0[3]) / n * 1e3
+    w_flt, c_flt = (s1[0] - s0[0]) / n, (s1[1] - s0[1]) / n
+    z_cpu = sum(b[2] - a[2] for a, b in zygote) / n * 1e3
+    z_flt = sum(b[0] - a[0] for a, b in zygote) / n
+    c_cpu += sum(b[3] - a[3] for a, b in zygote) / n * 1e3
+    c_flt += sum(b[1] - a[1] for a, b in zygote) / n
+    gapped = timed(worker, min(n, 300), gap=0.005)
+    worker.close()
+    print()
+    print("clean run print(2+2), %s, %d back to back:" % (path, n))
+    print("  worker   %.2f ms CPU, %4.0f page faults per run" % (w_cpu, w_flt))
+    if zygote:
+        print("  zygote   %.2f ms CPU, %4.0f page faults per run" % (z_cpu, z_flt))
+    print("  children %.2f ms CPU, %4.0f page faults per run" % (c_cpu, c_flt))
+    total = w_cpu + z_cpu + c_cpu
+    print("  total    %.2f ms CPU per run = %.1fx the fork floor, %.1fx the bare interpreter's; "
+          "faults alone ~%.2f ms" % (total, total / (floor_us / 1e3), total / (bare_us / 1e3),
+                                     (w_flt + z_flt + c_flt) * fault_us / 1e3))
+    print("  round trip p50 %.3f ms back to back, %.3f ms with 5 ms idle gaps"
+          % (statistics.median(rts), statistics.median(gapped)))
 
 
 def main():
@@ -213,6 +267,9 @@ def main():
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--worker", default=WORKER, help="the bootstrap to drive")
+    ap.add_argument("--floors", action="store_true",
+                    help="print only the two fork floors (us of CPU: a worker-sized process's, "
+                         "the bare interpreter's) and exit")
     args = ap.parse_args()
     python = os.path.realpath(args.python)
     floor = subprocess.run([python, "-I", "-c", FLOOR, str(args.runs)],
@@ -222,46 +279,28 @@ def main():
     out = floor.stdout.split()
     anon_kb, fork_us, cycle_us, parent_us, child_us, fault_us, case_parent, case_child, \
         case_faults = map(float, out)
+    bare = subprocess.run([python, "-I", "-S", "-c", BARE_FLOOR, str(args.runs)],
+                          capture_output=True, text=True)
+    if bare.returncode:
+        raise SystemExit("the bare floor measurement failed:\n" + bare.stderr)
+    bare_us = float(bare.stdout)
+    if args.floors:
+        print("%.1f %.1f" % (parent_us + child_us, bare_us))
+        return
     print("interpreter: %s (worker's imports: %d KiB anonymous memory)" % (python, anon_kb))
     print("floor: fork() %.0f us; fork+exit+wait cycle %.0f us wall, %.0f us CPU "
           "(parent %.0f + child %.0f)" % (fork_us, cycle_us, parent_us + child_us,
                                            parent_us, child_us))
+    print("bare interpreter (python -I -S) fork+exit+wait cycle: %.0f us CPU" % bare_us)
     print("one copy-on-write page fault: %.2f us" % fault_us)
     print("least a fork per graded case costs (print(int(input()) * 2), compiled once; stdin, "
           "stdout pipe, wait4): %.0f us CPU (parent %.0f + child %.0f), %.0f page faults in the "
           "child" % (case_parent + case_child, case_parent, case_child, case_faults))
 
+    n = args.runs
     with tempfile.TemporaryDirectory() as scratch:
-        worker = Worker(python, scratch, args.worker)
-        timed(worker, 100)
-        h0 = {pid: worker.stat(pid) for pid in worker.helpers()}
-        s0 = worker.stat()
-        rts = timed(worker, args.runs)
-        s1 = worker.stat()
-        h1 = {pid: worker.stat(pid) for pid in worker.helpers()}
-        # A helper alive all along is the worker's zygote (when it has one):
-        # the run children are its children, not the worker's.
-        zygote = [(h0[pid], h1[pid]) for pid in h0 if pid in h1]
-        n = args.runs
-        w_cpu, c_cpu = (s1[2] - s0[2]) / n * 1e3, (s1[3] - s0[3]) / n * 1e3
-        w_flt, c_flt = (s1[0] - s0[0]) / n, (s1[1] - s0[1]) / n
-        z_cpu = sum(b[2] - a[2] for a, b in zygote) / n * 1e3
-        z_flt = sum(b[0] - a[0] for a, b in zygote) / n
-        c_cpu += sum(b[3] - a[3] for a, b in zygote) / n * 1e3
-        c_flt += sum(b[1] - a[1] for a, b in zygote) / n
-        gapped = timed(worker, min(n, 300), gap=0.005)
-        worker.close()
-        print()
-        print("clean run print(2+2), %d back to back:" % n)
-        print("  worker   %.2f ms CPU, %4.0f page faults per run" % (w_cpu, w_flt))
-        if zygote:
-            print("  zygote   %.2f ms CPU, %4.0f page faults per run" % (z_cpu, z_flt))
-        print("  children %.2f ms CPU, %4.0f page faults per run" % (c_cpu, c_flt))
-        print("  total    %.2f ms CPU per run = %.1fx the fork floor; faults alone ~%.2f ms"
-              % (w_cpu + z_cpu + c_cpu, (w_cpu + z_cpu + c_cpu) / ((parent_us + child_us) / 1e3),
-                 (w_flt + z_flt + c_flt) * fault_us / 1e3))
-        print("  round trip p50 %.3f ms back to back, %.3f ms with 5 ms idle gaps"
-              % (statistics.median(rts), statistics.median(gapped)))
+        clean_runs(Worker(python, scratch, args.worker), "relayed by the worker", args.runs,
+                   parent_us + child_us, bare_us, fault_us)
 
         worker = Worker(python, scratch, args.worker)
         worker.send({"t": "session", "id": 0, "limits": {}, "grace": 1.0})
