@@ -84,6 +84,18 @@ pub fn config_over(fixture: &CondaFixture) -> Config {
     }
 }
 
+/// POST /execute of `1` without a token, under `request_id`.
+async fn run_with_id(server: &TestServer, request_id: &str) {
+    post_as(
+        server,
+        "/execute",
+        None,
+        Some(request_id),
+        json!({"code": "1"}),
+    )
+    .await;
+}
+
 /// POST `body` to `path` with `token` (and a request id, when given).
 pub async fn post_as(
     server: &TestServer,
@@ -861,28 +873,14 @@ async fn sighup_reopens_the_log_and_a_size_cap_rotates_it() {
         ..common::config()
     })
     .await;
-    post_as(
-        &server,
-        "/execute",
-        None,
-        Some("before-hup"),
-        json!({"code": "1"}),
-    )
-    .await;
+    run_with_id(&server, "before-hup").await;
     wait_for_record(&log, "before-hup", |r| r["request_id"] == "before-hup").await;
     // logrotate: move the file, then SIGHUP.
     let rotated = dir.path().join("audit.log.1");
     std::fs::rename(&log, &rotated).unwrap();
     sighup();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    post_as(
-        &server,
-        "/execute",
-        None,
-        Some("after-hup"),
-        json!({"code": "1"}),
-    )
-    .await;
+    run_with_id(&server, "after-hup").await;
     wait_for_record(&log, "after-hup", |r| r["request_id"] == "after-hup").await;
     assert_eq!(records(&log).len(), 1);
     assert_eq!(records(&rotated).len(), 1);
@@ -899,24 +897,10 @@ async fn sighup_reopens_the_log_and_a_size_cap_rotates_it() {
         ..common::config()
     })
     .await;
-    post_as(
-        &server,
-        "/execute",
-        None,
-        Some("cap-1"),
-        json!({"code": "1"}),
-    )
-    .await;
+    run_with_id(&server, "cap-1").await;
     let first = dir.path().join("capped.log.1");
     wait_for_record(&first, "cap-1", |r| r["request_id"] == "cap-1").await;
-    post_as(
-        &server,
-        "/execute",
-        None,
-        Some("cap-2"),
-        json!({"code": "1"}),
-    )
-    .await;
+    run_with_id(&server, "cap-2").await;
     wait_for_record(&first, "cap-2", |r| r["request_id"] == "cap-2").await;
     server.stop().await;
 }
