@@ -201,6 +201,25 @@ fn describe(pid: u32) -> String {
     )
 }
 
+/// `pid` and its ancestors, each with its state and command line: where a
+/// process that should be gone hangs from.
+pub fn lineage(mut pid: u32) -> String {
+    let mut chain = Vec::new();
+    while pid > 1 && chain.len() < 8 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        chain.push(format!("{} [{}]", describe(pid), field("State:")));
+        pid = field("PPid:").parse().unwrap_or(0);
+    }
+    chain.join(" <- ")
+}
+
 /// File descriptors this (server) process holds.
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()

@@ -95,13 +95,17 @@ async fn container_tier_runs_cannot_read_or_signal_the_server_and_leave_nothing(
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    let (child, address, _logs) = crate::ops::spawn_server_wrapped(
+    let (child, address, mut logs) = crate::ops::spawn_server_wrapped(
         "export CANARY_SECRET=canary-5e1f\nexec",
         &["--sandbox-tier", "container", "--pool-size", "1"],
         tmp.path(),
     )
     .await;
     let server_pid = child.id().unwrap();
+    // A sleeper this try alone starts: one a failed earlier try left cannot
+    // fail this one.
+    let nap = format!("300.{}", std::process::id());
+    let sleeper = format!("sleep {nap}");
     let client = reqwest::Client::new();
     let exec = |code: String, limits: Value, timeout: f64| {
         let client = client.clone();
@@ -142,7 +146,7 @@ for target in ("/etc/ce-x", "{tmp}/ce-x", os.path.expanduser("~/../ce-x")):
     except OSError as e:
         print("write", errno.errorcode[e.errno])
 import subprocess
-subprocess.Popen(["setsid", "sleep", "300"], start_new_session=True)
+subprocess.Popen(["setsid", "sleep", "{nap}"], start_new_session=True)
 print("left a sleeper")
 "#,
         tmp = tmp.path().display()
@@ -155,11 +159,27 @@ print("left a sleeper")
     assert!(stdout.contains("left a sleeper\n"), "{body}");
     // The sleeper is gone once the run is.
     let started = std::time::Instant::now();
-    while !super::processes_running("sleep 300").is_empty() {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(5),
-            "a process outlived its run"
-        );
+    loop {
+        let left = super::processes_running(&sleeper);
+        if left.is_empty() {
+            break;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(5) {
+            let found: Vec<String> = left.iter().map(|pid| super::lineage(*pid)).collect();
+            for pid in &left {
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", &pid.to_string()])
+                    .status();
+            }
+            let mut lines = Vec::new();
+            while let Ok(line) = logs.try_recv() {
+                lines.push(line);
+            }
+            panic!(
+                "a process outlived its run: {found:?}\nserver log:\n{}",
+                lines.join("\n")
+            );
+        }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     // Limits are reported as on the host.
