@@ -891,10 +891,20 @@ def enter_run(worker_pid, rundir, out_w, err_w, parent_fds, on_sigint):
     os.chdir(rundir)
 
 
-def rehearse():
-    """One pass over the request path with WARM_REQUEST, its output unused."""
+def rehearse(request_fd=None):
+    """One pass over the request path with WARM_REQUEST, its output unused.
+    With ``request_fd``, it stops as soon as a request is readable there: a
+    rehearsal moves work ahead of a request, never in front of one (under
+    load, when requests come back to back, it would only add CPU)."""
+    if request_fd is not None:
+        poller = select.poll()
+        poller.register(request_fd, select.POLLIN)
+        if poller.poll(0):
+            return
     rehearsal = marshal.loads(marshal.dumps(WARM_REQUEST))
     planned_limits(rehearsal["limits"])
+    if request_fd is not None and poller.poll(0):
+        return
     outcome = run_user_code(rehearsal["code"], rehearsal["argv"],
                             types.ModuleType("__warm__"), at_exit=False)
     packb({"status": outcome.status, "result": outcome.result, "error": outcome.error})
@@ -936,9 +946,9 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         # no client waits: stdin on /dev/null (fd 0 already is), a fresh
         # __main__, and one pass over the request path so that its
         # copy-on-write page faults (refcounts written in pages shared with
-        # the worker) happen here.
+        # the worker) happen here, unless the request is already there.
         if warm:
-            rehearse()
+            rehearse(req_r)
         main = fresh_main()
         req = open(req_r, "rb", buffering=0)
         try:
