@@ -39,3 +39,16 @@ pub(crate) fn cloexec_from_3() -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// Clear close-on-exec on `fd`, so that the program this process `exec`s
+/// next inherits it (after [`cloexec_from_3`] marked it).
+pub(crate) fn inherit_fd(fd: i32) -> std::io::Result<()> {
+    // SAFETY: F_SETFD only clears the close-on-exec flag of a descriptor
+    // (or fails with EBADF); it takes no pointers and invalidates nothing.
+    let rc = unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}

@@ -550,9 +550,17 @@ fn remove_when_empty(dir: PathBuf) {
     });
 }
 
-/// Join the cgroup at `dir` (called by the launcher on itself).
-pub(crate) fn join(dir: &Path) -> std::io::Result<()> {
-    std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
+/// Move process `pid` (the launcher itself) into the cgroup at `dir`.
+pub(crate) fn join(dir: &Path, pid: u32) -> std::io::Result<()> {
+    std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+}
+
+/// The file of the cgroup at `dir` that a pid is written to, to move that
+/// process in: opened ahead, to join through once the path is out of sight.
+pub(crate) fn procs_file(dir: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("cgroup.procs"))
 }
 
 #[cfg(test)]

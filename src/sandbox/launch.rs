@@ -21,6 +21,8 @@
 //! namespace: no process a run starts can outlive its worker.
 
 use std::ffi::OsString;
+use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,12 +32,13 @@ use landlock::{
     ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
     RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
 };
+use nix::fcntl::{FcntlArg, FdFlag, OFlag, fcntl};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::{CloneFlags, unshare};
 use nix::sys::prctl;
 use nix::sys::resource::{Resource, setrlimit};
 use nix::sys::signal::Signal;
-use nix::unistd::{Gid, Uid, pivot_root, setgid, setgroups, setuid};
+use nix::unistd::{Gid, Uid, pipe2, pivot_root, setgid, setgroups, setuid};
 
 use super::seccomp::SocketFilter;
 use super::{Network, netlink};
@@ -74,6 +77,17 @@ pub struct LaunchArgs {
     /// anything else; repeatable.
     #[arg(long = "cgroup")]
     pub cgroup: Vec<PathBuf>,
+    /// Join the `--cgroup`s while the program starts instead of before
+    /// (namespaces only): joining a v1 cgroup waits out an RCU grace period,
+    /// 10-20 ms on a VM, which then overlaps the interpreter's start. The
+    /// program gets the read end of a pipe, its number in
+    /// `CODE_EXECUTOR_CGROUP_FD`, that carries one byte once it is in them
+    /// and ends empty if joining failed; it must read it before it forks.
+    #[arg(long)]
+    pub join_async: bool,
+    /// Internal: the pipe of `--join-async`, handed to the program.
+    #[arg(long, hide = true)]
+    pub cgroup_fd: Option<i32>,
     /// Make no namespaces (only with `--net host`, on hosts that cannot).
     #[arg(long)]
     pub no_namespaces: bool,
@@ -134,9 +148,17 @@ fn stage1(args: &LaunchArgs) -> Result<i32, String> {
     if args.command.is_empty() {
         return Err("no program to run".into());
     }
+    let join_later = args.join_async && !args.no_namespaces && !args.cgroup.is_empty();
+    // Opened now: once stage 2 has made the new root, the host's
+    // /sys/fs/cgroup is out of this stage's sight too (same mount namespace).
+    let mut procs = Vec::new();
     for dir in &args.cgroup {
-        super::cgroup::join(dir)
-            .map_err(|e| format!("cannot join cgroup {}: {e}", dir.display()))?;
+        let joined = if join_later {
+            super::cgroup::procs_file(dir).map(|file| procs.push((dir, file)))
+        } else {
+            super::cgroup::join(dir, std::process::id())
+        };
+        joined.map_err(|e| format!("cannot join cgroup {}: {e}", dir.display()))?;
     }
     if args.no_namespaces {
         // Isolated without a network namespace holds only if no socket can
@@ -164,12 +186,39 @@ fn stage1(args: &LaunchArgs) -> Result<i32, String> {
     }
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own binary: {e}"))?;
     let mut cmd = Command::new(exe);
-    cmd.arg("sandbox-exec")
-        .arg("--stage2")
-        .args(stage2_args(args));
-    let status = cmd
-        .status()
+    cmd.arg("sandbox-exec").arg("--stage2");
+    // With --join-async: the end stage 2 (then the program) reads, and the
+    // one this stage writes to once stage 2 is in the cgroups.
+    let barrier = if join_later {
+        let (read, write) = pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+        fcntl(&read, FcntlArg::F_SETFD(FdFlag::empty()))
+            .map_err(|e| format!("cannot hand the cgroup pipe on: {e}"))?;
+        cmd.arg("--cgroup-fd").arg(read.as_raw_fd().to_string());
+        Some((read, write))
+    } else {
+        None
+    };
+    cmd.args(stage2_args(args));
+    let mut child = cmd
+        .spawn()
         .map_err(|e| format!("cannot start the sandbox: {e}"))?;
+    let mut joined = Ok(());
+    if let Some((read, write)) = barrier {
+        drop(read);
+        joined = procs.iter_mut().try_for_each(|(dir, file)| {
+            write!(file, "{}", child.id())
+                .map_err(|e| format!("cannot join cgroup {}: {e}", dir.display()))
+        });
+        if joined.is_ok() {
+            // A program that is gone already has nothing to be told.
+            let _ = std::fs::File::from(write).write_all(b"1");
+        }
+        // Dropped unwritten, the pipe ends empty: the program exits.
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("cannot wait for the sandbox: {e}"))?;
+    joined?;
     Ok(status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
@@ -235,7 +284,12 @@ fn stage2(args: &LaunchArgs) -> Result<i32, String> {
     .map_err(|e| format!("cannot make mounts private: {e}"))?;
     build_root(args)?;
     // Tells the worker that /dev/shm is its own to empty.
-    confine_and_exec_with(args, &[("CODE_EXECUTOR_PRIVATE_SHM", "1")])
+    let fd = args.cgroup_fd.map(|fd| fd.to_string());
+    let mut vars = vec![("CODE_EXECUTOR_PRIVATE_SHM", "1")];
+    if let Some(fd) = &fd {
+        vars.push(("CODE_EXECUTOR_CGROUP_FD", fd.as_str()));
+    }
+    confine_and_exec_with(args, &vars)
 }
 
 /// Make a new root of nothing but what the worker needs and move into it
@@ -574,9 +628,13 @@ fn confine_and_exec_with(args: &LaunchArgs, vars: &[(&str, &str)]) -> Result<i32
     if args.seccomp {
         super::seccomp::install(args.sockets)?;
     }
-    // Only the protocol pipes (0-2) reach the program.
+    // Only the protocol pipes (0-2) reach the program, and the cgroup pipe
+    // of --join-async, which it closes before it forks.
     crate::sys::cloexec_from_3()
         .map_err(|e| format!("cannot mark descriptors close-on-exec: {e}"))?;
+    if let Some(fd) = args.cgroup_fd {
+        crate::sys::inherit_fd(fd).map_err(|e| format!("cannot hand the cgroup pipe on: {e}"))?;
+    }
     let err = Command::new(&args.command[0])
         .args(&args.command[1..])
         .envs(vars.iter().copied())

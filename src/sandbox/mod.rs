@@ -321,6 +321,9 @@ impl SandboxPlan {
         }
         if !self.namespaces {
             out.push("--no-namespaces".into());
+        } else if !cgroups.is_empty() {
+            // The worker's launch code waits for the join (see LAUNCH).
+            out.push("--join-async".into());
         }
         if let Some(bytes) = self.disk_bytes {
             out.push("--scratch".into());

@@ -50,8 +50,20 @@ const STARTUP_TASKS: u64 = 1024;
 /// them down. Compiled here, that memory is free once `compile` returns, and
 /// the bootstrap hands it back to the OS before it forks (see `main` in
 /// `python/worker.py`).
+///
+/// First, with `CODE_EXECUTOR_CGROUP_FD` set (the launcher's
+/// `--join-async`), it waits until the launcher has moved it into its
+/// cgroups, a join that ran while the interpreter started: nothing forks
+/// before it is done, so every run and every process a run starts is in
+/// them (the memory the interpreter took meanwhile stays charged where the
+/// server's is).
 pub(crate) const LAUNCH: &str = "\
-import io, marshal, sys
+import io, marshal, os, sys
+w = os.environ.pop('CODE_EXECUTOR_CGROUP_FD', None)
+if w:
+    if os.read(int(w), 1) != b'1':
+        sys.exit('code-executor: the worker could not join its cgroups')
+    os.close(int(w))
 from _frozen_importlib_external import MAGIC_NUMBER as m
 p = sys.argv.pop(1); k = sys.argv.pop(1); sys.argv[0] = __file__ = p; c = None
 try:
@@ -72,7 +84,7 @@ if c is None:
     with io.open_code(p) as f:
         c = compile(f.read(), p, 'exec')
     __bootstrap_code__ = m + marshal.dumps(c)
-del k, m
+del k, m, w
 exec(c)
 ";
 
@@ -783,7 +795,49 @@ pub(crate) fn worker_env(base: &HashMap<String, String>) -> Vec<(OsString, OsStr
 
 #[cfg(test)]
 mod tests {
-    use super::signal_name;
+    use super::{LAUNCH, signal_name};
+    use std::os::fd::AsRawFd;
+
+    /// LAUNCH run on a script that shows what it sees, with the pipe of the
+    /// launcher's `--join-async` carrying `word` (nothing: the join failed).
+    fn launch_after(word: &[u8]) -> std::process::Output {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("worker.py");
+        std::fs::write(
+            &script,
+            "import os\nprint('ran', os.environ.get('CODE_EXECUTOR_CGROUP_FD'))\n",
+        )
+        .unwrap();
+        let (read, write) = nix::unistd::pipe().unwrap();
+        nix::unistd::write(&write, word).unwrap();
+        drop(write);
+        let out = std::process::Command::new("/usr/bin/python3.11")
+            .args(["-I", "-u", "-c", LAUNCH])
+            .arg(&script)
+            .args(["", "", ""])
+            .env("CODE_EXECUTOR_CGROUP_FD", read.as_raw_fd().to_string())
+            .output()
+            .unwrap();
+        drop(read);
+        out
+    }
+
+    #[test]
+    fn the_launch_code_starts_the_worker_once_told_it_is_in_its_cgroups() {
+        let out = launch_after(b"1");
+        assert!(out.status.success(), "{out:?}");
+        // The variable is gone before the worker's own code runs.
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "ran None\n");
+    }
+
+    #[test]
+    fn the_launch_code_stops_when_the_cgroups_could_not_be_joined() {
+        let out = launch_after(b"");
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("could not join its cgroups"), "{stderr}");
+    }
 
     #[test]
     fn signals_are_named_from_their_numbers() {

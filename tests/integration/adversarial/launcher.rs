@@ -134,3 +134,94 @@ fn a_scratch_quota_without_namespaces_is_refused() {
         "{stderr}"
     );
 }
+
+/// What a worker's launch code does with `--join-async`: read the launcher's
+/// word on `CODE_EXECUTOR_CGROUP_FD`, then show its own cgroups.
+const JOIN_PROBE: &str = r#"
+import os
+fd = int(os.environ["CODE_EXECUTOR_CGROUP_FD"])
+print(repr(os.read(fd, 1)))
+print(open('/proc/self/cgroup').read(), end='')
+"#;
+
+fn launch_joining(cgroup: &std::path::Path) -> std::process::Output {
+    Command::new(common::launcher())
+        .args([
+            "sandbox-exec",
+            "--net",
+            "isolated",
+            "--join-async",
+            "--cgroup",
+        ])
+        .arg(cgroup)
+        .args([
+            "--read", "/usr", "--read", "/lib", "--read", "/lib64", "--read", "/etc",
+        ])
+        .args([
+            "--read",
+            "/proc",
+            "--",
+            "/usr/bin/python3.11",
+            "-I",
+            "-c",
+            JOIN_PROBE,
+        ])
+        .env_clear()
+        .output()
+        .unwrap()
+}
+
+/// A cgroup of the pids hierarchy (v1) or of the unified one, for this test
+/// alone; removed when dropped.
+struct ScratchCgroup(std::path::PathBuf);
+
+impl ScratchCgroup {
+    fn new(name: &str) -> ScratchCgroup {
+        let parent = ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"]
+            .into_iter()
+            .map(std::path::Path::new)
+            .find(|p| p.join("cgroup.procs").exists())
+            .expect("a cgroup hierarchy to make a cgroup in");
+        let dir = parent.join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        ScratchCgroup(dir)
+    }
+}
+
+impl Drop for ScratchCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn with_join_async_the_program_is_told_once_it_is_in_its_cgroup() {
+    let cgroup = ScratchCgroup::new("ce-join");
+    let out = launch_joining(&cgroup.0);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let mut lines = stdout.lines();
+    assert_eq!(lines.next(), Some("b'1'"), "{stdout}");
+    let name = cgroup.0.file_name().unwrap().to_string_lossy().to_string();
+    assert!(
+        lines.any(|l| l.ends_with(&format!("/{name}"))),
+        "the program is not in {name}: {stdout}"
+    );
+}
+
+#[test]
+fn with_join_async_a_failed_join_reaches_the_program_as_an_empty_pipe() {
+    // A "cgroup" whose process list cannot be written to: opening it works,
+    // the write that would move the program in fails.
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink("/dev/full", dir.path().join("cgroup.procs")).unwrap();
+    let out = launch_joining(dir.path());
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with("b''\n"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot join cgroup") && stderr.contains("No space left"),
+        "{stderr}"
+    );
+}
