@@ -500,11 +500,12 @@ impl EnvPool {
                 let spares = self.shared.spares.lock();
                 (spares.ready.len(), spares.starting)
             };
-            if ready == 0 && starting == 0 && self.pool.status().available > 0 {
-                break; // the first run is over
-            }
-            if ready == 0 && starting == 0 && self.pool.status().size == 0 {
-                break; // the first worker failed to start
+            if ready == 0 && starting == 0 {
+                // The first run is over, or the first worker failed to start.
+                let status = self.pool.status();
+                if status.available > 0 || status.size == 0 {
+                    break;
+                }
             }
             if !first_ready && ready > 0 {
                 first_ready = true;

@@ -550,17 +550,19 @@ fn remove_when_empty(dir: PathBuf) {
     });
 }
 
-/// Move process `pid` (the launcher itself) into the cgroup at `dir`.
-pub(crate) fn join(dir: &Path, pid: u32) -> std::io::Result<()> {
-    std::fs::write(dir.join("cgroup.procs"), pid.to_string())
-}
-
-/// The file of the cgroup at `dir` that a pid is written to, to move that
-/// process in: opened ahead, to join through once the path is out of sight.
+/// The process list of the cgroup at `dir`, opened for [`move_into`]; it can
+/// be opened ahead, while the path is in sight.
 pub(crate) fn procs_file(dir: &Path) -> std::io::Result<std::fs::File> {
     std::fs::OpenOptions::new()
         .write(true)
         .open(dir.join("cgroup.procs"))
+}
+
+/// Move process `pid` into the cgroup whose [`procs_file`] is `procs`: one
+/// `write` of the pid (the kernel reads each `write` as one pid).
+pub(crate) fn move_into(mut procs: &std::fs::File, pid: u32) -> std::io::Result<()> {
+    use std::io::Write;
+    procs.write_all(pid.to_string().as_bytes())
 }
 
 #[cfg(test)]

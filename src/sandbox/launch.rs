@@ -153,12 +153,13 @@ fn stage1(args: &LaunchArgs) -> Result<i32, String> {
     // /sys/fs/cgroup is out of this stage's sight too (same mount namespace).
     let mut procs = Vec::new();
     for dir in &args.cgroup {
-        let joined = if join_later {
-            super::cgroup::procs_file(dir).map(|file| procs.push((dir, file)))
+        let cannot = |e| format!("cannot join cgroup {}: {e}", dir.display());
+        let file = super::cgroup::procs_file(dir).map_err(cannot)?;
+        if join_later {
+            procs.push((dir, file));
         } else {
-            super::cgroup::join(dir, std::process::id())
-        };
-        joined.map_err(|e| format!("cannot join cgroup {}: {e}", dir.display()))?;
+            super::cgroup::move_into(&file, std::process::id()).map_err(cannot)?;
+        }
     }
     if args.no_namespaces {
         // Isolated without a network namespace holds only if no socket can
@@ -205,8 +206,8 @@ fn stage1(args: &LaunchArgs) -> Result<i32, String> {
     let mut joined = Ok(());
     if let Some((read, write)) = barrier {
         drop(read);
-        joined = procs.iter_mut().try_for_each(|(dir, file)| {
-            write!(file, "{}", child.id())
+        joined = procs.iter().try_for_each(|(dir, file)| {
+            super::cgroup::move_into(file, child.id())
                 .map_err(|e| format!("cannot join cgroup {}: {e}", dir.display()))
         });
         if joined.is_ok() {

@@ -55,8 +55,7 @@ impl CodeCache {
             key.update(part);
         }
         let digest = key.finalize();
-        let name: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        let name = format!("bootstrap-{name}.code");
+        let name = format!("bootstrap-{}.code", crate::auth::hex(&digest[..16]));
         let cache = CodeCache {
             staged: staging_dir.join(&name),
             persistent: persistent_dir.map(|d| d.join(&name)),
