@@ -3,7 +3,6 @@
 //! by bearer token), sessions owned by their client, reloads under load,
 //! the `client` metrics label and `code-executor hash-token`.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use code_executor::Config;
@@ -534,21 +533,29 @@ async fn mcp_over_stdio_acts_as_its_configured_client() {
             + &client("confined", "scopes = [\"execute\"]\nenvs = [\"nowhere\"]")),
     );
     let python = crate::common::python();
-    let (stdio, _child) = connect_stdio(
-        env!("CARGO_BIN_EXE_code-executor").as_ref(),
-        &[
-            "--python",
-            python.to_str().unwrap(),
-            "--pool-size",
-            "1",
-            "--clients",
-            clients.to_str().unwrap(),
-            "--mcp-client",
-            "notebook",
-            "--audit-log",
-            log.to_str().unwrap(),
-        ],
-        &[("TMPDIR", dir.path() as &Path)],
+    // `code-executor mcp` over stdio as `client` of the clients file.
+    let serve_as = |client: &'static str, extra: Vec<String>| {
+        let mut args: Vec<String> = ["--python", python.to_str().unwrap(), "--pool-size", "1"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        args.extend(["--clients".into(), clients.to_str().unwrap().into()]);
+        args.extend(["--mcp-client".into(), client.into()]);
+        args.extend(extra);
+        let dir = dir.path().to_path_buf();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            connect_stdio(
+                env!("CARGO_BIN_EXE_code-executor").as_ref(),
+                &args,
+                &[("TMPDIR", dir.as_path())],
+            )
+            .await
+        }
+    };
+    let (stdio, _child) = serve_as(
+        "notebook",
+        vec!["--audit-log".into(), log.to_str().unwrap().into()],
     )
     .await;
     let result = execute_code(
@@ -592,21 +599,7 @@ async fn mcp_over_stdio_acts_as_its_configured_client() {
     let _ = stdio.cancel().await;
 
     // A client confined to other envs is refused the server's env, named.
-    let (confined, _confined_child) = connect_stdio(
-        env!("CARGO_BIN_EXE_code-executor").as_ref(),
-        &[
-            "--python",
-            python.to_str().unwrap(),
-            "--pool-size",
-            "1",
-            "--clients",
-            clients.to_str().unwrap(),
-            "--mcp-client",
-            "confined",
-        ],
-        &[("TMPDIR", dir.path() as &Path)],
-    )
-    .await;
+    let (confined, _confined_child) = serve_as("confined", Vec::new()).await;
     let shown = refused(&execute_code(&confined, json!({"code": "1"})).await.unwrap());
     assert!(
         shown.contains("forbidden")
