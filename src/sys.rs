@@ -52,3 +52,23 @@ pub(crate) fn inherit_fd(fd: i32) -> std::io::Result<()> {
         Err(std::io::Error::last_os_error())
     }
 }
+
+/// `fork`, for a process that has one thread (the launcher, which runs
+/// before any runtime starts); refused with `EBUSY` in one with more.
+pub(crate) fn fork_single_threaded() -> std::io::Result<nix::unistd::ForkResult> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let threads = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse::<u32>().ok());
+    if threads != Some(1) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::ResourceBusy,
+            format!("fork needs a process of one thread, this one has {threads:?}"),
+        ));
+    }
+    // SAFETY: with one thread there is no other thread whose locks (the
+    // allocator's, stdio's) the child could inherit held; the child may
+    // then allocate and run ordinary Rust code, as the process did before.
+    unsafe { nix::unistd::fork() }.map_err(std::io::Error::from)
+}

@@ -8,13 +8,23 @@ sends `initialize`, then one `execute_code` of `print(2+2)`, and times spawn to
 answer; then it spawns `PYTHON -c 'print(2+2)'`. A BINARY may carry its own
 flags after a space (`"target/release/code-executor --cache-dir none"`).
 Prints the median of each, and of `initialize` alone.
+
+The binaries take turns in a new order each round, and every killed server
+is given SETTLE seconds (`COLD_START_SETTLE`, default 0.5) to be torn down
+before the next spawn: the kernel tears a killed worker's namespaces down
+after it exits, and a start in the middle of that waits for it (a server
+started right after another was 40 ms slower here), which would charge one
+binary's teardown to whichever comes next.
 """
 
 import json
 import statistics
+import os
 import subprocess
 import sys
 import time
+
+SETTLE = float(os.environ.get("COLD_START_SETTLE", "0.5"))
 
 
 def cold_start(command, python):
@@ -45,6 +55,7 @@ def cold_start(command, python):
     assert text.startswith("4\n"), answer
     server.kill()
     server.wait()
+    time.sleep(SETTLE)
     return elapsed, initialized
 
 
@@ -61,8 +72,10 @@ def main():
     cold = {b: [] for b in binaries}
     init = {b: [] for b in binaries}
     spawns = []
-    for _ in range(rounds):
-        for binary, command in zip(binaries, commands):
+    for round in range(rounds):
+        turn = round % len(binaries)
+        order = list(zip(binaries, commands))
+        for binary, command in order[turn:] + order[:turn]:
             elapsed, initialized = cold_start(command, python)
             cold[binary].append(elapsed)
             init[binary].append(initialized)

@@ -1,11 +1,11 @@
 //! The launcher: `code-executor sandbox-exec [OPTIONS] -- PROGRAM ARGS...`.
 //!
 //! Stage 1 (in the caller's namespaces) unshares a pid, mount and (unless
-//! `--net host`) network namespace, brings loopback up, then starts stage 2
-//! (itself again, with `--stage2`) and waits for it. Stage 2 is pid 1 of the
-//! new pid namespace: it builds a fresh root (see [`build_root`]) holding
-//! only the `--read` and `--write` paths, a fresh `/proc` (so only the
-//! sandbox's own processes are visible), a minimal `/dev` with a private
+//! `--net host`) network namespace, brings loopback up, then forks stage 2
+//! and waits for it. Stage 2 is pid 1 of the new pid namespace: it builds a
+//! fresh root (see [`build_root`]) holding only the `--read` and `--write`
+//! paths, a fresh `/proc` (so only the sandbox's own processes are
+//! visible), a minimal `/dev` with a private
 //! `/dev/shm` and, with `--scratch`, a size-capped tmpfs over the worker's
 //! scratch root; nothing else of the host's tree, so no host socket
 //! (`/run`, `/tmp`, ...) can be reached by path.
@@ -22,8 +22,8 @@
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::os::fd::AsRawFd;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::fd::IntoRawFd;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -32,13 +32,15 @@ use landlock::{
     ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
     RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, path_beneath_rules,
 };
-use nix::fcntl::{FcntlArg, FdFlag, OFlag, fcntl};
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::{CloneFlags, unshare};
 use nix::sys::prctl;
 use nix::sys::resource::{Resource, setrlimit};
 use nix::sys::signal::Signal;
-use nix::unistd::{Gid, Uid, pipe2, pivot_root, setgid, setgroups, setuid};
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::{ForkResult, Gid, Uid, pipe2, pivot_root, setgid, setgroups, setuid};
 
 use super::seccomp::SocketFilter;
 use super::{Network, netlink};
@@ -85,8 +87,8 @@ pub struct LaunchArgs {
     /// and ends empty if joining failed; it must read it before it forks.
     #[arg(long)]
     pub join_async: bool,
-    /// Internal: the pipe of `--join-async`, handed to the program.
-    #[arg(long, hide = true)]
+    /// The pipe of `--join-async` that stage 2 hands to the program.
+    #[arg(skip)]
     pub cgroup_fd: Option<i32>,
     /// Make no namespaces (only with `--net host`, on hosts that cannot).
     #[arg(long)]
@@ -113,9 +115,6 @@ pub struct LaunchArgs {
     /// domain (needs ABI 6).
     #[arg(long)]
     pub scope: bool,
-    /// Internal: this process is pid 1 of the new namespaces.
-    #[arg(long, hide = true)]
-    pub stage2: bool,
     /// Print what this host supports as JSON and exit.
     #[arg(long)]
     pub probe: bool,
@@ -130,12 +129,7 @@ pub(crate) fn main(args: LaunchArgs) -> ! {
         println!("{}", super::probe_here(args.net));
         std::process::exit(0);
     }
-    let result = if args.stage2 {
-        stage2(&args)
-    } else {
-        stage1(&args)
-    };
-    match result {
+    match stage1(&args) {
         Ok(code) => std::process::exit(code),
         Err(message) => {
             eprintln!("code-executor sandbox: {message}");
@@ -185,29 +179,41 @@ fn stage1(args: &LaunchArgs) -> Result<i32, String> {
     if args.net == Network::Isolated {
         netlink::loopback_up().map_err(|e| format!("cannot bring loopback up: {e}"))?;
     }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find own binary: {e}"))?;
-    let mut cmd = Command::new(exe);
-    cmd.arg("sandbox-exec").arg("--stage2");
+    // Stage 2 is a fork, not a new `exec` of this binary: the launcher has
+    // one thread, and a fresh start of the server's binary would cost
+    // another millisecond or two before every worker.
+    //
     // With --join-async: the end stage 2 (then the program) reads, and the
     // one this stage writes to once stage 2 is in the cgroups.
     let barrier = if join_later {
-        let (read, write) = pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
-        fcntl(&read, FcntlArg::F_SETFD(FdFlag::empty()))
-            .map_err(|e| format!("cannot hand the cgroup pipe on: {e}"))?;
-        cmd.arg("--cgroup-fd").arg(read.as_raw_fd().to_string());
-        Some((read, write))
+        Some(pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?)
     } else {
         None
     };
-    cmd.args(stage2_args(args));
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start the sandbox: {e}"))?;
+    let child = match crate::sys::fork_single_threaded()
+        .map_err(|e| format!("cannot start the sandbox: {e}"))?
+    {
+        ForkResult::Child => {
+            // Nothing of stage 1's is stage 2's but the read end.
+            drop(procs);
+            let mut args = args.clone();
+            args.cgroup_fd = barrier.map(|(read, write)| {
+                drop(write);
+                read.into_raw_fd()
+            });
+            let code = stage2(&args).unwrap_or_else(|message| {
+                eprintln!("code-executor sandbox: {message}");
+                SETUP_FAILED
+            });
+            std::process::exit(code);
+        }
+        ForkResult::Parent { child } => child,
+    };
     let mut joined = Ok(());
     if let Some((read, write)) = barrier {
         drop(read);
         joined = procs.iter().try_for_each(|(dir, file)| {
-            super::cgroup::move_into(file, child.id())
+            super::cgroup::move_into(file, child.as_raw() as u32)
                 .map_err(|e| format!("cannot join cgroup {}: {e}", dir.display()))
         });
         if joined.is_ok() {
@@ -216,59 +222,18 @@ fn stage1(args: &LaunchArgs) -> Result<i32, String> {
         }
         // Dropped unwritten, the pipe ends empty: the program exits.
     }
-    let status = child
-        .wait()
-        .map_err(|e| format!("cannot wait for the sandbox: {e}"))?;
+    let status = loop {
+        match waitpid(child, None) {
+            Err(Errno::EINTR) => continue,
+            other => break other.map_err(|e| format!("cannot wait for the sandbox: {e}"))?,
+        }
+    };
     joined?;
-    Ok(status
-        .code()
-        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
-}
-
-fn stage2_args(args: &LaunchArgs) -> Vec<OsString> {
-    let mut out: Vec<OsString> = vec![
-        "--net".into(),
-        args.net.as_str().into(),
-        "--sockets".into(),
-        args.sockets.as_str().into(),
-    ];
-    if args.landlock {
-        out.push("--landlock".into());
+    match status {
+        WaitStatus::Exited(_, code) => Ok(code),
+        WaitStatus::Signaled(_, signal, _) => Ok(128 + signal as i32),
+        other => Err(format!("the sandbox ended oddly: {other:?}")),
     }
-    if args.landlock_net {
-        out.push("--landlock-net".into());
-    }
-    if args.scope {
-        out.push("--scope".into());
-    }
-    if args.seccomp {
-        out.push("--seccomp".into());
-    }
-    if let (Some(dir), Some(bytes)) = (&args.scratch, args.disk_bytes) {
-        out.push("--scratch".into());
-        out.push(dir.into());
-        out.push("--disk-bytes".into());
-        out.push(bytes.to_string().into());
-    }
-    for p in &args.read {
-        out.push("--read".into());
-        out.push(p.into());
-    }
-    for p in &args.write {
-        out.push("--write".into());
-        out.push(p.into());
-    }
-    if let Some(uid) = args.uid {
-        out.push("--uid".into());
-        out.push(uid.to_string().into());
-    }
-    if let Some(gid) = args.gid {
-        out.push("--gid".into());
-        out.push(gid.to_string().into());
-    }
-    out.push("--".into());
-    out.extend(args.command.iter().cloned());
-    out
 }
 
 fn stage2(args: &LaunchArgs) -> Result<i32, String> {
