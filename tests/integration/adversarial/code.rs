@@ -208,6 +208,18 @@ print(os.getppid() in others, 1 in others, os.getppid() == 1 or refused == 3 * l
     // unharmed and its next run gets a fresh child.
     assert_eq!(body["stdout"], "True True True\n", "{body}");
     assert_eq!(body["exit_code"], 0);
+    // Where the kernel scopes signals, the worker found so too (it tries
+    // the domain once at start): its runs come from the zygote.
+    let (_, health) = arena.server.get("/health").await;
+    let scoped = health["sandbox"]["mechanisms"]
+        .as_array()
+        .is_some_and(|m| m.iter().any(|m| m == "landlock_scope"));
+    if scoped {
+        let body = arena
+            .attack(run("import os\nprint(os.getppid())", 5.0))
+            .await;
+        assert_ne!(body["stdout"], "1\n", "runs fork from the worker: {body}");
+    }
     arena.assert_recovered().await;
 }
 
