@@ -104,6 +104,12 @@ pub fn sandbox_exec(args: config::LaunchArgs) -> ! {
     sandbox::launch::main(args)
 }
 
+/// Probe the host's sandbox now, while the process has one thread (the
+/// binary, before its runtime starts); the next start takes the report.
+pub fn probe_sandbox_early() {
+    sandbox::probe_early()
+}
+
 /// What the crate's own tests and benchmarks drive below the service: a
 /// worker alone, a pool alone, the wire protocol. Not a stable interface.
 #[doc(hidden)]

@@ -19,6 +19,15 @@ fn main() {
         eprintln!("error: cannot harden the server process: {err}");
         std::process::exit(1);
     }
+    let starts_executor = match &cli.command {
+        Command::Serve(serve) => !serve.check_config,
+        Command::Mcp(_) => true,
+        _ => false,
+    };
+    if starts_executor {
+        // While this process has one thread: see `probe_early`.
+        code_executor::probe_sandbox_early();
+    }
     serve(cli);
 }
 

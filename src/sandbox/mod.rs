@@ -4,8 +4,10 @@
 //! `no_new_privs`, the `run_as` user and the syscall filter ([`seccomp`])
 //! apply to the interpreter from its first instruction.
 //!
-//! The server never runs code between `fork` and `exec` itself: the launcher
-//! is this same binary, re-executed, which sets the sandbox up on itself.
+//! The server never runs code between `fork` and `exec` itself once it has
+//! threads: the launcher is this same binary, re-executed, which sets the
+//! sandbox up on itself. Only the host's probe may be forked, by
+//! [`probe_early`], before the binary starts its runtime.
 
 pub(crate) mod cgroup;
 pub(crate) mod launch;
@@ -235,6 +237,68 @@ fn unreported() -> Result<(), String> {
     Err("the launcher does not report it".into())
 }
 
+/// The host's probe, forked by [`probe_early`]: the child and the pipe its
+/// report comes down.
+struct EarlyProbe {
+    child: nix::unistd::Pid,
+    report: std::fs::File,
+}
+
+/// Taken by the first [`Sandbox::probe`] that runs the default launcher.
+static EARLY_PROBE: parking_lot::Mutex<Option<EarlyProbe>> = parking_lot::Mutex::new(None);
+
+/// Probe the host now, in a forked child, while the process still has one
+/// thread (the binary calls this before it starts its runtime): the report
+/// is then ready when the start needs it, instead of a launcher start of
+/// its own on the path to the first worker (~3 ms). If anything here
+/// fails, the start probes through the launcher as before.
+pub(crate) fn probe_early() {
+    use std::io::Write;
+
+    let Ok((read, write)) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) else {
+        return;
+    };
+    match crate::sys::fork_single_threaded() {
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(read);
+            // The child's own namespaces, domain and filter: nothing of this
+            // reaches the server.
+            let report = probe_here(Network::Isolated);
+            let code = i32::from(
+                std::fs::File::from(write)
+                    .write_all(report.as_bytes())
+                    .is_err(),
+            );
+            std::process::exit(code);
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            *EARLY_PROBE.lock() = Some(EarlyProbe {
+                child,
+                report: std::fs::File::from(read),
+            });
+        }
+        Err(_) => {}
+    }
+}
+
+impl EarlyProbe {
+    /// The child's report, once it has exited cleanly; blocks.
+    fn wait(mut self) -> Option<String> {
+        use std::io::Read;
+
+        let mut text = String::new();
+        let read = self.report.read_to_string(&mut text);
+        let status = loop {
+            match nix::sys::wait::waitpid(self.child, None) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                other => break other,
+            }
+        };
+        let clean = matches!(status, Ok(nix::sys::wait::WaitStatus::Exited(_, 0)));
+        (read.is_ok() && clean).then_some(text)
+    }
+}
+
 /// Run inside the launcher: try what the sandbox needs, on this process only.
 pub(crate) fn probe_here(net: Network) -> String {
     let mut flags = CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWNS;
@@ -403,6 +467,23 @@ impl Sandbox {
     /// Probe the host through the launcher. Fails when namespaces cannot be
     /// made and some env keeps its network isolated (never a silent
     /// downgrade); a missing Landlock is logged loudly and reported.
+    /// The report of `launcher sandbox-exec --probe`.
+    async fn probe_through(launcher: &Path) -> Result<ProbeReport, SandboxError> {
+        let out = tokio::process::Command::new(launcher)
+            .args(["sandbox-exec", "--probe"])
+            .env_clear()
+            .output()
+            .await
+            .map_err(|e| SandboxError::Launcher(launcher.to_path_buf(), e))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(text.trim()).map_err(|_| {
+            SandboxError::Probe(
+                launcher.to_path_buf(),
+                format!("{}{}", text.trim(), String::from_utf8_lossy(&out.stderr)),
+            )
+        })
+    }
+
     pub(crate) async fn probe(
         config: &SandboxConfig,
         networks: &[Network],
@@ -418,19 +499,23 @@ impl Sandbox {
             None => std::env::current_exe()
                 .map_err(|e| SandboxError::Launcher(PathBuf::from("code-executor"), e))?,
         };
-        let out = tokio::process::Command::new(&launcher)
-            .args(["sandbox-exec", "--probe"])
-            .env_clear()
-            .output()
-            .await
-            .map_err(|e| SandboxError::Launcher(launcher.clone(), e))?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let report: ProbeReport = serde_json::from_str(text.trim()).map_err(|_| {
-            SandboxError::Probe(
-                launcher.clone(),
-                format!("{}{}", text.trim(), String::from_utf8_lossy(&out.stderr)),
-            )
-        })?;
+        // The early probe's report stands for the default launcher's only.
+        let early = EARLY_PROBE.lock().take();
+        let early = match early {
+            Some(probe) => tokio::task::spawn_blocking(move || probe.wait())
+                .await
+                .ok()
+                .flatten()
+                .filter(|_| config.launcher.is_none())
+                .and_then(|text| serde_json::from_str::<ProbeReport>(text.trim()).ok()),
+            None => None,
+        };
+        let forked = early.is_some();
+        let report = match early {
+            Some(report) => report,
+            None => Self::probe_through(&launcher).await?,
+        };
+        tracing::debug!(forked, ?report, "host probed");
         let isolated = networks.contains(&Network::Isolated);
         let seccomp = report.seccomp.is_ok();
         let tier = match (&report.namespaces, config.tier) {

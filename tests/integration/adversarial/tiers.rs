@@ -203,3 +203,55 @@ print("left a sleeper")
     assert_eq!(body["stdout"], "after\n", "{body}");
     assert!(!tmp.path().join("ce-x").exists());
 }
+
+/// The binary probes the host in a child it forks before its runtime
+/// starts; a configured launcher is still asked itself. Either way /health
+/// names the same sandbox as a start that probes through the launcher.
+#[tokio::test]
+async fn the_binary_probes_before_its_runtime_and_finds_what_the_launcher_finds() {
+    let launcher_probed = TestServer::with_config(pool()).await;
+    let (_, expected) = launcher_probed.get("/health").await;
+    launcher_probed.stop().await;
+    let launcher = env!("CARGO_BIN_EXE_code-executor");
+    for (args, forked) in [
+        (vec!["--pool-size", "1"], "forked=true"),
+        (
+            vec!["--pool-size", "1", "--launcher", launcher],
+            "forked=false",
+        ),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (mut child, address, mut logs) = crate::ops::spawn_server_wrapped(
+            "export CODE_EXECUTOR_LOG=info,code_executor::sandbox=debug; exec",
+            &args,
+            tmp.path(),
+        )
+        .await;
+        let mut probed = Vec::new();
+        while let Ok(line) = logs.try_recv() {
+            if line.contains("host probed") {
+                probed.push(line);
+            }
+        }
+        assert_eq!(probed.len(), 1, "{args:?}: {probed:?}");
+        assert!(probed[0].contains(forked), "{args:?}: {}", probed[0]);
+        let health: Value = reqwest::get(format!("http://{address}/health"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(health["sandbox"], expected["sandbox"], "{args:?}");
+        let body: Value = reqwest::Client::new()
+            .post(format!("http://{address}/execute"))
+            .json(&json!({"code": "print(6 * 7)"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(body["stdout"], "42\n", "{body}");
+        child.kill().await.unwrap();
+    }
+}
