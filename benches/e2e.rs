@@ -653,6 +653,9 @@ async fn main() {
         assert_eq!(mcp_client::text(&out), "4\n[exit code 0]");
         drop(client);
         let _ = child.kill().await;
+        // The kernel tears the killed workers' network namespaces down after
+        // they exit; a start meanwhile waits for that (~40 ms here).
+        tokio::time::sleep(Duration::from_millis(1500)).await;
         let t = Instant::now();
         let out = std::process::Command::new(&python)
             .args(["-c", code])

@@ -550,54 +550,23 @@ def signal_scope():
     # Built here, once: what a child calls is then one foreign call.
     restrict = functools.partial(syscall, ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF))
     # Entering the domain can still fail (a filter that allows only part of
-    # Landlock, the nesting limit): try it once in a throwaway thread, as a
-    # domain is the calling thread's alone (a throwaway child cost 2 ms).
-    try:
-        err = _in_thread(lambda: 0 if restrict(fd, 0) == 0 else (ctypes.get_errno() or errno.EPERM))
-    except (OSError, RuntimeError) as exc:  # no thread to try it on
-        err = getattr(exc, "errno", None) or errno.EAGAIN
-    if err != 0:
+    # Landlock, the nesting limit): try it once in a throwaway child, whose
+    # exit status is the errno. (Not a throwaway thread, though a domain is
+    # the calling thread's alone: glibc would give that thread an arena of
+    # its own, 64 MiB of address space every run's limit would then count.)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if restrict(fd, 0) == 0 else (ctypes.get_errno() & 0xFF or 1))
+        finally:
+            os._exit(1)
+    status = os.waitpid(pid, 0)[1]
+    if status != 0:
         os.close(fd)
+        err = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 0
         return _no_scope(OSError(err, "landlock_restrict_self: %s" % os.strerror(err)))
     _restrict_self = restrict
     return fd
-
-
-# Stack of the worker's own throwaway thread: a foreign call's worth.
-THREAD_STACK = 128 * 1024
-
-
-def _in_thread(call, patience=5.0):
-    """``call()`` on a new thread, which is gone (so the worker has one
-    thread to fork from and to count) when this returns its result."""
-    import _thread
-
-    done = _thread.allocate_lock()
-    done.acquire()
-    answer = []
-
-    def body():
-        try:
-            answer.append(call())
-            answer.append(_thread.get_native_id())
-        finally:
-            done.release()
-
-    # A small stack: glibc keeps it mapped for later threads, and every
-    # run's address-space limit would count a default 8 MiB one.
-    size = _thread.stack_size(THREAD_STACK)
-    try:
-        _thread.start_new_thread(body, ())
-    finally:
-        _thread.stack_size(size)
-    done.acquire()
-    if len(answer) != 2:
-        raise OSError(errno.EINVAL, "the thread of a Linux call failed")
-    task = "/proc/self/task/%d" % answer[1]
-    deadline = time.monotonic() + patience
-    while os.path.exists(task) and time.monotonic() < deadline:
-        time.sleep(0.0001)
-    return answer[0]
 
 
 def _no_scope(error):

@@ -10,7 +10,7 @@ flags after a space (`"target/release/code-executor --cache-dir none"`).
 Prints the median of each, and of `initialize` alone.
 
 The binaries take turns in a new order each round, and every killed server
-is given SETTLE seconds (`COLD_START_SETTLE`, default 0.5) to be torn down
+is given SETTLE seconds (`COLD_START_SETTLE`, default 1.5) to be torn down
 before the next spawn: the kernel tears a killed worker's namespaces down
 after it exits, and a start in the middle of that waits for it (a server
 started right after another was 40 ms slower here), which would charge one
@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-SETTLE = float(os.environ.get("COLD_START_SETTLE", "0.5"))
+SETTLE = float(os.environ.get("COLD_START_SETTLE", "1.5"))
 
 
 def cold_start(command, python):
