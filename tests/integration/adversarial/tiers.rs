@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use super::{Arena, pool, run};
-use crate::common::TestServer;
+use crate::common::{self, TestServer};
 use code_executor::config::TierChoice;
 
 fn container() -> code_executor::Config {
@@ -106,21 +106,11 @@ async fn container_tier_runs_cannot_read_or_signal_the_server_and_leave_nothing(
     // fail this one.
     let nap = format!("300.{}", std::process::id());
     let sleeper = format!("sleep {nap}");
-    let client = reqwest::Client::new();
     let exec = |code: String, limits: Value, timeout: f64| {
-        let client = client.clone();
         let address = address.clone();
         async move {
-            let body: Value = client
-                .post(format!("http://{address}/execute"))
-                .json(&json!({"code": code, "limits": limits, "timeout": timeout}))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            body
+            let body = json!({"code": code, "limits": limits, "timeout": timeout});
+            common::post_json(&address, "/execute", &body).await
         }
     };
     let code = format!(
@@ -242,15 +232,7 @@ async fn the_binary_probes_before_its_runtime_and_finds_what_the_launcher_finds(
             .await
             .unwrap();
         assert_eq!(health["sandbox"], expected["sandbox"], "{args:?}");
-        let body: Value = reqwest::Client::new()
-            .post(format!("http://{address}/execute"))
-            .json(&json!({"code": "print(6 * 7)"}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let body = common::post_json(&address, "/execute", &json!({"code": "print(6 * 7)"})).await;
         assert_eq!(body["stdout"], "42\n", "{body}");
         child.kill().await.unwrap();
     }

@@ -19,6 +19,20 @@ use code_executor::{Executor, server};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+/// POST `body` as JSON to `http://{address}{path}` (a server a test
+/// spawned itself) and return the JSON answer, whatever its status.
+pub async fn post_json(address: &str, path: &str, body: &Value) -> Value {
+    reqwest::Client::new()
+        .post(format!("http://{address}{path}"))
+        .json(body)
+        .send()
+        .await
+        .expect("request is answered")
+        .json()
+        .await
+        .expect("JSON answer")
+}
+
 /// The message of an error answer (`{"error": {"message": ...}}`).
 pub fn error_message(body: &Value) -> &str {
     body["error"]["message"]
