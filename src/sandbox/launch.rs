@@ -5,10 +5,10 @@
 //! and waits for it. Stage 2 is pid 1 of the new pid namespace: it builds a
 //! fresh root (see [`build_root`]) holding only the `--read` and `--write`
 //! paths, a fresh `/proc` (so only the sandbox's own processes are
-//! visible), a minimal `/dev` with a private
-//! `/dev/shm` and, with `--scratch`, a size-capped tmpfs over the worker's
-//! scratch root; nothing else of the host's tree, so no host socket
-//! (`/run`, `/tmp`, ...) can be reached by path.
+//! visible), a minimal `/dev` with a private `/dev/shm` and, with
+//! `--scratch`, a size-capped tmpfs over the worker's scratch root; nothing
+//! else of the host's tree, so no host socket (`/run`, `/tmp`, ...) can be
+//! reached by path.
 //!
 //! Both stages then confine themselves the same way ([`confine_and_exec`]):
 //! a parent-death signal, `--uid/--gid`, every capability dropped,

@@ -244,7 +244,8 @@ struct EarlyProbe {
     report: std::fs::File,
 }
 
-/// Taken by the first [`Sandbox::probe`] that runs the default launcher.
+/// Taken by the first [`Sandbox::probe`]; its report stands for the default
+/// launcher's only.
 static EARLY_PROBE: parking_lot::Mutex<Option<EarlyProbe>> = parking_lot::Mutex::new(None);
 
 /// Probe the host now, in a forked child, while the process still has one
