@@ -489,6 +489,15 @@ impl Sandbox {
         config: &SandboxConfig,
         networks: &[Network],
     ) -> Result<Option<Sandbox>, SandboxError> {
+        // The early probe is reaped whatever the configuration says.
+        let early = EARLY_PROBE.lock().take();
+        let early = match early {
+            Some(probe) => tokio::task::spawn_blocking(move || probe.wait())
+                .await
+                .ok()
+                .flatten(),
+            None => None,
+        };
         if !config.enabled {
             tracing::warn!(
                 "the sandbox is disabled: runs are confined by rlimits only and share the host's network and filesystem"
@@ -500,17 +509,10 @@ impl Sandbox {
             None => std::env::current_exe()
                 .map_err(|e| SandboxError::Launcher(PathBuf::from("code-executor"), e))?,
         };
-        // The early probe's report stands for the default launcher's only.
-        let early = EARLY_PROBE.lock().take();
-        let early = match early {
-            Some(probe) => tokio::task::spawn_blocking(move || probe.wait())
-                .await
-                .ok()
-                .flatten()
-                .filter(|_| config.launcher.is_none())
-                .and_then(|text| serde_json::from_str::<ProbeReport>(text.trim()).ok()),
-            None => None,
-        };
+        // Its report stands for the default launcher's only.
+        let early = early
+            .filter(|_| config.launcher.is_none())
+            .and_then(|text| serde_json::from_str::<ProbeReport>(text.trim()).ok());
         let forked = early.is_some();
         let report = match early {
             Some(report) => report,
