@@ -89,7 +89,6 @@ import gc
 import marshal
 import os
 import select
-import signal
 import _signal
 import struct
 import sys
@@ -518,8 +517,6 @@ def signal_scope():
     global _restrict_self
     if _libc is None:
         return None
-    import functools
-
     ctypes = _ctypes
     syscall = _libc.syscall
     syscall.restype = ctypes.c_long
@@ -547,8 +544,13 @@ def signal_scope():
             return _no_scope(error)
     finally:
         os.close(root)
-    # Built here, once: what a child calls is then one foreign call.
-    restrict = functools.partial(syscall, ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF))
+    # Built here, once: what a child calls is then one closure and one
+    # foreign call.
+    number = ctypes.c_long(SYS_LANDLOCK_RESTRICT_SELF)
+
+    def restrict(ruleset, flags):
+        return syscall(number, ruleset, flags)
+
     # Entering the domain can still fail (a filter that allows only part of
     # Landlock, the nesting limit): try it once in a throwaway child, whose
     # exit status is the errno. (Not a throwaway thread, though a domain is
@@ -781,12 +783,19 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000):
     """Run ``code`` as ``python script.py`` would, in ``main``. The value of a
     final expression statement is kept (its repr), as a notebook cell shows it."""
     import _ast as ast  # the C module: what compile() needs, without ast.py
-    import linecache
 
     if main is None:
         main = fresh_main()
     sys.argv = [RUN_FILENAME] + list(argv or ())
-    linecache.cache[RUN_FILENAME] = (len(code), None, code.splitlines(True), RUN_FILENAME)
+    # The source, for tracebacks to show its lines. A worker's first child
+    # may run before linecache is imported (see import_run_modules): the
+    # entry is then added when it is.
+    entry = (len(code), None, code.splitlines(True), RUN_FILENAME)
+    linecache = sys.modules.get("linecache")
+    if linecache is not None:
+        linecache.cache[RUN_FILENAME] = entry
+    else:
+        on_import("linecache", lambda module: module.cache.__setitem__(RUN_FILENAME, entry))
     outcome = RunOutcome()
     ns = main.__dict__
     try:
@@ -862,8 +871,8 @@ def set_run_dir(rundir, tmp_env, previous=None):
 
 # The C-level signal calls: the ``signal`` module's enum wrappers cost a
 # child more than the calls themselves.
-_SIGCHLD, _SIGINT, _SIGTERM, _SIGKILL = (int(s) for s in (signal.SIGCHLD, signal.SIGINT,
-                                                        signal.SIGTERM, signal.SIGKILL))
+_SIGCHLD, _SIGINT, _SIGTERM, _SIGKILL = (int(s) for s in (_signal.SIGCHLD, _signal.SIGINT,
+                                                        _signal.SIGTERM, _signal.SIGKILL))
 
 
 def enter_run(worker_pid, rundir, out_w, err_w, parent_fds, on_sigint):
@@ -918,15 +927,28 @@ def specialize_request_path(passes=10):
     has run a few times, writing into its code object; children that inherit
     the specialized code neither redo that work nor copy the pages it
     writes, on every run."""
-    import linecache
-
     argv = sys.argv
     try:
         for _ in range(passes):
             rehearse()
     finally:
         sys.argv = argv
-        linecache.cache.pop(RUN_FILENAME, None)
+        _on_import.pop("linecache", None)
+        linecache = sys.modules.get("linecache")
+        if linecache is not None:
+            linecache.cache.pop(RUN_FILENAME, None)
+
+
+def import_run_modules():
+    """Import what runs often need (linecache, traceback and what they
+    import) and freeze it, so that the children forked from here on share it.
+    It costs ~10 ms where the environment's site hook imported none of it,
+    so it waits until the first run has ended (and is reported): the first
+    children import what their runs need themselves."""
+    import linecache, traceback, fnmatch  # noqa: F401,E401
+
+    if hasattr(gc, "freeze"):
+        gc.freeze()
 
 
 def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope=None,
@@ -1034,24 +1056,32 @@ def patch_pyplot(module):
 
 
 class _PatchingLoader:
-    """Runs the real loader, then patches the module it loaded."""
+    """Runs the real loader, then ``patch`` on the module it loaded."""
 
-    def __init__(self, loader):
+    def __init__(self, loader, patch):
         self.loader = loader
+        self.patch = patch
 
     def create_module(self, spec):
         return self.loader.create_module(spec)
 
     def exec_module(self, module):
         self.loader.exec_module(module)
-        patch_pyplot(module)
+        self.patch(module)
 
 
-class _PyplotHook:
-    """Meta-path finder that patches ``matplotlib.pyplot.show`` on import."""
+# Module name -> what to call with that module once it is imported: see
+# on_import.
+_on_import = {}
+
+
+class _ImportHook:
+    """Meta-path finder that calls ``_on_import[name](module)`` on the module
+    ``name`` once it is loaded."""
 
     def find_spec(self, name, path=None, target=None):
-        if name != "matplotlib.pyplot":
+        patch = _on_import.get(name)
+        if patch is None:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -1059,18 +1089,26 @@ class _PyplotHook:
             spec = finder.find_spec(name, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
+                    spec.loader = _PatchingLoader(spec.loader, patch)
                 return spec
         return None
 
 
+def on_import(name, patch):
+    """Call ``patch(module)`` on the module ``name``: now if it is imported,
+    else when it is."""
+    module = sys.modules.get(name)
+    if module is not None:
+        patch(module)
+        return
+    _on_import[name] = patch
+    if not any(isinstance(f, _ImportHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _ImportHook())
+
+
 def install_plot_capture(rundir):
     _figures["dir"] = rundir
-    plt = sys.modules.get("matplotlib.pyplot")
-    if plt is not None:
-        patch_pyplot(plt)
-    elif not any(isinstance(f, _PyplotHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PyplotHook())
+    on_import("matplotlib.pyplot", patch_pyplot)
 
 
 # ---------------------------------------------------------------------------
@@ -1125,12 +1163,14 @@ def pick_artifacts(files, inputs, select, max_each, max_total):
     """The artifacts among ``files`` ((relative path, path, size) each):
     those ``select`` matches, except input files left as they were sent; the
     content of each while the caps allow, else ``omitted``."""
-    import fnmatch
-    import mimetypes
-
     found = []
     total = 0
+    mimetypes = None
     for rel, path, size in files:
+        if mimetypes is None:
+            # At the first file: most runs leave none, and these two import
+            # re and urllib.parse.
+            import fnmatch, mimetypes  # noqa: E401
         if len(found) >= MAX_ARTIFACTS:
             break
         if select is not None and not any(fnmatch.fnmatchcase(rel, p) for p in select):
@@ -1160,6 +1200,8 @@ def pick_artifacts(files, inputs, select, max_each, max_total):
 # ---------------------------------------------------------------------------
 
 def signal_name(signum):
+    import signal  # its enum costs ~7 ms to import, so not before a run is killed
+
     try:
         return signal.Signals(signum).name
     except ValueError:
@@ -1316,7 +1358,7 @@ class Child:
 
     def kill_group(self):
         try:
-            os.killpg(self.pid, signal.SIGKILL)
+            os.killpg(self.pid, _signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
 
@@ -1327,7 +1369,7 @@ class Child:
         self.kill_group()
         if not self.reap(False):
             try:
-                os.kill(self.pid, signal.SIGKILL)
+                os.kill(self.pid, _signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
 
@@ -1454,7 +1496,7 @@ def supervise(worker, child, msg, start, disk=None, session=None, ended=None):
             if persistent and not run.timed_out:
                 run.timed_out = True
                 try:
-                    os.kill(child.pid, signal.SIGINT)
+                    os.kill(child.pid, _signal.SIGINT)
                 except ProcessLookupError:
                     pass
                 deadline = time.monotonic() + session.grace
@@ -1571,6 +1613,7 @@ class Worker:
         self.next = None
         self.session = None  # a Session once a `session` frame switched this worker
         self.zygote = None  # started by main once the worker is set up
+        self.imported = False  # whether import_run_modules ran here
         self.scope = None  # a Landlock ruleset fd that scopes signals, if any
         self.dirty = None  # why the scratch root could not be cleared, if it could not
 
@@ -1756,6 +1799,11 @@ class Worker:
             if kind == "exec":
                 try:
                     self.execute(msg)
+                    if not self.imported and self.zygote is None:
+                        # The first run has answered; its child was forked
+                        # without these (see import_run_modules).
+                        import_run_modules()
+                        self.imported = True
                 except ChannelClosed:
                     return
                 except ZygoteLost as exc:
@@ -1903,7 +1951,7 @@ class Zygote:
         try:
             while not os.waitpid(self.pid, os.WNOHANG)[0]:
                 if time.monotonic() > deadline:
-                    os.kill(self.pid, signal.SIGKILL)
+                    os.kill(self.pid, _signal.SIGKILL)
                     os.waitpid(self.pid, 0)
                     break
                 time.sleep(0.005)
@@ -1934,11 +1982,18 @@ def zygote_main(sock, worker, worker_pid, scope):
         poller.register(wake_r, select.POLLIN)
         rights_size = socket.CMSG_SPACE(4 * _FD.size)
         forked = set()  # run children not reported yet
+        imported = False  # whether import_run_modules ran
         while True:
             for fd, _ in poller.poll():
                 if fd == wake_r:
                     empty_pipe(wake_r)
+                    running = len(forked)
                     report_exits(sock, forked)
+                    if not imported and len(forked) < running:
+                        # A run has ended, its report is sent: the next child
+                        # may wait for these, the first result does not.
+                        import_run_modules()
+                        imported = True
                     continue
                 msg, ancillary, _, _ = sock.recvmsg(16, rights_size)
                 if not msg:
@@ -2256,7 +2311,7 @@ def kill_descendants():
             break
         for pid in pids:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, _signal.SIGKILL)
             except OSError:
                 pass
         for pid in pids:
@@ -2403,14 +2458,15 @@ def main():
     os.dup2(devnull, 0)
     os.dup2(2, 1)
     os.close(devnull)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
     try:
         for name in preload:
             __import__(name)
         # Modules every run needs, imported once here instead of in each child.
-        # (shutil and mimetypes, which only the worker needs and rarely, are
-        # imported by it when it first does.)
-        import builtins, linecache, traceback, atexit, fnmatch  # noqa: F401,E401
+        # (Those it may need, such as traceback, come after the first child:
+        # see import_run_modules. shutil and mimetypes, which only the worker
+        # needs and rarely, are imported by it when it first does.)
+        import builtins, atexit  # noqa: F401,E401
         global resource
         import resource
     except BaseException as exc:
@@ -2428,8 +2484,8 @@ def main():
         write_error(wfd, None, "worker setup failed: ", exc)
         os._exit(1)
     worker = Worker(scratch, rfd, wfd)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    signal.set_wakeup_fd(worker.wake_w)
+    _signal.signal(_signal.SIGCHLD, lambda signum, frame: None)
+    _signal.set_wakeup_fd(worker.wake_w)
     specialize_request_path()
     # Objects alive now never need collecting: freeze them so that a child's
     # collections do not touch (and copy) every page it shares with us. No

@@ -3,6 +3,9 @@
 use base64::Engine;
 use serde_json::{Value, json};
 
+use code_executor::config::{Config, EnvChoice};
+
+use crate::common::conda::{CondaFixture, Interpreter};
 use crate::common::{self, TestServer, pyenvs};
 
 fn decode(artifact: &Value) -> Vec<u8> {
@@ -120,6 +123,54 @@ async fn error_describes_the_uncaught_exception_at_the_users_line() {
     let body = server.run("import sys; sys.exit(2)").await;
     assert_eq!(body["error"], Value::Null, "sys.exit is not an error");
     assert_eq!(body["exit_code"], 2);
+    server.stop().await;
+}
+
+/// A worker's first children run before it imports `linecache` and
+/// `traceback` (in an environment whose start-up imported neither): their
+/// tracebacks, warnings and stacks show the run's source lines all the same,
+/// as those of every later run do.
+#[tokio::test]
+async fn every_run_of_a_new_worker_shows_its_source_lines() {
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    let prefix = fixture.create_env("clean", Interpreter::primary());
+    let server = TestServer::with_config(Config {
+        env: EnvChoice::Python(prefix.join("bin/python")),
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    for round in 0..4 {
+        let code = format!(
+            "import sys\npreloaded = 'linecache' in sys.modules\n\
+             import traceback, warnings\nwarnings.warn('careful {round}')\n\
+             print(preloaded, ''.join(traceback.format_stack()))\n\
+             raise ValueError({round})"
+        );
+        let body = server.run(&code).await;
+        let stdout = body["stdout"].as_str().unwrap();
+        if round == 0 {
+            assert!(
+                stdout.starts_with("False"),
+                "the first run of the worker had no linecache: {body}"
+            );
+        }
+        assert!(
+            stdout.contains("print(preloaded, ''.join(traceback.format_stack()))"),
+            "run {round}: {body}"
+        );
+        let stderr = body["stderr"].as_str().unwrap();
+        assert!(
+            stderr.contains(&format!("warnings.warn('careful {round}')")),
+            "run {round}: {body}"
+        );
+        let traceback = body["error"]["traceback"].as_str().unwrap();
+        assert!(
+            traceback.contains(&format!("raise ValueError({round})")),
+            "run {round}: {body}"
+        );
+        assert_eq!(body["error"]["line"], 6, "run {round}: {body}");
+    }
     server.stop().await;
 }
 
