@@ -1799,9 +1799,10 @@ class Worker:
             if kind == "exec":
                 try:
                     self.execute(msg)
-                    if not self.imported and self.zygote is None:
-                        # The first run has answered; its child was forked
-                        # without these (see import_run_modules).
+                    if not self.imported:
+                        # The first run has answered; the children forked
+                        # from here (sessions', or all without a zygote) now
+                        # have these (see import_run_modules).
                         import_run_modules()
                         self.imported = True
                 except ChannelClosed:

@@ -9,6 +9,13 @@ answer; then it spawns `PYTHON -c 'print(2+2)'`. A BINARY may carry its own
 flags after a space (`"target/release/code-executor --cache-dir none"`).
 Prints the median of each, and of `initialize` alone.
 
+PYTHON may be `conda:INTERPRETER`: the rounds then run in a throwaway
+environment laid out as `conda create` makes one, with INTERPRETER copied in,
+the standard library linked and an empty site-packages. Its `site` runs no
+`.pth` file, as in a fresh Conda environment; an interpreter's own
+site-packages may hold some that import a lot (one here imports certifi, 31 ms
+of every start), which a `python -c` spawn of it pays too.
+
 The binaries take turns in a new order each round, and every killed server
 is given SETTLE seconds (`COLD_START_SETTLE`, default 1.5) to be torn down
 before the next spawn: the kernel tears a killed worker's namespaces down
@@ -20,8 +27,10 @@ binary's teardown to whichever comes next.
 import json
 import statistics
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 SETTLE = float(os.environ.get("COLD_START_SETTLE", "1.5"))
@@ -66,8 +75,40 @@ def spawn(python):
     return time.perf_counter() - started
 
 
+def conda_layout(interpreter, root):
+    """A Conda-layout environment under ``root`` running ``interpreter``;
+    its ``bin/python``."""
+    out = subprocess.run(
+        [interpreter, "-c", "import sys, sysconfig; print(sys.executable); "
+         "print(sysconfig.get_paths()['stdlib']); print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True, text=True, check=True)
+    binary, stdlib, version = out.stdout.split()
+    lib = os.path.join(root, "lib", "python" + version)
+    os.makedirs(os.path.join(lib, "site-packages"))
+    for name in os.listdir(stdlib):
+        if name != "site-packages":
+            os.symlink(os.path.join(stdlib, name), os.path.join(lib, name))
+    os.makedirs(os.path.join(root, "bin"))
+    python = os.path.join(root, "bin", "python")
+    shutil.copy2(binary, python)
+    os.makedirs(os.path.join(root, "conda-meta"))
+    open(os.path.join(root, "conda-meta", "history"), "w").close()
+    return python
+
+
 def main():
     python, rounds, binaries = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    if python.startswith("conda:"):
+        root = tempfile.mkdtemp(prefix="cold-start-env-")
+        try:
+            measure(conda_layout(python[len("conda:"):], root), rounds, binaries)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    else:
+        measure(python, rounds, binaries)
+
+
+def measure(python, rounds, binaries):
     commands = [b.split() for b in binaries]
     cold = {b: [] for b in binaries}
     init = {b: [] for b in binaries}
