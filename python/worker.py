@@ -2447,10 +2447,29 @@ def clear_dir(path, budget=CLEAN_SECONDS):
 # Start
 # ---------------------------------------------------------------------------
 
+def join_cgroups(barrier):
+    """Wait until the launcher has moved this process into its cgroups: its
+    ``--join-async`` pipe ``barrier`` (a descriptor number, None without one)
+    then reads b"1"; empty, the join failed, and the worker exits."""
+    if barrier is None:
+        return
+    fd = int(barrier)
+    joined = os.read(fd, 1) == b"1"
+    os.close(fd)
+    if not joined:
+        sys.stderr.write("code-executor: the worker could not join its cgroups\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+
 def main():
-    # Left by the launcher when it compiled this script: sent in `ready`, for
-    # the server to keep (see LAUNCH in src/worker/mod.rs).
+    # Left by the launcher (see LAUNCH in src/worker/mod.rs): the code it
+    # compiled this script to, sent in `ready` for the server to keep; and
+    # the pipe that tells when this process is in its cgroups. The join
+    # waits out an RCU grace period, longer than a small interpreter's start:
+    # what comes before a preload or a fork does not wait for it.
     compiled = globals().pop("__bootstrap_code__", None)
+    barrier = globals().pop("__cgroup_barrier__", None)
     scratch = sys.argv[1] if len(sys.argv) > 1 else os.getcwd()
     preload = [m for m in (sys.argv[2] if len(sys.argv) > 2 else "").split(",") if m]
     rfd = os.dup(0)
@@ -2460,6 +2479,10 @@ def main():
     os.dup2(2, 1)
     os.close(devnull)
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+    if preload:
+        # A preload may fork, and its memory belongs in the worker's cgroup.
+        join_cgroups(barrier)
+        barrier = None
     try:
         for name in preload:
             __import__(name)
@@ -2499,6 +2522,7 @@ def main():
     # goes back to the OS: each fork would otherwise copy the page tables that
     # map it, and each exit tear them down again.
     trim_heap()
+    join_cgroups(barrier)  # before the first fork (signal_scope's)
     code = 0
     try:
         # Runs are forked by a zygote, except where that would expose it: the

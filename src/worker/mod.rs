@@ -51,19 +51,17 @@ const STARTUP_TASKS: u64 = 1024;
 /// the bootstrap hands it back to the OS before it forks (see `main` in
 /// `python/worker.py`).
 ///
-/// First, with `CODE_EXECUTOR_CGROUP_FD` set (the launcher's
-/// `--join-async`), it waits until the launcher has moved it into its
-/// cgroups, a join that ran while the interpreter started: nothing forks
-/// before it is done, so every run and every process a run starts is in
-/// them (the memory the interpreter took meanwhile stays charged where the
-/// server's is).
+/// With `CODE_EXECUTOR_CGROUP_FD` set (the launcher's `--join-async`), it
+/// leaves that pipe in `__cgroup_barrier__` (and the variable out of the
+/// environment): the bootstrap waits there for the launcher's word that it
+/// is in its cgroups, a join that runs while the interpreter starts and
+/// waits out an RCU grace period, before it imports a preload or forks
+/// anything (see `join_cgroups` in `python/worker.py`). Every run and every
+/// process a run starts is then in them; the memory taken meanwhile stays
+/// charged where the server's is.
 pub(crate) const LAUNCH: &str = "\
 import io, marshal, os, sys
-w = os.environ.pop('CODE_EXECUTOR_CGROUP_FD', None)
-if w:
-    if os.read(int(w), 1) != b'1':
-        sys.exit('code-executor: the worker could not join its cgroups')
-    os.close(int(w))
+__cgroup_barrier__ = os.environ.pop('CODE_EXECUTOR_CGROUP_FD', None)
 from _frozen_importlib_external import MAGIC_NUMBER as m
 p = sys.argv.pop(1); k = sys.argv.pop(1); sys.argv[0] = __file__ = p; c = None
 try:
@@ -84,7 +82,7 @@ if c is None:
     with io.open_code(p) as f:
         c = compile(f.read(), p, 'exec')
     __bootstrap_code__ = m + marshal.dumps(c)
-del k, m, w
+del k, m
 exec(c)
 ";
 
@@ -796,45 +794,103 @@ pub(crate) fn worker_env(base: &HashMap<String, String>) -> Vec<(OsString, OsStr
 #[cfg(test)]
 mod tests {
     use super::{LAUNCH, signal_name};
-    use std::os::fd::AsRawFd;
+    use std::io::{Read, Write};
+    use std::os::fd::{AsRawFd, OwnedFd};
+    use std::process::{Child, Stdio};
+    use std::time::{Duration, Instant};
 
     /// LAUNCH run on a script that shows what it sees, with the pipe of the
-    /// launcher's `--join-async` carrying `word` (nothing: the join failed).
-    fn launch_after(word: &[u8]) -> std::process::Output {
+    /// launcher's `--join-async` in its environment.
+    #[test]
+    fn the_launch_code_hands_the_cgroup_pipe_to_the_bootstrap() {
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("worker.py");
         std::fs::write(
             &script,
-            "import os\nprint('ran', os.environ.get('CODE_EXECUTOR_CGROUP_FD'))\n",
+            "import os\nprint('ran', os.environ.get('CODE_EXECUTOR_CGROUP_FD'), __cgroup_barrier__)\n",
         )
         .unwrap();
-        let (read, write) = nix::unistd::pipe().unwrap();
-        nix::unistd::write(&write, word).unwrap();
-        drop(write);
         let out = std::process::Command::new("/usr/bin/python3.11")
             .args(["-I", "-u", "-c", LAUNCH])
             .arg(&script)
             .args(["", "", ""])
-            .env("CODE_EXECUTOR_CGROUP_FD", read.as_raw_fd().to_string())
+            .env("CODE_EXECUTOR_CGROUP_FD", "7")
             .output()
             .unwrap();
-        drop(read);
-        out
-    }
-
-    #[test]
-    fn the_launch_code_starts_the_worker_once_told_it_is_in_its_cgroups() {
-        let out = launch_after(b"1");
         assert!(out.status.success(), "{out:?}");
         // The variable is gone before the worker's own code runs.
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "ran None\n");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "ran None 7\n");
+    }
+
+    /// The real bootstrap, started as the launcher starts it with
+    /// `--join-async`: the write end of its cgroup pipe, not written yet.
+    fn bootstrap_before_the_join() -> (Child, OwnedFd, tempfile::TempDir) {
+        let scratch = tempfile::tempdir().unwrap();
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        crate::sys::inherit_fd(read.as_raw_fd()).unwrap();
+        let child = std::process::Command::new("/usr/bin/python3.11")
+            .args(["-I", "-u", "-c", LAUNCH])
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/python/worker.py"))
+            .arg("")
+            .arg(scratch.path())
+            .arg("")
+            .env("CODE_EXECUTOR_CGROUP_FD", read.as_raw_fd().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(read);
+        (child, write, scratch)
+    }
+
+    /// Processes whose parent is `pid`.
+    fn children_of(pid: u32) -> Vec<u32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|p| {
+                let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+                // pid (comm) state ppid ...: comm may hold spaces, not ')'.
+                let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+                after.split_whitespace().nth(1) == Some(pid.to_string().as_str())
+            })
+            .collect()
     }
 
     #[test]
-    fn the_launch_code_stops_when_the_cgroups_could_not_be_joined() {
-        let out = launch_after(b"");
+    fn the_bootstrap_forks_nothing_until_it_is_in_its_cgroups() {
+        let (mut child, write, _scratch) = bootstrap_before_the_join();
+        let mut stdout = child.stdout.take().unwrap();
+        // Long enough for the bootstrap to get as far as it goes (~20 ms).
+        std::thread::sleep(Duration::from_millis(700));
+        assert_eq!(child.try_wait().unwrap(), None, "it waits");
+        assert_eq!(children_of(child.id()), Vec::<u32>::new(), "no fork yet");
+        std::fs::File::from(write).write_all(b"1").unwrap();
+        // Told, it starts its zygote and first child and says it is ready.
+        let mut header = [0u8; 4];
+        stdout.read_exact(&mut header).unwrap();
+        // All of it (it carries the compiled bootstrap): a frame left unread
+        // would block the worker's write.
+        let mut frame = vec![0u8; u32::from_be_bytes(header) as usize];
+        stdout.read_exact(&mut frame).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while children_of(child.id()).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!children_of(child.id()).is_empty(), "it forked once told");
+        drop(child.stdin.take());
+        assert!(child.wait().unwrap().success());
+    }
+
+    #[test]
+    fn the_bootstrap_stops_when_the_cgroups_could_not_be_joined() {
+        let (child, write, _scratch) = bootstrap_before_the_join();
+        drop(write);
+        let out = child.wait_with_output().unwrap();
         assert_eq!(out.status.code(), Some(1), "{out:?}");
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "");
+        assert_eq!(out.stdout, b"", "no ready frame");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains("could not join its cgroups"), "{stderr}");
     }
