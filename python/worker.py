@@ -942,9 +942,10 @@ def specialize_request_path(passes=10):
 def import_run_modules():
     """Import what runs often need (linecache, traceback and what they
     import) and freeze it, so that the children forked from here on share it.
-    It costs ~10 ms where the environment's site hook imported none of it,
-    so it waits until the first run has ended (and is reported): the first
-    children import what their runs need themselves."""
+    It costs ~10 ms where the environment's start-up (``site``, its ``.pth``
+    files) imported none of it, so it waits until the first run has ended
+    and is reported: the first children import what their runs need
+    themselves."""
     import linecache, traceback, fnmatch  # noqa: F401,E401
 
     if hasattr(gc, "freeze"):
@@ -2487,8 +2488,8 @@ def main():
         for name in preload:
             __import__(name)
         # Modules every run needs, imported once here instead of in each child.
-        # (Those it may need, such as traceback, come after the first child:
-        # see import_run_modules. shutil and mimetypes, which only the worker
+        # (traceback and linecache come once the first run has ended: see
+        # import_run_modules. shutil and mimetypes, which only the worker
         # needs and rarely, are imported by it when it first does.)
         import builtins, atexit  # noqa: F401,E401
         global resource
