@@ -53,8 +53,9 @@ pub(crate) fn inherit_fd(fd: i32) -> std::io::Result<()> {
     }
 }
 
-/// `fork`, for a process that has one thread (the launcher, which runs
-/// before any runtime starts); refused with `EBUSY` in one with more.
+/// `fork`, for a process that has one thread (the launcher, or the binary
+/// before its runtime starts: see `sandbox::probe_early`); refused with
+/// `EBUSY` in one with more.
 pub(crate) fn fork_single_threaded() -> std::io::Result<nix::unistd::ForkResult> {
     let status = std::fs::read_to_string("/proc/self/status")?;
     let threads = status

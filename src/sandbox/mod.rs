@@ -465,9 +465,6 @@ pub(crate) struct Sandbox {
 }
 
 impl Sandbox {
-    /// Probe the host through the launcher. Fails when namespaces cannot be
-    /// made and some env keeps its network isolated (never a silent
-    /// downgrade); a missing Landlock is logged loudly and reported.
     /// The report of `launcher sandbox-exec --probe`.
     async fn probe_through(launcher: &Path) -> Result<ProbeReport, SandboxError> {
         let out = tokio::process::Command::new(launcher)
@@ -485,6 +482,11 @@ impl Sandbox {
         })
     }
 
+    /// Probe the host: through the early probe's report (see
+    /// [`probe_early`]) where there is one and no launcher is configured,
+    /// else through the launcher. Fails when namespaces cannot be made and
+    /// some env keeps its network isolated (never a silent downgrade); a
+    /// missing Landlock is logged loudly and reported.
     pub(crate) async fn probe(
         config: &SandboxConfig,
         networks: &[Network],
