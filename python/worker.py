@@ -452,7 +452,7 @@ LANDLOCK_ACCESS_FS_REFER = 1 << 13
 LANDLOCK_SCOPE_SIGNAL = 1 << 1
 LANDLOCK_RULE_PATH_BENEATH = 1
 
-_ctypes = None  # the ctypes module, once load_libc found it
+_ctypes = None  # what of ctypes the calls use, once load_libc found it
 _libc = None  # the C library
 _restrict_self = None  # landlock_restrict_self(fd, flags), set by signal_scope
 
@@ -461,12 +461,49 @@ def load_libc():
     """Load the C library; None, or why it could not be (no ctypes)."""
     global _ctypes, _libc
     try:
-        import ctypes
-    except ImportError as exc:
-        return "no ctypes: %s" % exc
-    _ctypes = ctypes
-    _libc = ctypes.CDLL(None, use_errno=True)
+        _ctypes, _libc = _bare_ctypes()
+    except (ImportError, AttributeError, OSError):
+        # Not the C module this Python usually has: the package itself.
+        try:
+            import ctypes
+        except ImportError as exc:
+            return "no ctypes: %s" % exc
+        _ctypes = ctypes
+        _libc = ctypes.CDLL(None, use_errno=True)
     return None
+
+
+def _bare_ctypes():
+    """What of ctypes the calls below use, made from its C module alone: the
+    ``ctypes`` package would cost every worker's start ~1.5 ms (its module,
+    ``ctypes._endian`` and the classes they define), a fifth of the
+    bootstrap's own set-up. The same C types underneath, so a call costs
+    what it does through ``ctypes.CDLL``."""
+    import _ctypes as c
+
+    def simple(name, code):
+        return type(c._SimpleCData)(name, (c._SimpleCData,), {"_type_": code})
+
+    class Function(c.CFuncPtr):
+        _flags_ = c.FUNCFLAG_CDECL | c.FUNCFLAG_USE_ERRNO
+        _restype_ = simple("c_int", "i")
+
+    class Library:
+        """The process's own symbols (``dlopen(NULL)``), as attributes;
+        AttributeError for one it lacks, as with ``ctypes.CDLL``."""
+        _handle = c.dlopen(None, os.RTLD_NOW)
+
+        def __getattr__(self, name):
+            function = Function((name, self))
+            setattr(self, name, function)
+            return function
+
+    module = types.SimpleNamespace(
+        get_errno=c.get_errno, byref=c.byref, sizeof=c.sizeof, Structure=c.Structure,
+        c_int=simple("c_int", "i"), c_int32=simple("c_int", "i"),
+        c_long=simple("c_long", "l"), c_size_t=simple("c_ulong", "L"),
+        c_uint32=simple("c_uint", "I"), c_uint64=simple("c_ulonglong", "Q"))
+    return module, Library()
 
 
 def _failed(call):
@@ -788,7 +825,7 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000):
         main = fresh_main()
     sys.argv = [RUN_FILENAME] + list(argv or ())
     # The source, for tracebacks to show its lines. A worker's first child
-    # may run before linecache is imported (see import_run_modules): the
+    # may run before linecache is imported (see prepare_later_runs): the
     # entry is then added when it is.
     entry = (len(code), None, code.splitlines(True), RUN_FILENAME)
     linecache = sys.modules.get("linecache")
@@ -922,11 +959,11 @@ def rehearse(request_fd=None):
 
 
 def specialize_request_path(passes=10):
-    """Rehearse the request path a few times in the worker itself, before
-    any run is forked. CPython 3.11+ specializes a function's bytecode once it
-    has run a few times, writing into its code object; children that inherit
-    the specialized code neither redo that work nor copy the pages it
-    writes, on every run."""
+    """Rehearse the request path a few times in the process that forks the
+    runs (see prepare_later_runs). CPython 3.11+ specializes a function's
+    bytecode once it has run a few times, writing into its code object;
+    children that inherit the specialized code neither redo that work nor
+    copy the pages it writes, on every run."""
     argv = sys.argv
     try:
         for _ in range(passes):
@@ -939,15 +976,17 @@ def specialize_request_path(passes=10):
             linecache.cache.pop(RUN_FILENAME, None)
 
 
-def import_run_modules():
+def prepare_later_runs():
     """Import what runs often need (linecache, traceback and what they
-    import) and freeze it, so that the children forked from here on share it.
-    It costs ~10 ms where the environment's start-up (``site``, its ``.pth``
-    files) imported none of it, so it waits until the first run has ended
-    and is reported: the first children import what their runs need
-    themselves."""
+    import), specialize the request path (specialize_request_path) and
+    freeze it all, so that the children forked from here on share it. The
+    imports cost ~10 ms where the environment's start-up (``site``, its
+    ``.pth`` files) imported none of it, the rehearsals ~2.5 ms, so they wait
+    until the first run has ended and is reported: the first children
+    import what their runs need themselves, and specialize their own code."""
     import linecache, traceback, fnmatch  # noqa: F401,E401
 
+    specialize_request_path()
     if hasattr(gc, "freeze"):
         gc.freeze()
 
@@ -1614,7 +1653,7 @@ class Worker:
         self.next = None
         self.session = None  # a Session once a `session` frame switched this worker
         self.zygote = None  # started by main once the worker is set up
-        self.imported = False  # whether import_run_modules ran here
+        self.prepared = False  # whether prepare_later_runs ran here
         self.scope = None  # a Landlock ruleset fd that scopes signals, if any
         self.dirty = None  # why the scratch root could not be cleared, if it could not
 
@@ -1800,12 +1839,12 @@ class Worker:
             if kind == "exec":
                 try:
                     self.execute(msg)
-                    if not self.imported:
+                    if not self.prepared:
                         # The first run has answered; the children forked
                         # from here (sessions', or all without a zygote) now
-                        # have these (see import_run_modules).
-                        import_run_modules()
-                        self.imported = True
+                        # have these (see prepare_later_runs).
+                        prepare_later_runs()
+                        self.prepared = True
                 except ChannelClosed:
                     return
                 except ZygoteLost as exc:
@@ -1984,18 +2023,18 @@ def zygote_main(sock, worker, worker_pid, scope):
         poller.register(wake_r, select.POLLIN)
         rights_size = socket.CMSG_SPACE(4 * _FD.size)
         forked = set()  # run children not reported yet
-        imported = False  # whether import_run_modules ran
+        prepared = False  # whether prepare_later_runs ran
         while True:
             for fd, _ in poller.poll():
                 if fd == wake_r:
                     empty_pipe(wake_r)
                     running = len(forked)
                     report_exits(sock, forked)
-                    if not imported and len(forked) < running:
+                    if not prepared and len(forked) < running:
                         # A run has ended, its report is sent: the next child
                         # may wait for these, the first result does not.
-                        import_run_modules()
-                        imported = True
+                        prepare_later_runs()
+                        prepared = True
                     continue
                 msg, ancillary, _, _ = sock.recvmsg(16, rights_size)
                 if not msg:
@@ -2489,7 +2528,7 @@ def main():
             __import__(name)
         # Modules every run needs, imported once here instead of in each child.
         # (traceback and linecache come once the first run has ended: see
-        # import_run_modules. shutil and mimetypes, which only the worker
+        # prepare_later_runs. shutil and mimetypes, which only the worker
         # needs and rarely, are imported by it when it first does.)
         import builtins, atexit  # noqa: F401,E401
         global resource
@@ -2511,7 +2550,6 @@ def main():
     worker = Worker(scratch, rfd, wfd)
     _signal.signal(_signal.SIGCHLD, lambda signum, frame: None)
     _signal.set_wakeup_fd(worker.wake_w)
-    specialize_request_path()
     # Objects alive now never need collecting: freeze them so that a child's
     # collections do not touch (and copy) every page it shares with us. No
     # collection first: the start leaves no garbage to speak of (a full one

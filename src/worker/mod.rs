@@ -895,6 +895,50 @@ mod tests {
         assert!(stderr.contains("could not join its cgroups"), "{stderr}");
     }
 
+    /// What `python/worker.py`'s C calls print, run by `body` after the
+    /// bootstrap is imported as `w` (it doubles as a module).
+    fn bootstrap_c_calls(body: &str) -> String {
+        let code = format!(
+            "import sys\nsys.path.insert(0, {:?})\nimport worker as w\n{body}",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/python")
+        );
+        let out = std::process::Command::new("/usr/bin/python3.11")
+            .args(["-I", "-c", &code])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// prctl(PR_GET_DUMPABLE) after each setting, and the errno of a refused
+    /// call: the calls the bootstrap makes are made, and failures raise.
+    const DUMPABLE_ROUND_TRIP: &str = "\
+print(w.load_libc())
+w.set_dumpable(False); print(w._libc.prctl(3, 0, 0, 0, 0))
+w.set_dumpable(True); print(w._libc.prctl(3, 0, 0, 0, 0))
+try:
+    w.prctl(999, 0)
+except OSError as exc:
+    print(exc.errno)
+print('ctypes' in sys.modules)
+";
+
+    #[test]
+    fn the_bootstrap_calls_c_without_the_ctypes_package() {
+        assert_eq!(
+            bootstrap_c_calls(DUMPABLE_ROUND_TRIP),
+            "None\n0\n1\n22\nFalse\n"
+        );
+    }
+
+    #[test]
+    fn the_bootstrap_falls_back_to_the_ctypes_package() {
+        let body = format!(
+            "def missing():\n    raise AttributeError('no CFuncPtr')\nw._bare_ctypes = missing\n{DUMPABLE_ROUND_TRIP}"
+        );
+        assert_eq!(bootstrap_c_calls(&body), "None\n0\n1\n22\nTrue\n");
+    }
+
     #[test]
     fn signals_are_named_from_their_numbers() {
         assert_eq!(signal_name(9), "SIGKILL");

@@ -75,6 +75,33 @@ fn a_launcher_that_cannot_start_the_program_says_why() {
 }
 
 #[test]
+fn a_launcher_refuses_arguments_it_does_not_know() {
+    for (args, named) in [
+        (
+            &["sandbox-exec", "--bogus", "--", "/bin/true"][..],
+            "'--bogus'",
+        ),
+        (
+            &["sandbox-exec", "--net", "nowhere", "--", "/bin/true"],
+            "'nowhere'",
+        ),
+        (
+            &["sandbox-exec", "--disk-bytes", "1", "--", "/bin/true"],
+            "--scratch",
+        ),
+    ] {
+        let out = Command::new(common::launcher())
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
 fn the_launcher_caps_the_scratch_root_and_filters_syscalls() {
     let scratch = tempfile::tempdir().unwrap();
     let code = r#"
