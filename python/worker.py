@@ -475,10 +475,9 @@ def load_libc():
 
 def _bare_ctypes():
     """What of ctypes the calls below use, made from its C module alone: the
-    ``ctypes`` package would cost every worker's start ~1.5 ms (its module,
-    ``ctypes._endian`` and the classes they define), a fifth of the
-    bootstrap's own set-up. The same C types underneath, so a call costs
-    what it does through ``ctypes.CDLL``."""
+    ``ctypes`` package would add ~1 ms to every worker's start (its module,
+    ``ctypes._endian`` and the classes they define). The same C types
+    underneath, so a call costs what it does through ``ctypes.CDLL``."""
     import _ctypes as c
 
     def simple(name, code):
