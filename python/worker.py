@@ -483,9 +483,11 @@ def _bare_ctypes():
     def simple(name, code):
         return type(c._SimpleCData)(name, (c._SimpleCData,), {"_type_": code})
 
+    c_int = simple("c_int", "i")
+
     class Function(c.CFuncPtr):
         _flags_ = c.FUNCFLAG_CDECL | c.FUNCFLAG_USE_ERRNO
-        _restype_ = simple("c_int", "i")
+        _restype_ = c_int
 
     class Library:
         """The process's own symbols (``dlopen(NULL)``), as attributes;
@@ -499,7 +501,7 @@ def _bare_ctypes():
 
     module = types.SimpleNamespace(
         get_errno=c.get_errno, byref=c.byref, sizeof=c.sizeof, Structure=c.Structure,
-        c_int=simple("c_int", "i"), c_int32=simple("c_int", "i"),
+        c_int=c_int, c_int32=c_int,
         c_long=simple("c_long", "l"), c_size_t=simple("c_ulong", "L"),
         c_uint32=simple("c_uint", "I"), c_uint64=simple("c_ulonglong", "Q"))
     return module, Library()
