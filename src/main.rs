@@ -24,6 +24,17 @@ fn main() {
         eprintln!("error: cannot harden the server process: {err}");
         std::process::exit(1);
     }
+    if let Command::Mcp(mcp) = &cli.command
+        && mcp.is_shared()
+        && mcp.serve_shared.is_none()
+    {
+        // A relay to the shared server: no runtime, no executor.
+        if let Err(err) = code_executor::mcp::attach() {
+            eprintln!("error: {:#}", anyhow::Error::from(err));
+            std::process::exit(1);
+        }
+        std::process::exit(0);
+    }
     let starts_executor = match &cli.command {
         Command::Serve(serve) => !serve.check_config,
         Command::Mcp(_) => true,
@@ -77,8 +88,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tracing::info!("code-executor stopped");
             Ok(())
         }
-        Command::Mcp(args) => {
-            let config = Config::load(&args)?;
+        Command::Mcp(mcp) => {
+            let config = Config::load(&mcp.options)?;
             init_logging(config.log_format);
             let executor = Arc::new(Executor::start_warming(&config).await?);
             if let Some(name) = &config.mcp_client
@@ -87,7 +98,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 anyhow::bail!("mcp_client {name:?} names no client of the clients file");
             }
             let reload = tokio::spawn(server::reload_on_sighup(executor.clone()));
-            code_executor::mcp::serve_stdio(executor, &config, server::shutdown_signal()).await?;
+            let shutdown = server::shutdown_signal();
+            match &mcp.serve_shared {
+                Some(socket) => {
+                    code_executor::mcp::serve_shared(executor, &config, socket, mcp.idle(), shutdown)
+                        .await?
+                }
+                None => code_executor::mcp::serve_stdio(executor, &config, shutdown).await?,
+            }
             reload.abort();
             Ok(())
         }

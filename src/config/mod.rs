@@ -63,7 +63,7 @@ pub enum Command {
     /// Serve the HTTP API (and MCP over streamable HTTP at /mcp).
     Serve(ServeCommand),
     /// Serve MCP over stdin/stdout (for MCP clients that launch servers).
-    Mcp(Options),
+    Mcp(McpCommand),
     /// Print the environments this server can see.
     Envs(Options),
     /// Print the SHA-256 of a bearer token (the argument, else a line of
@@ -84,6 +84,45 @@ pub struct ServeCommand {
     /// and exit (0 when valid) without serving.
     #[arg(long)]
     pub check_config: bool,
+}
+
+/// `code-executor mcp`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct McpCommand {
+    #[command(flatten)]
+    /// Every option (see [`Options`]).
+    pub options: Options,
+    /// Share one warm server among this user's launches with the same
+    /// binary, command line, environment and working directory: a launch
+    /// attaches to it over a Unix socket, starting it when none runs.
+    #[arg(
+        long,
+        env = "CODE_EXECUTOR_MCP_SHARED",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub shared: Option<bool>,
+    /// How long a shared server stays after its last client leaves, in
+    /// seconds (default 600).
+    #[arg(long, env = "CODE_EXECUTOR_MCP_SHARED_IDLE")]
+    pub shared_idle: Option<Seconds>,
+    /// Internal: serve as the shared server on this socket.
+    #[arg(long, hide = true)]
+    pub serve_shared: Option<PathBuf>,
+}
+
+impl McpCommand {
+    /// Whether launches share a server (`--shared`).
+    pub fn is_shared(&self) -> bool {
+        self.shared == Some(true)
+    }
+
+    /// How long a shared server stays after its last client leaves.
+    pub fn idle(&self) -> Duration {
+        self.shared_idle
+            .map_or(Duration::from_secs(600), Seconds::duration)
+    }
 }
 
 /// `code-executor hash-token`.

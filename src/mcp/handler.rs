@@ -144,6 +144,11 @@ impl McpHandler {
         }
     }
 
+    /// The name of the default environment.
+    pub fn default_env(&self) -> String {
+        self.executor.default_env()
+    }
+
     /// A copy for a new connection: the same tools, its own implicit
     /// session (if those are on).
     pub fn for_connection(&self) -> McpHandler {

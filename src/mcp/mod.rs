@@ -8,14 +8,17 @@
 //! * [`session`]: `create_session`/`close_session` arguments and the
 //!   optional implicit session of a connection.
 //! * [`stdio`]: serving one client on standard input/output.
+//! * [`shared`]: one warm server for a user's launches (`mcp --shared`).
 //! * [`http`]: the streamable HTTP service the axum server nests at `/mcp`.
 
 pub mod handler;
 pub mod http;
 pub mod result;
 pub mod session;
+pub mod shared;
 pub mod stdio;
 
 pub use handler::McpHandler;
 pub use http::http_service;
+pub use shared::{SharedError, attach, serve_shared};
 pub use stdio::{StdioError, serve_stdio};

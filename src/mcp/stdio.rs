@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use rmcp::ServiceExt;
 use rmcp::service::ServerInitializeError;
 use rmcp::transport::stdio_pipes;
-use tokio::io::{AsyncRead, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -42,47 +42,59 @@ pub async fn serve_stdio(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), StdioError> {
     let handler = McpHandler::new(executor.clone(), config);
-    let served = async {
-        // Non-blocking pipe I/O when the client gave us pipes (the usual
-        // case), so a pending read never holds up the runtime's shutdown.
-        let (stdin, stdout) = stdio_pipes();
-        let input_closed = CancellationToken::new();
-        let stdin = EofSignal {
-            inner: stdin,
-            eof: input_closed.clone(),
-        };
-        let running = handler
-            .serve((stdin, stdout))
-            .await
-            .map_err(|e| StdioError::Handshake(Box::new(e)))?;
-        tracing::info!(
-            env = executor.default_env(),
-            "MCP client connected over stdio"
-        );
-        let stop = running.cancellation_token();
-        tokio::pin!(shutdown);
-        let waiting = running.waiting();
-        tokio::pin!(waiting);
-        let reason = tokio::select! {
-            reason = &mut waiting => reason,
-            _ = &mut shutdown => {
-                tracing::info!("shutting down: cancelling MCP requests");
-                stop.cancel();
-                waiting.await
-            }
-            _ = input_closed.cancelled() => {
-                tracing::debug!("stdin closed: cancelling in-flight MCP requests");
-                stop.cancel();
-                waiting.await
-            }
-        }
-        .map_err(StdioError::Service)?;
-        tracing::info!(?reason, "MCP stdio session ended");
-        Ok(())
-    };
-    let result = served.await;
+    // Non-blocking pipe I/O when the client gave us pipes (the usual case),
+    // so a pending read never holds up the runtime's shutdown.
+    let (stdin, stdout) = stdio_pipes();
+    let result = serve_until_closed(handler, stdin, stdout, "stdio", shutdown).await;
     executor.shutdown().await;
     result
+}
+
+/// Serve one client on `input`/`output` until its service ends, it closes
+/// its input (which cancels its in-flight runs at once) or `shutdown`
+/// resolves (which cancels them too).
+pub(crate) async fn serve_until_closed<R, W>(
+    handler: McpHandler,
+    input: R,
+    output: W,
+    over: &'static str,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), StdioError>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let input_closed = CancellationToken::new();
+    let input = EofSignal {
+        inner: input,
+        eof: input_closed.clone(),
+    };
+    let env = handler.default_env();
+    let running = handler
+        .serve((input, output))
+        .await
+        .map_err(|e| StdioError::Handshake(Box::new(e)))?;
+    tracing::info!(env, over, "MCP client connected");
+    let stop = running.cancellation_token();
+    tokio::pin!(shutdown);
+    let waiting = running.waiting();
+    tokio::pin!(waiting);
+    let reason = tokio::select! {
+        reason = &mut waiting => reason,
+        _ = &mut shutdown => {
+            tracing::info!(over, "shutting down: cancelling MCP requests");
+            stop.cancel();
+            waiting.await
+        }
+        _ = input_closed.cancelled() => {
+            tracing::debug!(over, "input closed: cancelling in-flight MCP requests");
+            stop.cancel();
+            waiting.await
+        }
+    }
+    .map_err(StdioError::Service)?;
+    tracing::info!(?reason, over, "MCP session ended");
+    Ok(())
 }
 
 /// Reads from `inner` and cancels `eof` when it reports end of input.

@@ -974,10 +974,15 @@ fn expected_option_rows() -> BTreeMap<String, (OptionRow, String)> {
         }
         rows.insert(row.id(), (row, doc.help.clone()));
     }
-    // Flags of `serve` beyond the options (`--check-config`).
+    // Flags of `serve` and `mcp` beyond the options (`--check-config`,
+    // `--shared`).
     let cli = code_executor::config::Cli::command();
-    let serve = cli.find_subcommand("serve").expect("a serve subcommand");
-    for arg in serve.get_arguments().filter(|a| !a.is_hide_set()) {
+    let commands = ["serve", "mcp"].map(|name| cli.find_subcommand(name).expect("a subcommand"));
+    for arg in commands
+        .iter()
+        .flat_map(|c| c.get_arguments())
+        .filter(|a| !a.is_hide_set())
+    {
         let Some(long) = arg.get_long() else { continue };
         let flag = format!("--{long}");
         if docs.iter().any(|d| d.flag == flag) {

@@ -30,6 +30,7 @@ mod mcp_packages;
 mod mcp_protocol;
 mod mcp_python;
 mod mcp_sessions;
+mod mcp_shared;
 mod ops;
 mod python_client;
 mod readme;

@@ -1,0 +1,318 @@
+//! `code-executor mcp --shared`: launches relay to one warm server per
+//! configuration, over a Unix socket in a directory of the user's own.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::common::mcp::{McpClient, connect_stdio, execute_code, text};
+use crate::common::{processes_mentioning, python};
+use crate::mcp::{marked_sleeper, unique_marker, wait_for_process, wait_until_gone};
+
+fn binary() -> &'static Path {
+    env!("CARGO_BIN_EXE_code-executor").as_ref()
+}
+
+/// A runtime directory of the test's own, and the shared servers started
+/// under it, stopped when it drops.
+struct Runtime {
+    dir: tempfile::TempDir,
+}
+
+impl Runtime {
+    fn new() -> Runtime {
+        Runtime {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn sockets_dir(&self) -> PathBuf {
+        self.dir.path().join("code-executor")
+    }
+
+    /// The sockets there, sorted.
+    fn sockets(&self) -> Vec<PathBuf> {
+        let Ok(entries) = std::fs::read_dir(self.sockets_dir()) else {
+            return vec![];
+        };
+        let mut sockets: Vec<_> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "sock"))
+            .collect();
+        sockets.sort();
+        sockets
+    }
+
+    /// A shared launch with `args` after the interpreter and a small pool.
+    async fn launch(&self, args: &[&str]) -> (McpClient, tokio::process::Child) {
+        let python = python();
+        let mut all = vec!["--shared", "--python", python.to_str().unwrap()];
+        all.extend(["--pool-size", "1"]);
+        all.extend(args);
+        connect_stdio(binary(), &all, &[("XDG_RUNTIME_DIR", self.dir.path())]).await
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        for pid in processes_mentioning(self.dir.path()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// The pid of the process listening on `socket`.
+fn server_pid(socket: &Path) -> u32 {
+    let stream = UnixStream::connect(socket).expect("a server listens on the socket");
+    let cred = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+        .unwrap();
+    cred.pid() as u32
+}
+
+fn alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    !stat
+        .rsplit(')')
+        .next()
+        .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+}
+
+async fn wait_for(what: &str, within: Duration, done: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < within, "{what} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn close(client: McpClient, mut child: tokio::process::Child) {
+    let _ = client.cancel().await;
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("the launch exits once its client closes stdin")
+        .unwrap();
+    assert!(status.success(), "{status}");
+}
+
+#[tokio::test]
+async fn launches_of_one_configuration_share_a_warm_server_that_idles_out() {
+    let runtime = Runtime::new();
+    let (client, child) = runtime.launch(&["--shared-idle", "2"]).await;
+    let result = execute_code(&client, json!({"code": "print(2+2)"}))
+        .await
+        .unwrap();
+    assert_eq!(text(&result), "4\n[exit code 0]");
+    let sockets = runtime.sockets();
+    assert_eq!(sockets.len(), 1, "{sockets:?}");
+    let socket = &sockets[0];
+    let mode = std::fs::metadata(runtime.sockets_dir()).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "the sockets' directory is the user's alone");
+    let server = server_pid(socket);
+    close(client, child).await;
+
+    // The launch is gone, its server is not: the next launch uses it.
+    assert!(alive(server), "the shared server outlives its first client");
+    let (client, child) = runtime.launch(&["--shared-idle", "2"]).await;
+    let result = execute_code(
+        &client,
+        json!({"code": "import sys\nprint(sys.stdin.read().upper())", "stdin": "warm"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(text(&result), "WARM\n[exit code 0]");
+    assert_eq!(server_pid(socket), server, "the same server answered");
+    assert_eq!(runtime.sockets().len(), 1);
+
+    // Another configuration has a server of its own.
+    let (other, other_child) = runtime.launch(&["--shared-idle", "2", "--timeout", "7"]).await;
+    let result = execute_code(&other, json!({"code": "print('other')"}))
+        .await
+        .unwrap();
+    assert_eq!(text(&result), "other\n[exit code 0]");
+    let sockets = runtime.sockets();
+    assert_eq!(sockets.len(), 2, "{sockets:?}");
+    let other_socket = sockets.iter().find(|s| *s != socket).unwrap();
+    let other_server = server_pid(other_socket);
+    assert_ne!(other_server, server);
+
+    // Both idle out once their clients leave: sockets removed, processes gone.
+    close(client, child).await;
+    close(other, other_child).await;
+    wait_for("both servers exit", Duration::from_secs(20), || {
+        !alive(server) && !alive(other_server)
+    })
+    .await;
+    assert_eq!(runtime.sockets(), Vec::<PathBuf>::new());
+    wait_until_gone(runtime.dir.path(), Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn concurrent_first_launches_start_one_server() {
+    let runtime = Runtime::new();
+    let launches = (0..3).map(|i| {
+        let runtime = &runtime;
+        async move {
+            let (client, child) = runtime.launch(&["--shared-idle", "2"]).await;
+            let result = execute_code(&client, json!({"code": format!("print({i} * 10)")}))
+                .await
+                .unwrap();
+            assert_eq!(text(&result), format!("{}\n[exit code 0]", i * 10));
+            (client, child)
+        }
+    });
+    let launched = futures_util::future::join_all(launches).await;
+    let sockets = runtime.sockets();
+    assert_eq!(sockets.len(), 1, "{sockets:?}");
+    let servers: Vec<_> = processes_mentioning(&sockets[0]);
+    assert_eq!(servers.len(), 1, "one server serves them all: {servers:?}");
+    for (client, child) in launched {
+        close(client, child).await;
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_has_its_runs_killed_and_the_server_stays() {
+    let runtime = Runtime::new();
+    let (client, mut child) = runtime.launch(&["--shared-idle", "30"]).await;
+    let marker = unique_marker("shared-gone");
+    let peer = client.peer().clone();
+    let in_flight = tokio::spawn({
+        let code = marked_sleeper(&marker);
+        async move {
+            let Value::Object(args) = json!({"code": code, "timeout": 60}) else {
+                unreachable!()
+            };
+            peer.call_tool(
+                rmcp::model::CallToolRequestParams::new("execute_code").with_arguments(args),
+            )
+            .await
+        }
+    });
+    wait_for_process(&marker, Duration::from_secs(10)).await;
+    let server = server_pid(&runtime.sockets()[0]);
+
+    // The client is killed, not closed: its relay dies with it.
+    child.kill().await.unwrap();
+    wait_until_gone(marker.as_ref(), Duration::from_secs(10)).await;
+    assert!(in_flight.await.unwrap().is_err(), "no answer reached a dead client");
+    assert!(alive(server));
+
+    // The server serves the next launch; its one worker is free again.
+    let (client, child) = runtime.launch(&["--shared-idle", "30"]).await;
+    let result = execute_code(&client, json!({"code": "print('next')"}))
+        .await
+        .unwrap();
+    assert_eq!(text(&result), "next\n[exit code 0]");
+    assert_eq!(server_pid(&runtime.sockets()[0]), server);
+    close(client, child).await;
+}
+
+#[tokio::test]
+async fn a_killed_server_is_replaced_by_the_next_launch() {
+    let runtime = Runtime::new();
+    let (client, child) = runtime.launch(&["--shared-idle", "30"]).await;
+    execute_code(&client, json!({"code": "pass"})).await.unwrap();
+    let socket = runtime.sockets()[0].clone();
+    let server = server_pid(&socket);
+    close(client, child).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_for("the server dies", Duration::from_secs(5), || !alive(server)).await;
+    assert!(socket.exists(), "a killed server leaves its socket behind");
+
+    let (client, child) = runtime.launch(&["--shared-idle", "30"]).await;
+    let result = execute_code(&client, json!({"code": "print('again')"}))
+        .await
+        .unwrap();
+    assert_eq!(text(&result), "again\n[exit code 0]");
+    let replacement = server_pid(&socket);
+    assert_ne!(replacement, server);
+    close(client, child).await;
+}
+
+/// Run a shared launch to its end with stdin closed; its status and stderr.
+fn launch_failing(runtime: &Runtime, args: &[&str]) -> (std::process::ExitStatus, String) {
+    launch_failing_with(runtime, &["--shared"], &[], args)
+}
+
+fn launch_failing_with(
+    runtime: &Runtime,
+    flags: &[&str],
+    vars: &[(&str, &str)],
+    args: &[&str],
+) -> (std::process::ExitStatus, String) {
+    let out = std::process::Command::new(binary())
+        .arg("mcp")
+        .args(flags)
+        .args(args)
+        .envs(vars.iter().copied())
+        .env("XDG_RUNTIME_DIR", runtime.dir.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.stdout.is_empty(), "{out:?}");
+    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test]
+async fn a_server_that_cannot_start_fails_the_launch_with_its_own_error() {
+    let runtime = Runtime::new();
+    let (status, stderr) = launch_failing(&runtime, &["--python", "/nonexistent/bin/python3"]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the shared server did not start"), "{stderr}");
+    assert!(stderr.contains("/nonexistent/bin/python3"), "{stderr}");
+    assert_eq!(runtime.sockets(), Vec::<PathBuf>::new());
+
+    // A bad flag is the command line's error, before any server starts.
+    let (status, stderr) = launch_failing(&runtime, &["--shared-idle", "soon"]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("\"soon\" is not a number of seconds"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_sockets_directory_others_can_use_is_refused() {
+    let runtime = Runtime::new();
+    std::fs::create_dir(runtime.sockets_dir()).unwrap();
+    std::fs::set_permissions(
+        runtime.sockets_dir(),
+        std::fs::Permissions::from_mode(0o777),
+    )
+    .unwrap();
+    let python = python();
+    let (status, stderr) = launch_failing(&runtime, &["--python", python.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cannot keep the shared server's socket in")
+            && stderr.contains("its mode is 777"),
+        "{stderr}"
+    );
+    assert_eq!(runtime.sockets(), Vec::<PathBuf>::new());
+
+    // A link in its place is refused too; the variable turns sharing on
+    // as the flag does.
+    std::fs::remove_dir(runtime.sockets_dir()).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(elsewhere.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), runtime.sockets_dir()).unwrap();
+    let (status, stderr) = launch_failing_with(
+        &runtime,
+        &[],
+        &[("CODE_EXECUTOR_MCP_SHARED", "1")],
+        &["--python", python.to_str().unwrap()],
+    );
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("it is not a directory"), "{stderr}");
+    assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+}
