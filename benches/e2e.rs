@@ -30,6 +30,7 @@ const BESIDE_MCP: &str = "HTTP /execute print(2+2), beside MCP";
 const STREAMABLE: &str = "MCP streamable HTTP, plain client";
 const STREAMABLE_RMCP: &str = "MCP streamable HTTP, rmcp client";
 const STDIO: &str = "MCP stdio, rmcp client";
+const SHARED: &str = "MCP stdio --shared (relayed), rmcp client";
 
 struct Stats {
     name: String,
@@ -610,6 +611,19 @@ async fn main() {
         &[],
     )
     .await;
+    let shared_runtime = tempfile::tempdir().unwrap();
+    let (rmcp_shared, _shared_relay) = mcp_client::connect_stdio(
+        Path::new(env!("CARGO_BIN_EXE_code-executor")),
+        &[
+            "--shared",
+            "--python",
+            python.to_str().unwrap(),
+            "--pool-size",
+            &pool,
+        ],
+        &[("XDG_RUNTIME_DIR", shared_runtime.path())],
+    )
+    .await;
     let execute = reqwest::Client::builder()
         .tcp_nodelay(true)
         .build()
@@ -623,9 +637,10 @@ async fn main() {
         Front::Plain(PlainMcpClient::connect(&mcp_url).await),
         Front::Rmcp(&rmcp_http),
         Front::Rmcp(&rmcp_stdio),
+        Front::Rmcp(&rmcp_shared),
     ];
     let measured = mcp_comparison(&mut fronts, code, 4.0 * seconds).await;
-    for (name, (latencies, elapsed)) in [BESIDE_MCP, STREAMABLE, STREAMABLE_RMCP, STDIO]
+    for (name, (latencies, elapsed)) in [BESIDE_MCP, STREAMABLE, STREAMABLE_RMCP, STDIO, SHARED]
         .into_iter()
         .zip(measured)
     {
@@ -634,6 +649,8 @@ async fn main() {
     drop(fronts);
     drop(rmcp_http);
     drop(rmcp_stdio);
+    drop(rmcp_shared);
+    stop_shared_servers(shared_runtime.path());
     // Cold start as an MCP client meets it: spawn `code-executor mcp`,
     // initialize, call execute_code once; beside spawning `python -c`.
     let mut cold = Vec::new();
@@ -667,6 +684,7 @@ async fn main() {
     cold.sort();
     spawn.sort();
     let cold_start = (cold[cold.len() / 2], spawn[spawn.len() / 2]);
+    let shared = shared_launches(&python, &pool, code).await;
     drop(server);
     if !mcp_only {
         other_scenarios(&python, &pool, code, seconds, spawns, &mut rows).await;
@@ -680,6 +698,13 @@ async fn main() {
          python -c spawn: {:.1} ms",
         cold_start.0.as_secs_f64() * 1e3,
         cold_start.1.as_secs_f64() * 1e3
+    );
+    println!(
+        "MCP stdio --shared (spawn, initialize, first execute_code): first launch {:.1} ms; \
+         later launches, the server warm: {:.1} ms (median of 10) = {:.2}x the python -c spawn",
+        shared.0.as_secs_f64() * 1e3,
+        shared.1.as_secs_f64() * 1e3,
+        shared.1.as_secs_f64() / cold_start.1.as_secs_f64()
     );
     println!(
         "| scenario                                     |   c |  p50 (ms) |  p99 (ms) |    runs/s |"
@@ -784,10 +809,71 @@ async fn main() {
         ("MCP streamable HTTP, plain client,", STREAMABLE),
         ("MCP streamable HTTP, rmcp client,", STREAMABLE_RMCP),
         ("MCP stdio, rmcp client,", STDIO),
+        ("MCP stdio --shared, rmcp client,", SHARED),
     ] {
         println!(
             "{label} adds {:+.3} ms p50 over /execute (measured in the same slices of time)",
             p50(name).unwrap() - beside
         );
+    }
+}
+
+/// `code-executor mcp --shared` as a client meets it: spawn, initialize,
+/// one execute_code. The first launch starts the shared server; the next
+/// ten find it warm. The first launch's time and the median of the rest.
+async fn shared_launches(python: &Path, pool: &str, code: &str) -> (Duration, Duration) {
+    let runtime = tempfile::tempdir().unwrap();
+    let args = [
+        "--shared",
+        "--python",
+        python.to_str().unwrap(),
+        "--pool-size",
+        pool,
+    ];
+    let mut times = Vec::new();
+    for _ in 0..11 {
+        let t = Instant::now();
+        let (client, mut child) = mcp_client::connect_stdio(
+            Path::new(env!("CARGO_BIN_EXE_code-executor")),
+            &args,
+            &[("XDG_RUNTIME_DIR", runtime.path())],
+        )
+        .await;
+        let out = mcp_client::execute_code(&client, json!({ "code": code }))
+            .await
+            .expect("first call answered");
+        times.push(t.elapsed());
+        assert_eq!(mcp_client::text(&out), "4\n[exit code 0]");
+        let _ = client.cancel().await;
+        let _ = child.wait().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop_shared_servers(runtime.path());
+    let first = times.remove(0);
+    times.sort();
+    (first, times[times.len() / 2])
+}
+
+/// SIGTERM the shared servers under the runtime directory `runtime`: the
+/// processes listening on its sockets.
+fn stop_shared_servers(runtime: &Path) {
+    let Ok(entries) = std::fs::read_dir(runtime.join("code-executor")) else {
+        return;
+    };
+    for socket in entries
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "sock"))
+    {
+        let Ok(stream) = std::os::unix::net::UnixStream::connect(socket.path()) else {
+            continue;
+        };
+        if let Ok(peer) =
+            nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(peer.pid()),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
     }
 }

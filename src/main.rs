@@ -101,8 +101,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let shutdown = server::shutdown_signal();
             match &mcp.serve_shared {
                 Some(socket) => {
-                    code_executor::mcp::serve_shared(executor, &config, socket, mcp.idle(), shutdown)
-                        .await?
+                    code_executor::mcp::serve_shared(
+                        executor,
+                        &config,
+                        socket,
+                        mcp.idle(),
+                        shutdown,
+                    )
+                    .await?
                 }
                 None => code_executor::mcp::serve_stdio(executor, &config, shutdown).await?,
             }

@@ -16,6 +16,11 @@ the standard library linked and an empty site-packages. Its `site` runs no
 site-packages may hold some that import a lot (one here imports certifi, 31 ms
 of every start), which a `python -c` spawn of it pays too.
 
+A BINARY with `--shared` relays to a shared server (`mcp --shared`): the
+first round starts it, later rounds find it warm, so its median is a warm
+launch's. The script gives them a runtime directory of its own
+(`XDG_RUNTIME_DIR`) and stops the shared servers there when it ends.
+
 The binaries take turns in a new order each round, and every killed server
 is given SETTLE seconds (`COLD_START_SETTLE`, default 1.5) to be torn down
 before the next spawn: the kernel tears a killed worker's namespaces down
@@ -98,14 +103,43 @@ def conda_layout(interpreter, root):
 
 def main():
     python, rounds, binaries = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-    if python.startswith("conda:"):
-        root = tempfile.mkdtemp(prefix="cold-start-env-")
+    runtime = tempfile.mkdtemp(prefix="cold-start-run-")
+    os.environ["XDG_RUNTIME_DIR"] = runtime
+    try:
+        if python.startswith("conda:"):
+            root = tempfile.mkdtemp(prefix="cold-start-env-")
+            try:
+                measure(conda_layout(python[len("conda:"):], root), rounds, binaries)
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+        else:
+            measure(python, rounds, binaries)
+    finally:
+        stop_shared_servers(runtime)
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def stop_shared_servers(runtime):
+    """SIGTERM every process whose command line names ``runtime``: the
+    shared servers listening on sockets there; wait until they are gone."""
+    def mentioning():
+        pids = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if runtime.encode() in f.read():
+                        pids.append(int(pid))
+            except OSError:
+                pass
+        return pids
+    for pid in mentioning():
         try:
-            measure(conda_layout(python[len("conda:"):], root), rounds, binaries)
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
-    else:
-        measure(python, rounds, binaries)
+            os.kill(pid, 15)
+        except OSError:
+            pass
+    deadline = time.monotonic() + 10
+    while mentioning() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def measure(python, rounds, binaries):

@@ -195,8 +195,8 @@ impl SharedPlace {
             .mode(0o600)
             .open(&self.log)
             .map_err(io_error(format!("cannot open {}", self.log.display())))?;
-        let exe = std::env::current_exe()
-            .map_err(io_error("cannot find this program's own binary"))?;
+        let exe =
+            std::env::current_exe().map_err(io_error("cannot find this program's own binary"))?;
         let mut server = Command::new(exe)
             .args(std::env::args_os().skip(1))
             .arg("--serve-shared")
@@ -251,7 +251,10 @@ fn runtime_dir() -> Result<PathBuf, SharedError> {
         return Err(refuse("it is not a directory".into()));
     }
     if meta.uid() != uid {
-        return Err(refuse(format!("it belongs to uid {}, not {uid}", meta.uid())));
+        return Err(refuse(format!(
+            "it belongs to uid {}, not {uid}",
+            meta.uid()
+        )));
     }
     if meta.mode() & 0o077 != 0 {
         return Err(refuse(format!(
@@ -452,8 +455,10 @@ fn remove_own_socket(place: &SharedPlace, bound: &fs::Metadata) -> Result<(), Sh
     let _lock = place.take_lock()?;
     match fs::symlink_metadata(&place.socket) {
         Ok(now) if now.dev() == bound.dev() && now.ino() == bound.ino() => {
-            fs::remove_file(&place.socket)
-                .map_err(io_error(format!("cannot remove {}", place.socket.display())))
+            fs::remove_file(&place.socket).map_err(io_error(format!(
+                "cannot remove {}",
+                place.socket.display()
+            )))
         }
         _ => Ok(()),
     }

@@ -261,6 +261,39 @@ async fn python_sdk_over_stdio() {
 }
 
 #[tokio::test]
+async fn python_sdk_over_shared_stdio_launches() {
+    // Two launches of one configuration with sharing on (by its variable),
+    // each the SDK's whole exercise: the second finds the first's server.
+    let runtime = tempfile::tempdir().unwrap();
+    let mut xdg = OsString::from("XDG_RUNTIME_DIR=");
+    xdg.push(runtime.path());
+    let mut servers = Vec::new();
+    for _ in 0..2 {
+        let report = run_client(vec![
+            "stdio".into(),
+            env!("CARGO_BIN_EXE_code-executor").into(),
+            python().into(),
+            xdg.clone(),
+            "CODE_EXECUTOR_MCP_SHARED=1".into(),
+            "CODE_EXECUTOR_MCP_SHARED_IDLE=1".into(),
+            "CODE_EXECUTOR_LOG=warn".into(),
+        ])
+        .await;
+        check_report(&report);
+        let sockets = crate::mcp_shared::sockets_in(runtime.path());
+        assert_eq!(sockets.len(), 1, "{sockets:?}");
+        servers.push(crate::mcp_shared::server_pid(&sockets[0]));
+    }
+    assert_eq!(servers[0], servers[1], "one server served both launches");
+    // It idles out: its workers and the runs the SDK cancelled are gone.
+    wait_until_gone(runtime.path(), Duration::from_secs(20)).await;
+    assert_eq!(
+        crate::mcp_shared::sockets_in(runtime.path()),
+        Vec::<PathBuf>::new()
+    );
+}
+
+#[tokio::test]
 async fn python_sdk_over_streamable_http() {
     let server = TestServer::with_config(Config {
         token: Some("s3cret".into()),

@@ -35,16 +35,7 @@ impl Runtime {
 
     /// The sockets there, sorted.
     fn sockets(&self) -> Vec<PathBuf> {
-        let Ok(entries) = std::fs::read_dir(self.sockets_dir()) else {
-            return vec![];
-        };
-        let mut sockets: Vec<_> = entries
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|e| e == "sock"))
-            .collect();
-        sockets.sort();
-        sockets
+        sockets_in(self.dir.path())
     }
 
     /// A shared launch with `args` after the interpreter and a small pool.
@@ -68,11 +59,26 @@ impl Drop for Runtime {
     }
 }
 
+/// The shared servers' sockets under the runtime directory `runtime`,
+/// sorted.
+pub(crate) fn sockets_in(runtime: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(runtime.join("code-executor")) else {
+        return vec![];
+    };
+    let mut sockets: Vec<_> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "sock"))
+        .collect();
+    sockets.sort();
+    sockets
+}
+
 /// The pid of the process listening on `socket`.
-fn server_pid(socket: &Path) -> u32 {
+pub(crate) fn server_pid(socket: &Path) -> u32 {
     let stream = UnixStream::connect(socket).expect("a server listens on the socket");
-    let cred = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
-        .unwrap();
+    let cred =
+        nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials).unwrap();
     cred.pid() as u32
 }
 
@@ -114,8 +120,15 @@ async fn launches_of_one_configuration_share_a_warm_server_that_idles_out() {
     let sockets = runtime.sockets();
     assert_eq!(sockets.len(), 1, "{sockets:?}");
     let socket = &sockets[0];
-    let mode = std::fs::metadata(runtime.sockets_dir()).unwrap().permissions().mode();
-    assert_eq!(mode & 0o777, 0o700, "the sockets' directory is the user's alone");
+    let mode = std::fs::metadata(runtime.sockets_dir())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o777,
+        0o700,
+        "the sockets' directory is the user's alone"
+    );
     let server = server_pid(socket);
     close(client, child).await;
 
@@ -133,7 +146,9 @@ async fn launches_of_one_configuration_share_a_warm_server_that_idles_out() {
     assert_eq!(runtime.sockets().len(), 1);
 
     // Another configuration has a server of its own.
-    let (other, other_child) = runtime.launch(&["--shared-idle", "2", "--timeout", "7"]).await;
+    let (other, other_child) = runtime
+        .launch(&["--shared-idle", "2", "--timeout", "7"])
+        .await;
     let result = execute_code(&other, json!({"code": "print('other')"}))
         .await
         .unwrap();
@@ -203,7 +218,10 @@ async fn a_client_that_goes_away_has_its_runs_killed_and_the_server_stays() {
     // The client is killed, not closed: its relay dies with it.
     child.kill().await.unwrap();
     wait_until_gone(marker.as_ref(), Duration::from_secs(10)).await;
-    assert!(in_flight.await.unwrap().is_err(), "no answer reached a dead client");
+    assert!(
+        in_flight.await.unwrap().is_err(),
+        "no answer reached a dead client"
+    );
     assert!(alive(server));
 
     // The server serves the next launch; its one worker is free again.
@@ -220,7 +238,9 @@ async fn a_client_that_goes_away_has_its_runs_killed_and_the_server_stays() {
 async fn a_killed_server_is_replaced_by_the_next_launch() {
     let runtime = Runtime::new();
     let (client, child) = runtime.launch(&["--shared-idle", "30"]).await;
-    execute_code(&client, json!({"code": "pass"})).await.unwrap();
+    execute_code(&client, json!({"code": "pass"}))
+        .await
+        .unwrap();
     let socket = runtime.sockets()[0].clone();
     let server = server_pid(&socket);
     close(client, child).await;
@@ -229,7 +249,12 @@ async fn a_killed_server_is_replaced_by_the_next_launch() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    wait_for("the server dies", Duration::from_secs(5), || !alive(server)).await;
+    // Its listening socket closes once its last thread has exited (the
+    // main thread shows as a zombie before that).
+    wait_for("the server dies", Duration::from_secs(5), || {
+        !alive(server) && UnixStream::connect(&socket).is_err()
+    })
+    .await;
     assert!(socket.exists(), "a killed server leaves its socket behind");
 
     let (client, child) = runtime.launch(&["--shared-idle", "30"]).await;
@@ -263,7 +288,10 @@ fn launch_failing_with(
         .output()
         .unwrap();
     assert!(out.stdout.is_empty(), "{out:?}");
-    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[tokio::test]
@@ -271,14 +299,20 @@ async fn a_server_that_cannot_start_fails_the_launch_with_its_own_error() {
     let runtime = Runtime::new();
     let (status, stderr) = launch_failing(&runtime, &["--python", "/nonexistent/bin/python3"]);
     assert_eq!(status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("the shared server did not start"), "{stderr}");
+    assert!(
+        stderr.contains("the shared server did not start"),
+        "{stderr}"
+    );
     assert!(stderr.contains("/nonexistent/bin/python3"), "{stderr}");
     assert_eq!(runtime.sockets(), Vec::<PathBuf>::new());
 
     // A bad flag is the command line's error, before any server starts.
     let (status, stderr) = launch_failing(&runtime, &["--shared-idle", "soon"]);
     assert_eq!(status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("\"soon\" is not a number of seconds"), "{stderr}");
+    assert!(
+        stderr.contains("\"soon\" is not a number of seconds"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]
