@@ -23,6 +23,10 @@
 //!   beside the socket) and waits for its `ready` line; launches meanwhile
 //!   wait on the lock, then connect. A server that fails to start fails the
 //!   launch with the server's own error, from the log.
+//! * **Served or retried.** The server greets each connection it serves
+//!   before anything else, and a launch forwards nothing before that: a
+//!   connection a dying server took and closed is retried, and a socket
+//!   that answers otherwise is refused.
 //! * **A client per connection.** Each connection is served as a stdio
 //!   client is: its own implicit session, and its in-flight runs killed when
 //!   it closes its input or goes away.
@@ -40,6 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -51,6 +56,19 @@ use crate::mcp::stdio::serve_until_closed;
 
 /// The line the shared server writes on its stdout once it listens.
 const READY: &str = "ready";
+
+/// What the shared server writes first on every connection it serves. A
+/// launch forwards nothing before it has read this, so a server that dies
+/// between the kernel's accepting a connection and serving it costs the
+/// launch a retry, not its client's `initialize`.
+const HELLO: &[u8] = b"code-executor shared 1\n";
+
+/// How long a launch waits for a listening server's [`HELLO`].
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections a launch tries before it gives up on servers that close them
+/// unserved.
+const ATTEMPTS: u32 = 5;
 
 /// The longest path a Unix socket address holds (`sun_path` less its NUL).
 const MAX_SOCKET_PATH: usize = 107;
@@ -90,6 +108,14 @@ pub enum SharedError {
         log: PathBuf,
         /// What it wrote there.
         message: String,
+    },
+    /// The process on the socket does not speak as a shared server.
+    #[error("the process on {socket} is not a code-executor shared server: it said {said:?}")]
+    NotShared {
+        /// The socket.
+        socket: PathBuf,
+        /// What it sent first.
+        said: String,
     },
     /// The other end of the socket is another user's process.
     #[error("the shared server's socket {socket} is served by uid {uid}, not this user")]
@@ -156,6 +182,65 @@ impl SharedPlace {
         file.lock()
             .map_err(io_error(format!("cannot lock {}", self.lock.display())))?;
         Ok(file)
+    }
+
+    /// Connect to a server of this user's that is serving here (it greeted
+    /// the connection), starting one when none listens.
+    fn connect_served(&self) -> Result<UnixStream, SharedError> {
+        let mut attempt = 1;
+        loop {
+            let mut stream = self.connect_or_start()?;
+            let peer = nix::sys::socket::getsockopt(
+                &stream,
+                nix::sys::socket::sockopt::PeerCredentials,
+            )
+            .map_err(|e| io_error("cannot read the shared server's credentials")(e.into()))?;
+            if peer.uid() != nix::unistd::geteuid().as_raw() {
+                return Err(SharedError::Stranger {
+                    socket: self.socket.clone(),
+                    uid: peer.uid(),
+                });
+            }
+            let mut said = [0; HELLO.len()];
+            let greeted = stream
+                .set_read_timeout(Some(HELLO_TIMEOUT))
+                .and_then(|()| stream.read_exact(&mut said))
+                .and_then(|()| stream.set_read_timeout(None));
+            match greeted {
+                Ok(()) if said == HELLO => return Ok(stream),
+                Ok(()) => {
+                    return Err(SharedError::NotShared {
+                        socket: self.socket.clone(),
+                        said: String::from_utf8_lossy(&said).into_owned(),
+                    });
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(io_error(format!(
+                        "the shared server at {} did not answer within {HELLO_TIMEOUT:?}",
+                        self.socket.display()
+                    ))(e));
+                }
+                // Closed unserved: the server is dying (or idled out and
+                // went). Its socket soon refuses connections; then a new
+                // server starts.
+                Err(e) if attempt < ATTEMPTS => {
+                    tracing::debug!(error = %e, attempt, "the shared server closed the connection unserved");
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    return Err(io_error(format!(
+                        "the shared server at {} closed {ATTEMPTS} connections unserved",
+                        self.socket.display()
+                    ))(e));
+                }
+            }
+        }
     }
 
     /// Connect to the server listening here, starting one when none is.
@@ -306,15 +391,7 @@ fn launch_key() -> io::Result<String> {
 /// client's runs as a stdio server would.
 pub fn attach() -> Result<(), SharedError> {
     let place = SharedPlace::for_this_launch()?;
-    let stream = place.connect_or_start()?;
-    let peer = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
-        .map_err(|e| io_error("cannot read the shared server's credentials")(e.into()))?;
-    if peer.uid() != nix::unistd::geteuid().as_raw() {
-        return Err(SharedError::Stranger {
-            socket: place.socket,
-            uid: peer.uid(),
-        });
-    }
+    let stream = place.connect_served()?;
     let mut to_server = stream
         .try_clone()
         .map_err(io_error("cannot duplicate the connection"))?;
@@ -385,10 +462,15 @@ pub async fn serve_shared(
                 return;
             }
         }
-        let (input, output) = stream.into_split();
         let handler = handler.for_connection();
         let stop = stop.clone();
         clients.spawn(async move {
+            let mut stream = stream;
+            if let Err(e) = stream.write_all(HELLO).await {
+                tracing::debug!(error = %e, "a launch left before it was greeted");
+                return;
+            }
+            let (input, output) = stream.into_split();
             let over = "shared socket";
             if let Err(e) =
                 serve_until_closed(handler, input, output, over, stop.cancelled_owned()).await

@@ -249,12 +249,7 @@ async fn a_killed_server_is_replaced_by_the_next_launch() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    // Its listening socket closes once its last thread has exited (the
-    // main thread shows as a zombie before that).
-    wait_for("the server dies", Duration::from_secs(5), || {
-        !alive(server) && UnixStream::connect(&socket).is_err()
-    })
-    .await;
+    wait_for("the server dies", Duration::from_secs(5), || !alive(server)).await;
     assert!(socket.exists(), "a killed server leaves its socket behind");
 
     let (client, child) = runtime.launch(&["--shared-idle", "30"]).await;
@@ -349,4 +344,86 @@ async fn a_sockets_directory_others_can_use_is_refused() {
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("it is not a directory"), "{stderr}");
     assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn a_socket_that_closes_connections_unserved_is_retried_and_one_that_speaks_otherwise_refused()
+ {
+    let runtime = Runtime::new();
+    let (client, child) = runtime.launch(&["--shared-idle", "30"]).await;
+    execute_code(&client, json!({"code": "pass"}))
+        .await
+        .unwrap();
+    let socket = runtime.sockets()[0].clone();
+    let server = server_pid(&socket);
+    close(client, child).await;
+    let kill = |pid: u32| {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap()
+    };
+    kill(server);
+    wait_for("the server dies", Duration::from_secs(5), || {
+        !alive(server) && UnixStream::connect(&socket).is_err()
+    })
+    .await;
+
+    // A dying server: it takes two connections and closes them unserved,
+    // then stops listening. The launch retries, then starts a server.
+    std::fs::remove_file(&socket).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let dying = std::thread::spawn(move || {
+        for _ in 0..2 {
+            drop(listener.accept().unwrap());
+        }
+    });
+    let (client, child) = runtime.launch(&["--shared-idle", "30"]).await;
+    let result = execute_code(&client, json!({"code": "print('served')"}))
+        .await
+        .unwrap();
+    assert_eq!(text(&result), "served\n[exit code 0]");
+    dying.join().unwrap();
+    let replacement = server_pid(&socket);
+    assert!(replacement != server && replacement != std::process::id());
+    close(client, child).await;
+    kill(replacement);
+    wait_for("the replacement dies", Duration::from_secs(5), || {
+        !alive(replacement) && UnixStream::connect(&socket).is_err()
+    })
+    .await;
+
+    // Something else on the socket: the launch refuses it and says what it
+    // heard.
+    std::fs::remove_file(&socket).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let stranger = std::thread::spawn(move || {
+        use std::io::Write;
+        let (mut stream, _) = listener.accept().unwrap();
+        stream
+            .write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+    });
+    let python = python();
+    let (status, stderr) = launch_failing_with(
+        &runtime,
+        &["--shared"],
+        &[("CODE_EXECUTOR_LOG", "warn")],
+        &[
+            "--python",
+            python.to_str().unwrap(),
+            "--pool-size",
+            "1",
+            "--shared-idle",
+            "30",
+        ],
+    );
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is not a code-executor shared server: it said \"HTTP/1.1 400"),
+        "{stderr}"
+    );
+    stranger.join().unwrap();
 }
