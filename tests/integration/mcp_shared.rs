@@ -82,6 +82,23 @@ pub(crate) fn server_pid(socket: &Path) -> u32 {
     cred.pid() as u32
 }
 
+/// SIGKILL the server on `socket` and wait until it is dead and its socket
+/// refuses connections (its last thread has exited: its main thread shows
+/// as a zombie before that); its pid.
+async fn kill_server(socket: &Path) -> u32 {
+    let pid = server_pid(socket);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_for("the server dies", Duration::from_secs(5), || {
+        !alive(pid) && UnixStream::connect(socket).is_err()
+    })
+    .await;
+    pid
+}
+
 fn alive(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
@@ -234,34 +251,6 @@ async fn a_client_that_goes_away_has_its_runs_killed_and_the_server_stays() {
     close(client, child).await;
 }
 
-#[tokio::test]
-async fn a_killed_server_is_replaced_by_the_next_launch() {
-    let runtime = Runtime::new();
-    let (client, child) = runtime.launch(&["--shared-idle", "30"]).await;
-    execute_code(&client, json!({"code": "pass"}))
-        .await
-        .unwrap();
-    let socket = runtime.sockets()[0].clone();
-    let server = server_pid(&socket);
-    close(client, child).await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(server as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    wait_for("the server dies", Duration::from_secs(5), || !alive(server)).await;
-    assert!(socket.exists(), "a killed server leaves its socket behind");
-
-    let (client, child) = runtime.launch(&["--shared-idle", "30"]).await;
-    let result = execute_code(&client, json!({"code": "print('again')"}))
-        .await
-        .unwrap();
-    assert_eq!(text(&result), "again\n[exit code 0]");
-    let replacement = server_pid(&socket);
-    assert_ne!(replacement, server);
-    close(client, child).await;
-}
-
 /// Run a shared launch to its end with stdin closed; its status and stderr.
 fn launch_failing(runtime: &Runtime, args: &[&str]) -> (std::process::ExitStatus, String) {
     launch_failing_with(runtime, &["--shared"], &[], args)
@@ -347,31 +336,20 @@ async fn a_sockets_directory_others_can_use_is_refused() {
 }
 
 #[tokio::test]
-async fn a_socket_that_closes_connections_unserved_is_retried_and_one_that_speaks_otherwise_refused()
- {
+async fn a_killed_or_dying_server_is_replaced_and_a_stranger_on_its_socket_refused() {
     let runtime = Runtime::new();
     let (client, child) = runtime.launch(&["--shared-idle", "30"]).await;
     execute_code(&client, json!({"code": "pass"}))
         .await
         .unwrap();
     let socket = runtime.sockets()[0].clone();
-    let server = server_pid(&socket);
     close(client, child).await;
-    let kill = |pid: u32| {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap()
-    };
-    kill(server);
-    wait_for("the server dies", Duration::from_secs(5), || {
-        !alive(server) && UnixStream::connect(&socket).is_err()
-    })
-    .await;
+    let server = kill_server(&socket).await;
+    assert!(socket.exists(), "a killed server leaves its socket behind");
 
-    // A dying server: it takes two connections and closes them unserved,
-    // then stops listening. The launch retries, then starts a server.
+    // A dying server in its place: it takes two connections and closes them
+    // unserved, then stops listening (its socket stays, refusing). The
+    // launch retries, then removes the stale socket and starts a server.
     std::fs::remove_file(&socket).unwrap();
     let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
     let dying = std::thread::spawn(move || {
@@ -385,14 +363,9 @@ async fn a_socket_that_closes_connections_unserved_is_retried_and_one_that_speak
         .unwrap();
     assert_eq!(text(&result), "served\n[exit code 0]");
     dying.join().unwrap();
-    let replacement = server_pid(&socket);
+    let replacement = kill_server(&socket).await;
     assert!(replacement != server && replacement != std::process::id());
     close(client, child).await;
-    kill(replacement);
-    wait_for("the replacement dies", Duration::from_secs(5), || {
-        !alive(replacement) && UnixStream::connect(&socket).is_err()
-    })
-    .await;
 
     // Something else on the socket: the launch refuses it and says what it
     // heard.
