@@ -29,7 +29,11 @@ fn main() {
         && mcp.serve_shared.is_none()
     {
         // A relay to the shared server: no runtime, no executor.
-        if let Err(err) = code_executor::mcp::attach() {
+        if mcp.idle() < std::time::Duration::from_secs(1) {
+            eprintln!("error: --shared-idle must be at least 1 second");
+            std::process::exit(2);
+        }
+        if let Err(err) = code_executor::mcp::attach(&mcp.options) {
             eprintln!("error: {:#}", anyhow::Error::from(err));
             std::process::exit(1);
         }

@@ -432,6 +432,17 @@ impl Config {
         Config::merge_with(args, file, host)
     }
 
+    /// The files [`Config::load`] would read for `args`: the config file
+    /// (if any), then the defaults file (if named).
+    pub fn files(args: &Options) -> Vec<PathBuf> {
+        let host = HostEnv::from_process();
+        let path = args
+            .config
+            .clone()
+            .or_else(|| host.system_config.clone().filter(|p| p.exists()));
+        path.into_iter().chain(host.defaults_file).collect()
+    }
+
     /// Merge flags, `file` and the defaults, with the process's variables.
     pub fn merge(args: &Options, file: Options) -> Result<Config, ConfigError> {
         Config::merge_with(args, file, HostEnv::from_process())

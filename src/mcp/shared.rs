@@ -49,7 +49,7 @@ use tokio::net::UnixListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, Options};
 use crate::executor::Executor;
 use crate::mcp::McpHandler;
 use crate::mcp::stdio::serve_until_closed;
@@ -65,6 +65,15 @@ const HELLO: &[u8] = b"code-executor shared 1\n";
 
 /// How long a launch waits for a listening server's [`HELLO`].
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a launch waits for the server it started to listen.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a stopping server waits for its clients' services to end.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The log's size past which a start moves it aside.
+const LOG_ROTATE_BYTES: u64 = 8 << 20;
 
 /// Connections a launch tries before it gives up on servers that close them
 /// unserved.
@@ -117,6 +126,13 @@ pub enum SharedError {
         /// What it sent first.
         said: String,
     },
+    /// The shared server closed the connection while its client was still
+    /// there.
+    #[error("the shared server closed the connection (it was stopped or died); its log is {log}")]
+    Gone {
+        /// Its log file.
+        log: PathBuf,
+    },
     /// The other end of the socket is another user's process.
     #[error("the shared server's socket {socket} is served by uid {uid}, not this user")]
     Stranger {
@@ -144,11 +160,13 @@ pub struct SharedPlace {
 }
 
 impl SharedPlace {
-    /// The place of this process's configuration: its binary, command line
-    /// (less `--serve-shared`), environment and working directory.
-    pub fn for_this_launch() -> Result<SharedPlace, SharedError> {
+    /// The place of this process's configuration: its binary, command line,
+    /// environment, working directory and configuration files (`options`
+    /// name them).
+    pub fn for_this_launch(options: &Options) -> Result<SharedPlace, SharedError> {
         let dir = runtime_dir()?;
-        let key = launch_key().map_err(io_error("cannot identify this launch's configuration"))?;
+        let key = launch_key(&Config::files(options))
+            .map_err(io_error("cannot identify this launch's configuration"))?;
         let place = SharedPlace::in_dir(&dir, &key);
         if place.socket.as_os_str().len() > MAX_SOCKET_PATH {
             return Err(SharedError::PathTooLong(place.socket));
@@ -221,8 +239,9 @@ impl SharedPlace {
                     ) =>
                 {
                     return Err(io_error(format!(
-                        "the shared server at {} did not answer within {HELLO_TIMEOUT:?}",
-                        self.socket.display()
+                        "the shared server at {} (pid {}) did not answer within {HELLO_TIMEOUT:?}",
+                        self.socket.display(),
+                        peer.pid()
                     ))(e));
                 }
                 // Closed unserved: the server is dying (or idled out and
@@ -243,14 +262,34 @@ impl SharedPlace {
         }
     }
 
+    /// Connect to the server listening here; `None` when none does (the
+    /// socket is absent, or refuses: stale).
+    fn connect(&self) -> Result<Option<UnixStream>, SharedError> {
+        match UnixStream::connect(&self.socket) {
+            Ok(stream) => Ok(Some(stream)),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(io_error(format!(
+                "cannot connect to {}",
+                self.socket.display()
+            ))(e)),
+        }
+    }
+
     /// Connect to the server listening here, starting one when none is.
     fn connect_or_start(&self) -> Result<UnixStream, SharedError> {
-        if let Ok(stream) = UnixStream::connect(&self.socket) {
+        if let Some(stream) = self.connect()? {
             return Ok(stream);
         }
         let _lock = self.take_lock()?;
         // Another launch may have started it while this one waited.
-        if let Ok(stream) = UnixStream::connect(&self.socket) {
+        if let Some(stream) = self.connect()? {
             return Ok(stream);
         }
         match fs::remove_file(&self.socket) {
@@ -263,7 +302,14 @@ impl SharedPlace {
                 ))(e));
             }
         }
-        self.start()?;
+        if let Err(e) = self.start() {
+            // A server started by a launch that died before it was ready
+            // may have taken the socket first: it serves as well.
+            return match self.connect() {
+                Ok(Some(stream)) => Ok(stream),
+                _ => Err(e),
+            };
+        }
         UnixStream::connect(&self.socket).map_err(io_error(format!(
             "cannot connect to the shared server at {}",
             self.socket.display()
@@ -271,15 +317,10 @@ impl SharedPlace {
     }
 
     /// Start the server (this binary, this command line, `--serve-shared`)
-    /// and wait until it listens.
+    /// and wait until it listens; one that does not within
+    /// [`START_TIMEOUT`] is killed.
     fn start(&self) -> Result<(), SharedError> {
-        let log = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&self.log)
-            .map_err(io_error(format!("cannot open {}", self.log.display())))?;
+        let (log, offset) = self.open_log()?;
         let exe =
             std::env::current_exe().map_err(io_error("cannot find this program's own binary"))?;
         let mut server = Command::new(exe)
@@ -295,22 +336,56 @@ impl SharedPlace {
             .spawn()
             .map_err(io_error("cannot start the shared server"))?;
         let stdout = server.stdout.take().expect("stdout is piped");
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        if line.trim_end() == READY {
+        let (said, ready) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = said.send(line.trim_end() == READY);
+        });
+        let status = match ready.recv_timeout(START_TIMEOUT) {
             // It outlives this launch; the kernel reaps it once this exits.
-            return Ok(());
-        }
-        let status = match server.wait() {
-            Ok(status) => status.to_string(),
-            Err(e) => format!("its status is unknown: {e}"),
+            Ok(true) => return Ok(()),
+            Ok(false) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                match server.wait() {
+                    Ok(status) => status.to_string(),
+                    Err(e) => format!("its status is unknown: {e}"),
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let group = nix::unistd::Pid::from_raw(server.id() as i32);
+                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+                let _ = server.wait();
+                format!("it did not listen within {START_TIMEOUT:?} and was killed")
+            }
         };
-        let message = fs::read_to_string(&self.log).unwrap_or_default();
+        let mut message = String::new();
+        if let Ok(mut file) = File::open(&self.log) {
+            use std::io::Seek;
+            let _ = file.seek(io::SeekFrom::Start(offset));
+            let _ = file.read_to_string(&mut message);
+        }
         Err(SharedError::DidNotStart {
             status,
             log: self.log.clone(),
             message: message.trim_end().to_string(),
         })
+    }
+
+    /// The log, opened to append (a server still draining may write to it
+    /// too), and its length before this start. A log past
+    /// [`LOG_ROTATE_BYTES`] is moved to `.log.old` first.
+    fn open_log(&self) -> Result<(File, u64), SharedError> {
+        if fs::metadata(&self.log).is_ok_and(|m| m.len() > LOG_ROTATE_BYTES) {
+            let _ = fs::rename(&self.log, self.log.with_extension("log.old"));
+        }
+        let log = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(&self.log)
+            .map_err(io_error(format!("cannot open {}", self.log.display())))?;
+        let offset = log.metadata().map(|m| m.len()).unwrap_or(0);
+        Ok((log, offset))
     }
 }
 
@@ -350,9 +425,13 @@ fn runtime_dir() -> Result<PathBuf, SharedError> {
     Ok(dir)
 }
 
+/// Variables a shell sets that say nothing of the configuration.
+const INCIDENTAL_VARIABLES: [&str; 4] = ["_", "SHLVL", "OLDPWD", "PWD"];
+
 /// A digest of what makes one launch's server another's: the binary, the
-/// arguments, the environment and the working directory.
-fn launch_key() -> io::Result<String> {
+/// arguments, the environment (less [`INCIDENTAL_VARIABLES`]), the working
+/// directory and the contents of `files`.
+fn launch_key(files: &[PathBuf]) -> io::Result<String> {
     let mut digest = Sha256::new();
     let mut part = |bytes: &[u8]| {
         digest.update((bytes.len() as u64).to_le_bytes());
@@ -375,11 +454,21 @@ fn launch_key() -> io::Result<String> {
     for arg in std::env::args_os().skip(1) {
         part(arg.as_bytes());
     }
-    let mut vars: Vec<_> = std::env::vars_os().collect();
+    let mut vars: Vec<_> = std::env::vars_os()
+        .filter(|(name, _)| !INCIDENTAL_VARIABLES.iter().any(|v| name == v))
+        .collect();
     vars.sort();
     for (name, value) in vars {
         part(name.as_bytes());
         part(value.as_bytes());
+    }
+    for file in files {
+        part(file.as_os_str().as_bytes());
+        match fs::read(file) {
+            Ok(contents) => part(&contents),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => part(b"absent"),
+            Err(e) => return Err(e),
+        }
     }
     let hash = digest.finalize();
     Ok(hash[..16].iter().map(|b| format!("{b:02x}")).collect())
@@ -389,21 +478,28 @@ fn launch_key() -> io::Result<String> {
 /// listens): copy stdin to it and its answers to stdout until it closes the
 /// connection. End of stdin is passed on, so the server cancels this
 /// client's runs as a stdio server would.
-pub fn attach() -> Result<(), SharedError> {
-    let place = SharedPlace::for_this_launch()?;
+pub fn attach(options: &Options) -> Result<(), SharedError> {
+    let place = SharedPlace::for_this_launch(options)?;
     let stream = place.connect_served()?;
     let mut to_server = stream
         .try_clone()
         .map_err(io_error("cannot duplicate the connection"))?;
+    let input_ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ended = input_ended.clone();
     std::thread::Builder::new()
         .name("stdin".into())
         .spawn(move || {
-            let _ = pump(io::stdin().lock(), &mut to_server);
+            if pump(io::stdin().lock(), &mut to_server).is_ok() {
+                ended.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
             let _ = to_server.shutdown(std::net::Shutdown::Write);
         })
         .map_err(io_error("cannot start the relay's thread"))?;
     match pump(&stream, io::stdout().lock()) {
-        Ok(()) => Ok(()),
+        // The server ends a connection after its client's end of input;
+        // before that, it went away (stopped, or killed).
+        Ok(()) if input_ended.load(std::sync::atomic::Ordering::SeqCst) => Ok(()),
+        Ok(()) => Err(SharedError::Gone { log: place.log }),
         // The client closed our stdout: it is gone.
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
         Err(e) => Err(io_error("relaying the shared server's answers failed")(e)),
@@ -445,7 +541,10 @@ pub async fn serve_shared(
         .map_err(io_error(format!("cannot listen on {}", socket.display())))?;
     let bound = fs::symlink_metadata(socket)
         .map_err(io_error(format!("cannot stat {}", socket.display())))?;
-    announce_ready().map_err(io_error("cannot tell the launch that the server is ready"))?;
+    if let Err(e) = announce_ready() {
+        // The launch that started it died meanwhile; others can connect.
+        tracing::warn!(error = %e, "cannot tell the launch that the server is ready");
+    }
     tracing::info!(socket = %socket.display(), ?idle, "shared MCP server listening");
     let uid = nix::unistd::geteuid().as_raw();
     let stop = CancellationToken::new();
@@ -480,6 +579,7 @@ pub async fn serve_shared(
         });
     };
     tokio::pin!(shutdown);
+    let mut stopping = false;
     loop {
         let none_connected = clients.is_empty();
         let idle_timer = async move {
@@ -506,13 +606,15 @@ pub async fn serve_shared(
             _ = &mut shutdown => {
                 tracing::info!("shutting down: cancelling MCP requests");
                 stop.cancel();
+                stopping = true;
                 break;
             }
         }
     }
     // No new client from here: the socket's name goes first (under the lock,
-    // and only if it is still this server's), then whoever connected before
-    // that is served.
+    // and only if it is still this server's). Idling out, whoever connected
+    // before that is served; stopping, they are dropped ungreeted, and
+    // their launches start a new server.
     let removing = {
         let place = place.clone();
         tokio::task::spawn_blocking(move || remove_own_socket(&place, &bound)).await
@@ -522,11 +624,25 @@ pub async fn serve_shared(
         Ok(Err(e)) => tracing::warn!(error = %e, "cannot remove the shared server's socket"),
         Err(e) => tracing::warn!(error = %e, "removing the shared server's socket failed"),
     }
-    while let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await {
+    while !stopping
+        && let Ok(Ok((stream, _))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await
+    {
         serve(&mut clients, stream);
     }
     drop(listener);
-    while clients.join_next().await.is_some() {}
+    // Served to their end when idling out; bounded when stopping.
+    let patience = if stopping {
+        STOP_TIMEOUT
+    } else {
+        Duration::MAX
+    };
+    let finished = tokio::time::timeout(patience, async {
+        while clients.join_next().await.is_some() {}
+    });
+    if finished.await.is_err() {
+        tracing::warn!(?STOP_TIMEOUT, "clients still connected: dropping them");
+        clients.shutdown().await;
+    }
     executor.shutdown().await;
     Ok(())
 }

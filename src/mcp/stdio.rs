@@ -70,13 +70,15 @@ where
         eof: input_closed.clone(),
     };
     let env = handler.default_env();
-    let running = handler
-        .serve((input, output))
-        .await
-        .map_err(|e| StdioError::Handshake(Box::new(e)))?;
+    tokio::pin!(shutdown);
+    let running = tokio::select! {
+        served = handler.serve((input, output)) => {
+            served.map_err(|e| StdioError::Handshake(Box::new(e)))?
+        }
+        _ = &mut shutdown => return Ok(()),
+    };
     tracing::info!(env, over, "MCP client connected");
     let stop = running.cancellation_token();
-    tokio::pin!(shutdown);
     let waiting = running.waiting();
     tokio::pin!(waiting);
     let reason = tokio::select! {

@@ -275,7 +275,7 @@ async fn python_sdk_over_shared_stdio_launches() {
             python().into(),
             xdg.clone(),
             "CODE_EXECUTOR_MCP_SHARED=1".into(),
-            "CODE_EXECUTOR_MCP_SHARED_IDLE=1".into(),
+            "CODE_EXECUTOR_MCP_SHARED_IDLE=60".into(),
             "CODE_EXECUTOR_LOG=warn".into(),
         ])
         .await;
@@ -285,8 +285,13 @@ async fn python_sdk_over_shared_stdio_launches() {
         servers.push(crate::mcp_shared::server_pid(&sockets[0]));
     }
     assert_eq!(servers[0], servers[1], "one server served both launches");
-    // It idles out: its workers and the runs the SDK cancelled are gone.
-    wait_until_gone(runtime.path(), Duration::from_secs(20)).await;
+    // SIGTERM stops it: its workers and the runs the SDK cancelled are gone.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(servers[0] as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_until_gone(runtime.path(), Duration::from_secs(15)).await;
     assert_eq!(
         crate::mcp_shared::sockets_in(runtime.path()),
         Vec::<PathBuf>::new()

@@ -161,6 +161,19 @@ async fn launches_of_one_configuration_share_a_warm_server_that_idles_out() {
     assert_eq!(text(&result), "WARM\n[exit code 0]");
     assert_eq!(server_pid(socket), server, "the same server answered");
     assert_eq!(runtime.sockets().len(), 1);
+    // Answers far larger than the relay's buffer arrive whole, and a client
+    // connected for longer than the idle time keeps its server.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let result = execute_code(&client, json!({"code": "print('x' * 300_000)"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        result.structured_content.as_ref().unwrap()["stdout"]
+            .as_str()
+            .map(str::len),
+        Some(300_001)
+    );
+    assert_eq!(server_pid(socket), server);
 
     // Another configuration has a server of its own.
     let (other, other_child) = runtime
@@ -336,7 +349,7 @@ async fn a_sockets_directory_others_can_use_is_refused() {
 }
 
 #[tokio::test]
-async fn a_killed_or_dying_server_is_replaced_and_a_stranger_on_its_socket_refused() {
+async fn a_killed_or_dying_server_is_replaced_and_a_socket_that_speaks_otherwise_refused() {
     let runtime = Runtime::new();
     let (client, child) = runtime.launch(&["--shared-idle", "30"]).await;
     execute_code(&client, json!({"code": "pass"}))
@@ -363,9 +376,9 @@ async fn a_killed_or_dying_server_is_replaced_and_a_stranger_on_its_socket_refus
         .unwrap();
     assert_eq!(text(&result), "served\n[exit code 0]");
     dying.join().unwrap();
+    close(client, child).await;
     let replacement = kill_server(&socket).await;
     assert!(replacement != server && replacement != std::process::id());
-    close(client, child).await;
 
     // Something else on the socket: the launch refuses it and says what it
     // heard.
@@ -399,4 +412,154 @@ async fn a_killed_or_dying_server_is_replaced_and_a_stranger_on_its_socket_refus
         "{stderr}"
     );
     stranger.join().unwrap();
+}
+
+#[tokio::test]
+async fn sigterm_stops_a_shared_server_and_its_launches_say_so() {
+    let runtime = Runtime::new();
+    // One launch mid-session, one that never sent `initialize`.
+    let (client, mut child) = runtime.launch(&["--shared-idle", "60"]).await;
+    execute_code(&client, json!({"code": "pass"}))
+        .await
+        .unwrap();
+    let socket = runtime.sockets()[0].clone();
+    let python = python();
+    let silent = std::process::Command::new(binary())
+        .args(["mcp", "--shared", "--python"])
+        .arg(&python)
+        .args(["--pool-size", "1", "--shared-idle", "60"])
+        .env("CODE_EXECUTOR_LOG", "warn")
+        .env("XDG_RUNTIME_DIR", runtime.dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let server = server_pid(&socket);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_for("the server stops", Duration::from_secs(8), || {
+        !alive(server)
+    })
+    .await;
+    assert!(!socket.exists(), "a stopped server removes its socket");
+
+    // Both launches end with an error that says what happened.
+    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .expect("the launch ends with its server")
+        .unwrap();
+    assert_eq!(status.code(), Some(1));
+    drop(client);
+    let out = silent.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the shared server closed the connection"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn a_launch_killed_while_its_server_starts_leaves_the_next_launch_served() {
+    for delay_ms in [0, 2, 5, 10, 15, 20, 30, 45, 60] {
+        let runtime = Runtime::new();
+        let python = python();
+        let mut first = std::process::Command::new(binary())
+            .args(["mcp", "--shared", "--python"])
+            .arg(&python)
+            .args(["--pool-size", "1", "--shared-idle", "30"])
+            .env("CODE_EXECUTOR_LOG", "warn")
+            .env("XDG_RUNTIME_DIR", runtime.dir.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        first.kill().unwrap();
+        first.wait().unwrap();
+        let (client, child) = runtime.launch(&["--shared-idle", "30"]).await;
+        let result = execute_code(&client, json!({"code": "print('next')"}))
+            .await
+            .unwrap();
+        assert_eq!(text(&result), "next\n[exit code 0]", "after {delay_ms} ms");
+        close(client, child).await;
+        let sockets = runtime.sockets();
+        assert_eq!(sockets.len(), 1, "{sockets:?}");
+        wait_for("one server is left", Duration::from_secs(5), || {
+            processes_mentioning(&sockets[0]).len() == 1
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn a_socket_served_by_another_user_is_refused() {
+    // A listener that binds as this user, then listens as nobody: the
+    // socket's peer credentials are the listener's at `listen`.
+    let runtime = Runtime::new();
+    let (client, child) = runtime.launch(&["--shared-idle", "30"]).await;
+    execute_code(&client, json!({"code": "pass"}))
+        .await
+        .unwrap();
+    let socket = runtime.sockets()[0].clone();
+    close(client, child).await;
+    kill_server(&socket).await;
+    std::fs::remove_file(&socket).unwrap();
+    let script = "import os, socket, sys, time\n\
+                  s = socket.socket(socket.AF_UNIX)\n\
+                  s.bind(sys.argv[1])\n\
+                  os.setgid(65534); os.setuid(65534)\n\
+                  s.listen(4)\n\
+                  print('listening', flush=True)\n\
+                  c, _ = s.accept()\n\
+                  c.sendall(b'code-executor shared 1\\n')\n\
+                  time.sleep(2)\n";
+    let mut stranger = std::process::Command::new("/usr/bin/python3.11")
+        .args(["-c", script])
+        .arg(&socket)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(stranger.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line, "listening\n");
+    let python = python();
+    let (status, stderr) = launch_failing_with(
+        &runtime,
+        &["--shared"],
+        &[("CODE_EXECUTOR_LOG", "warn")],
+        &[
+            "--python",
+            python.to_str().unwrap(),
+            "--pool-size",
+            "1",
+            "--shared-idle",
+            "30",
+        ],
+    );
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is served by uid 65534, not this user"),
+        "{stderr}"
+    );
+    let _ = stranger.kill();
+    let _ = stranger.wait();
+
+    // And an idle time too short to connect in is the command line's error.
+    let (status, stderr) = launch_failing(&runtime, &["--shared-idle", "0.5"]);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--shared-idle must be at least 1 second"),
+        "{stderr}"
+    );
 }
