@@ -11,9 +11,10 @@
 //!
 //! * **One server per configuration.** Launches share a server only when
 //!   their binary (path, inode, size, modification time), command line,
-//!   environment and working directory are all the same: the socket's name
-//!   is a digest of them. A new binary or any other flag starts its own
-//!   server; the old one idles out.
+//!   environment (less a shell's incidental variables), working directory
+//!   and config files are all the same: the socket's name is a digest of
+//!   them. A new binary or any other flag starts its own server; the old one
+//!   idles out.
 //! * **Only this user.** The socket lives in a directory of its own, mode
 //!   0700 and owned by the user (`$XDG_RUNTIME_DIR/code-executor`, else
 //!   `$TMPDIR/code-executor-<uid>`); anything else there is refused. Both

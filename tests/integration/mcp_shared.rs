@@ -563,3 +563,37 @@ async fn a_socket_served_by_another_user_is_refused() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn an_edited_config_file_gets_a_server_of_its_own() {
+    let runtime = Runtime::new();
+    let file = runtime.dir.path().join("config.toml");
+    std::fs::write(&file, "timeout = 1\n").unwrap();
+    let config = file.to_str().unwrap();
+    let (client, child) = runtime
+        .launch(&["--shared-idle", "30", "--config", config])
+        .await;
+    execute_code(&client, json!({"code": "pass"}))
+        .await
+        .unwrap();
+    close(client, child).await;
+    let first = runtime.sockets();
+    assert_eq!(first.len(), 1);
+
+    std::fs::write(&file, "timeout = 2\n").unwrap();
+    let (client, child) = runtime
+        .launch(&["--shared-idle", "30", "--config", config])
+        .await;
+    let result = execute_code(&client, json!({"code": "import time; time.sleep(1.5)"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        result.structured_content.as_ref().unwrap()["exit_code"],
+        0,
+        "the new file's timeout (2 s) holds: {result:?}"
+    );
+    close(client, child).await;
+    let sockets = runtime.sockets();
+    assert_eq!(sockets.len(), 2, "{sockets:?}");
+    assert!(sockets.contains(&first[0]));
+}
