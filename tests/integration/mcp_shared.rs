@@ -380,6 +380,40 @@ async fn a_killed_or_dying_server_is_replaced_and_a_socket_that_speaks_otherwise
     let replacement = kill_server(&socket).await;
     assert!(replacement != server && replacement != std::process::id());
 
+    let python = python();
+    let launch_args = [
+        "--python",
+        python.to_str().unwrap(),
+        "--pool-size",
+        "1",
+        "--shared-idle",
+        "30",
+    ];
+    // A socket that never serves: the launch gives up after its attempts.
+    std::fs::remove_file(&socket).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let closer = std::thread::spawn(move || {
+        let mut taken = 0;
+        listener.set_nonblocking(true).unwrap();
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            match listener.accept() {
+                Ok(_) => taken += 1,
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+        taken
+    });
+    let (status, stderr) = launch_failing_with(
+        &runtime,
+        &["--shared"],
+        &[("CODE_EXECUTOR_LOG", "warn")],
+        &launch_args,
+    );
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("closed 5 connections unserved"), "{stderr}");
+    assert_eq!(closer.join().unwrap(), 5);
+
     // Something else on the socket: the launch refuses it and says what it
     // heard.
     std::fs::remove_file(&socket).unwrap();
@@ -392,19 +426,11 @@ async fn a_killed_or_dying_server_is_replaced_and_a_socket_that_speaks_otherwise
             .unwrap();
         std::thread::sleep(Duration::from_millis(500));
     });
-    let python = python();
     let (status, stderr) = launch_failing_with(
         &runtime,
         &["--shared"],
         &[("CODE_EXECUTOR_LOG", "warn")],
-        &[
-            "--python",
-            python.to_str().unwrap(),
-            "--pool-size",
-            "1",
-            "--shared-idle",
-            "30",
-        ],
+        &launch_args,
     );
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(
