@@ -93,8 +93,9 @@ pub struct McpCommand {
     /// Every option (see [`Options`]).
     pub options: Options,
     /// Share one warm server among this user's launches with the same
-    /// binary, command line, environment and working directory: a launch
-    /// attaches to it over a Unix socket, starting it when none runs.
+    /// binary, command line, environment, working directory and config
+    /// files: a launch relays to it over a Unix socket, starting it when none
+    /// runs.
     #[arg(
         long,
         env = "CODE_EXECUTOR_MCP_SHARED",
