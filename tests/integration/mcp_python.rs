@@ -536,3 +536,74 @@ async fn the_mcp_inspector_cli_lists_tools_and_resources_and_runs_code() {
     assert_eq!(called["content"][0]["text"], "4\n[exit code 0]", "{called}");
     assert_eq!(called["structuredContent"]["stdout"], "4\n");
 }
+
+#[tokio::test]
+async fn inspector_cli_calls_share_a_server_and_its_artifacts_with_shared() {
+    // Each Inspector CLI call is a launch; with --shared they reach one
+    // server, so an artifact one call made is listed and read by the next.
+    let inspector = inspector();
+    let runtime = tempfile::tempdir().unwrap();
+    let run = |method: &[&str]| {
+        // The Inspector gives the server its own short environment plus
+        // what `-e` names.
+        let mut xdg = std::ffi::OsString::from("XDG_RUNTIME_DIR=");
+        xdg.push(runtime.path());
+        let out = std::process::Command::new(&inspector)
+            .args(["--cli", "-e"])
+            .arg(xdg)
+            .arg(env!("CARGO_BIN_EXE_code-executor"))
+            .args(["mcp", "--shared", "--python"])
+            .arg(python())
+            .args(["--pool-size", "1", "--method"])
+            .args(method)
+            .output()
+            .expect("the inspector runs");
+        assert!(
+            out.status.success(),
+            "{method:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout)
+            .unwrap_or_else(|e| panic!("{method:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+    };
+    let called = run(&[
+        "tools/call",
+        "--tool-name",
+        "execute_code",
+        "--tool-arg",
+        "code=open('note.txt', 'w').write('kept by the shared server')",
+    ]);
+    let uri = called["structuredContent"]["artifacts"][0]["uri"]
+        .as_str()
+        .unwrap_or_else(|| panic!("an artifact: {called}"))
+        .to_string();
+    let sockets = crate::mcp_shared::sockets_in(runtime.path());
+    assert_eq!(sockets.len(), 1, "{sockets:?}");
+    let server = crate::mcp_shared::server_pid(&sockets[0]);
+
+    let listed = run(&["resources/list"]);
+    let uris: Vec<&str> = listed["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["uri"].as_str())
+        .collect();
+    assert_eq!(uris, [uri.as_str()], "{listed}");
+    let read = run(&["resources/read", "--uri", &uri]);
+    let contents = &read["contents"][0];
+    let bytes = match (contents["text"].as_str(), contents["blob"].as_str()) {
+        (Some(text), _) => text.as_bytes().to_vec(),
+        (None, Some(blob)) => {
+            base64::Engine::decode(&base64::engine::general_purpose::STANDARD, blob).unwrap()
+        }
+        _ => panic!("no content: {read}"),
+    };
+    assert_eq!(bytes, b"kept by the shared server");
+    assert_eq!(crate::mcp_shared::server_pid(&sockets[0]), server);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_until_gone(runtime.path(), Duration::from_secs(15)).await;
+}
