@@ -489,28 +489,40 @@ cd "{dir}" && npm install --no-audit --no-fund --silent @modelcontextprotocol/in
     dir.join("node_modules/.bin/mcp-inspector")
 }
 
+/// One Inspector CLI call (`inspector --cli <options> code-executor mcp
+/// <flags> --python … --pool-size 1 --method <method>`): its JSON answer.
+fn inspector_call(
+    inspector: &Path,
+    options: &[OsString],
+    flags: &[&str],
+    method: &[&str],
+) -> Value {
+    let out = std::process::Command::new(inspector)
+        .arg("--cli")
+        .args(options)
+        .arg(env!("CARGO_BIN_EXE_code-executor"))
+        .arg("mcp")
+        .args(flags)
+        .arg("--python")
+        .arg(python())
+        .args(["--pool-size", "1", "--method"])
+        .args(method)
+        .env("CODE_EXECUTOR_LOG", "warn")
+        .output()
+        .expect("the inspector runs");
+    assert!(
+        out.status.success(),
+        "{method:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<Value>(&out.stdout)
+        .unwrap_or_else(|e| panic!("{method:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
 #[tokio::test]
 async fn the_mcp_inspector_cli_lists_tools_and_resources_and_runs_code() {
     let inspector = inspector();
-    let run = |method: &[&str]| {
-        let out = std::process::Command::new(&inspector)
-            .arg("--cli")
-            .arg(env!("CARGO_BIN_EXE_code-executor"))
-            .args(["mcp", "--python"])
-            .arg(python())
-            .args(["--pool-size", "1", "--method"])
-            .args(method)
-            .env("CODE_EXECUTOR_LOG", "warn")
-            .output()
-            .expect("the inspector runs");
-        assert!(
-            out.status.success(),
-            "{method:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<Value>(&out.stdout)
-            .unwrap_or_else(|e| panic!("{method:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
-    };
+    let run = |method: &[&str]| inspector_call(&inspector, &[], &[], method);
     let tools = run(&["tools/list"]);
     let names: Vec<&str> = tools["tools"]
         .as_array()
@@ -543,28 +555,17 @@ async fn inspector_cli_calls_share_a_server_and_its_artifacts_with_shared() {
     // server, so an artifact one call made is listed and read by the next.
     let inspector = inspector();
     let runtime = tempfile::tempdir().unwrap();
+    // The Inspector gives the server its own short environment plus what
+    // `-e` names.
+    let mut xdg = std::ffi::OsString::from("XDG_RUNTIME_DIR=");
+    xdg.push(runtime.path());
     let run = |method: &[&str]| {
-        // The Inspector gives the server its own short environment plus
-        // what `-e` names.
-        let mut xdg = std::ffi::OsString::from("XDG_RUNTIME_DIR=");
-        xdg.push(runtime.path());
-        let out = std::process::Command::new(&inspector)
-            .args(["--cli", "-e"])
-            .arg(xdg)
-            .arg(env!("CARGO_BIN_EXE_code-executor"))
-            .args(["mcp", "--shared", "--python"])
-            .arg(python())
-            .args(["--pool-size", "1", "--method"])
-            .args(method)
-            .output()
-            .expect("the inspector runs");
-        assert!(
-            out.status.success(),
-            "{method:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<Value>(&out.stdout)
-            .unwrap_or_else(|e| panic!("{method:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+        inspector_call(
+            &inspector,
+            &["-e".into(), xdg.clone()],
+            &["--shared"],
+            method,
+        )
     };
     let called = run(&[
         "tools/call",

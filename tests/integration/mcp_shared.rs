@@ -40,12 +40,21 @@ impl Runtime {
 
     /// A shared launch with `args` after the interpreter and a small pool.
     async fn launch(&self, args: &[&str]) -> (McpClient, tokio::process::Child) {
-        let python = python();
-        let mut all = vec!["--shared", "--python", python.to_str().unwrap()];
-        all.extend(["--pool-size", "1"]);
-        all.extend(args);
+        let all = launch_args(args);
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
         connect_stdio(binary(), &all, &[("XDG_RUNTIME_DIR", self.dir.path())]).await
     }
+}
+
+/// The arguments after `mcp` of a shared launch with `args`: the test's
+/// interpreter and a pool of one.
+fn launch_args(args: &[&str]) -> Vec<String> {
+    let python = python().to_str().unwrap().to_string();
+    ["--shared", "--python", &python, "--pool-size", "1"]
+        .into_iter()
+        .chain(args.iter().copied())
+        .map(String::from)
+        .collect()
 }
 
 impl Drop for Runtime {
@@ -264,38 +273,63 @@ async fn a_client_that_goes_away_has_its_runs_killed_and_the_server_stays() {
     close(client, child).await;
 }
 
-/// Run a shared launch to its end with stdin closed; its status and stderr.
-fn launch_failing(runtime: &Runtime, args: &[&str]) -> (std::process::ExitStatus, String) {
-    launch_failing_with(runtime, &["--shared"], &[], args)
-}
-
-fn launch_failing_with(
-    runtime: &Runtime,
-    flags: &[&str],
-    vars: &[(&str, &str)],
-    args: &[&str],
-) -> (std::process::ExitStatus, String) {
+/// Run `mcp <args>` (with the runtime directory and `vars`) to its end with
+/// stdin closed; check that it printed nothing and exited with `code`; its
+/// stderr.
+fn failed_launch(runtime: &Runtime, args: &[&str], vars: &[(&str, &str)], code: i32) -> String {
     let out = std::process::Command::new(binary())
         .arg("mcp")
-        .args(flags)
         .args(args)
         .envs(vars.iter().copied())
         .env("XDG_RUNTIME_DIR", runtime.dir.path())
         .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.stdout.is_empty(), "{out:?}");
-    (
-        out.status,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    stderr
+}
+
+impl Runtime {
+    /// Start a server with a launch of `--shared-idle 30` that ran once,
+    /// then kill it: its socket, left behind, and its pid.
+    async fn killed_server(&self) -> (PathBuf, u32) {
+        let (client, child) = self.launch(&["--shared-idle", "30"]).await;
+        execute_code(&client, json!({"code": "pass"}))
+            .await
+            .unwrap();
+        let socket = self.sockets()[0].clone();
+        close(client, child).await;
+        let server = kill_server(&socket).await;
+        (socket, server)
+    }
+
+    /// The command of [`Runtime::launch`]`(args)`, to spawn by hand.
+    fn command_like(&self, args: &[&str]) -> std::process::Command {
+        let mut command = std::process::Command::new(binary());
+        command
+            .arg("mcp")
+            .args(launch_args(args))
+            .env("CODE_EXECUTOR_LOG", "warn")
+            .env("XDG_RUNTIME_DIR", self.dir.path());
+        command
+    }
+
+    /// [`failed_launch`] with the command line and variables of
+    /// [`Runtime::launch`]`(args)`: its configuration, so its socket.
+    fn failed_launch_like(&self, args: &[&str], code: i32) -> String {
+        let all = launch_args(args);
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        failed_launch(self, &all, &[("CODE_EXECUTOR_LOG", "warn")], code)
+    }
 }
 
 #[tokio::test]
 async fn a_server_that_cannot_start_fails_the_launch_with_its_own_error() {
     let runtime = Runtime::new();
-    let (status, stderr) = launch_failing(&runtime, &["--python", "/nonexistent/bin/python3"]);
-    assert_eq!(status.code(), Some(1), "{stderr}");
+    let args = ["--shared", "--python", "/nonexistent/bin/python3"];
+    let stderr = failed_launch(&runtime, &args, &[], 1);
     assert!(
         stderr.contains("the shared server did not start"),
         "{stderr}"
@@ -303,13 +337,16 @@ async fn a_server_that_cannot_start_fails_the_launch_with_its_own_error() {
     assert!(stderr.contains("/nonexistent/bin/python3"), "{stderr}");
     assert_eq!(runtime.sockets(), Vec::<PathBuf>::new());
 
-    // A bad flag is the command line's error, before any server starts.
-    let (status, stderr) = launch_failing(&runtime, &["--shared-idle", "soon"]);
-    assert_eq!(status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("\"soon\" is not a number of seconds"),
-        "{stderr}"
-    );
+    // Bad flags are the command line's errors, before any server starts:
+    // an idle time too short to connect in among them.
+    for (idle, says) in [
+        ("soon", "\"soon\" is not a number of seconds"),
+        ("0.5", "--shared-idle must be at least 1 second"),
+    ] {
+        let stderr = failed_launch(&runtime, &["--shared", "--shared-idle", idle], &[], 2);
+        assert!(stderr.contains(says), "{stderr}");
+    }
+    assert_eq!(runtime.sockets(), Vec::<PathBuf>::new());
 }
 
 #[tokio::test]
@@ -322,8 +359,8 @@ async fn a_sockets_directory_others_can_use_is_refused() {
     )
     .unwrap();
     let python = python();
-    let (status, stderr) = launch_failing(&runtime, &["--python", python.to_str().unwrap()]);
-    assert_eq!(status.code(), Some(1), "{stderr}");
+    let args = ["--shared", "--python", python.to_str().unwrap()];
+    let stderr = failed_launch(&runtime, &args, &[], 1);
     assert!(
         stderr.contains("cannot keep the shared server's socket in")
             && stderr.contains("its mode is 777"),
@@ -337,13 +374,13 @@ async fn a_sockets_directory_others_can_use_is_refused() {
     let elsewhere = tempfile::tempdir().unwrap();
     std::fs::set_permissions(elsewhere.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
     std::os::unix::fs::symlink(elsewhere.path(), runtime.sockets_dir()).unwrap();
-    let (status, stderr) = launch_failing_with(
+    let shared = [("CODE_EXECUTOR_MCP_SHARED", "1")];
+    let stderr = failed_launch(
         &runtime,
-        &[],
-        &[("CODE_EXECUTOR_MCP_SHARED", "1")],
         &["--python", python.to_str().unwrap()],
+        &shared,
+        1,
     );
-    assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("it is not a directory"), "{stderr}");
     assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
 }
@@ -351,13 +388,7 @@ async fn a_sockets_directory_others_can_use_is_refused() {
 #[tokio::test]
 async fn a_killed_or_dying_server_is_replaced_and_a_socket_that_speaks_otherwise_refused() {
     let runtime = Runtime::new();
-    let (client, child) = runtime.launch(&["--shared-idle", "30"]).await;
-    execute_code(&client, json!({"code": "pass"}))
-        .await
-        .unwrap();
-    let socket = runtime.sockets()[0].clone();
-    close(client, child).await;
-    let server = kill_server(&socket).await;
+    let (socket, server) = runtime.killed_server().await;
     assert!(socket.exists(), "a killed server leaves its socket behind");
 
     // A dying server in its place: it takes two connections and closes them
@@ -380,15 +411,6 @@ async fn a_killed_or_dying_server_is_replaced_and_a_socket_that_speaks_otherwise
     let replacement = kill_server(&socket).await;
     assert!(replacement != server && replacement != std::process::id());
 
-    let python = python();
-    let launch_args = [
-        "--python",
-        python.to_str().unwrap(),
-        "--pool-size",
-        "1",
-        "--shared-idle",
-        "30",
-    ];
     // A socket that never serves: the launch gives up after its attempts.
     std::fs::remove_file(&socket).unwrap();
     let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
@@ -404,13 +426,7 @@ async fn a_killed_or_dying_server_is_replaced_and_a_socket_that_speaks_otherwise
         }
         taken
     });
-    let (status, stderr) = launch_failing_with(
-        &runtime,
-        &["--shared"],
-        &[("CODE_EXECUTOR_LOG", "warn")],
-        &launch_args,
-    );
-    assert_eq!(status.code(), Some(1), "{stderr}");
+    let stderr = runtime.failed_launch_like(&["--shared-idle", "30"], 1);
     assert!(stderr.contains("closed 5 connections unserved"), "{stderr}");
     assert_eq!(closer.join().unwrap(), 5);
 
@@ -426,13 +442,7 @@ async fn a_killed_or_dying_server_is_replaced_and_a_socket_that_speaks_otherwise
             .unwrap();
         std::thread::sleep(Duration::from_millis(500));
     });
-    let (status, stderr) = launch_failing_with(
-        &runtime,
-        &["--shared"],
-        &[("CODE_EXECUTOR_LOG", "warn")],
-        &launch_args,
-    );
-    assert_eq!(status.code(), Some(1), "{stderr}");
+    let stderr = runtime.failed_launch_like(&["--shared-idle", "30"], 1);
     assert!(
         stderr.contains("is not a code-executor shared server: it said \"HTTP/1.1 400"),
         "{stderr}"
@@ -449,13 +459,8 @@ async fn sigterm_stops_a_shared_server_and_its_launches_say_so() {
         .await
         .unwrap();
     let socket = runtime.sockets()[0].clone();
-    let python = python();
-    let silent = std::process::Command::new(binary())
-        .args(["mcp", "--shared", "--python"])
-        .arg(&python)
-        .args(["--pool-size", "1", "--shared-idle", "60"])
-        .env("CODE_EXECUTOR_LOG", "warn")
-        .env("XDG_RUNTIME_DIR", runtime.dir.path())
+    let silent = runtime
+        .command_like(&["--shared-idle", "60"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -494,13 +499,8 @@ async fn sigterm_stops_a_shared_server_and_its_launches_say_so() {
 async fn a_launch_killed_while_its_server_starts_leaves_the_next_launch_served() {
     for delay_ms in [0, 2, 5, 10, 15, 20, 30, 45, 60] {
         let runtime = Runtime::new();
-        let python = python();
-        let mut first = std::process::Command::new(binary())
-            .args(["mcp", "--shared", "--python"])
-            .arg(&python)
-            .args(["--pool-size", "1", "--shared-idle", "30"])
-            .env("CODE_EXECUTOR_LOG", "warn")
-            .env("XDG_RUNTIME_DIR", runtime.dir.path())
+        let mut first = runtime
+            .command_like(&["--shared-idle", "30"])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -529,13 +529,7 @@ async fn a_socket_served_by_another_user_is_refused() {
     // A listener that binds as this user, then listens as nobody: the
     // socket's peer credentials are the listener's at `listen`.
     let runtime = Runtime::new();
-    let (client, child) = runtime.launch(&["--shared-idle", "30"]).await;
-    execute_code(&client, json!({"code": "pass"}))
-        .await
-        .unwrap();
-    let socket = runtime.sockets()[0].clone();
-    close(client, child).await;
-    kill_server(&socket).await;
+    let (socket, _) = runtime.killed_server().await;
     std::fs::remove_file(&socket).unwrap();
     let script = "import os, socket, sys, time\n\
                   s = socket.socket(socket.AF_UNIX)\n\
@@ -559,35 +553,13 @@ async fn a_socket_served_by_another_user_is_refused() {
     )
     .unwrap();
     assert_eq!(line, "listening\n");
-    let python = python();
-    let (status, stderr) = launch_failing_with(
-        &runtime,
-        &["--shared"],
-        &[("CODE_EXECUTOR_LOG", "warn")],
-        &[
-            "--python",
-            python.to_str().unwrap(),
-            "--pool-size",
-            "1",
-            "--shared-idle",
-            "30",
-        ],
-    );
-    assert_eq!(status.code(), Some(1), "{stderr}");
+    let stderr = runtime.failed_launch_like(&["--shared-idle", "30"], 1);
     assert!(
         stderr.contains("is served by uid 65534, not this user"),
         "{stderr}"
     );
     let _ = stranger.kill();
     let _ = stranger.wait();
-
-    // And an idle time too short to connect in is the command line's error.
-    let (status, stderr) = launch_failing(&runtime, &["--shared-idle", "0.5"]);
-    assert_eq!(status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("--shared-idle must be at least 1 second"),
-        "{stderr}"
-    );
 }
 
 #[tokio::test]
