@@ -46,10 +46,19 @@ field listed is in every frame of its type, except those marked optional.
 |                  |           | its rusage), `int_max_str_digits` (the run's int/str digit    |
 |                  |           | limit), `max_image_pixels` (the largest plot saved)           |
 | server -> worker | `session` | `id`, `limits`, `grace` (s): switch the worker to session     |
-|                  |           | mode                                                          |
+|                  |           | mode; optional `direct` (true: before its answer the worker   |
+|                  |           | hands the server its ends of the session child's request,     |
+|                  |           | stdout, stderr and report pipes, in one message with 4 fds    |
+|                  |           | (SCM_RIGHTS) over its stdin, a Unix socket; see below)        |
 | server -> worker | `cancel`  | kill the run in flight (its client went away) and answer its  |
 |                  |           | `result` at once; ignored when that run has already answered, |
 |                  |           | and by session calls                                          |
+| server -> worker | `interrupt` | direct session: SIGINT to the session child (a call's       |
+|                  |           | timeout); not answered                                        |
+| server -> worker | `end`     | `id`, `ended` (`timeout`, `exit` or `unsent`), `timeout` (s): |
+|                  |           | direct session: the call cannot end by a report; the worker   |
+|                  |           | kills the session child and answers `result` with             |
+|                  |           | `exit_code`, `signal`, `timed_out` and `session_lost`         |
 | server -> worker | `echo`    | `value`: codec check, answered with the value re-encoded      |
 
 `limits` maps any of `cpu_seconds`, `memory_bytes`, `file_size_bytes`,
@@ -63,6 +72,14 @@ In session mode `exec` frames run in the session child's persistent
 namespace (their `limits.cpu_seconds` is a budget per call), and their
 `result` frame carries `session_lost` when the session child died or was
 killed during the call.
+
+A direct session's calls bypass the worker: the server writes each `exec`
+frame to the session child's request pipe and reads its stdout and stderr
+itself; the child answers on its report pipe with a 4-byte length and a
+msgpack map of `id` (the call's), `status`, `result`, `error`, `artifacts`
+(as in `result`) and optional `cpu_ms` and `peak_rss_kb`. User code can
+write to that pipe too: the server skips reports of other calls and trusts
+no field.
 
 The protocol channel lives on private duplicates of the original stdin and
 stdout.  Descriptors 0 and 1 of the worker are then pointed at /dev/null and
@@ -95,7 +112,7 @@ import sys
 import time
 import types
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 MAX_FRAME = 1 << 30
 RUN_FILENAME = "<code>"
 READ_CHUNK = 1 << 16
@@ -1665,6 +1682,13 @@ class Worker:
         """Whether the server's next frame is already here."""
         return bool(self.incoming.poll(0))
 
+    def passes_fds(self):
+        """Whether the channel from the server is a socket, over which the
+        worker can hand it descriptors (a pipe cannot carry them)."""
+        import stat
+
+        return stat.S_ISSOCK(os.fstat(self.rfd).st_mode)
+
     def spawn(self, warm=True):
         """Fork the next child; it waits for its request, rehearsing the
         request path first if ``warm``."""
@@ -1840,11 +1864,15 @@ class Worker:
                 write_frame(self.wfd, {"t": "error", "id": msg["id"], "retire": True,
                                        "message": "worker retired: " + self.dirty})
                 return
-            if kind in ("session", "exec") and (kind == "session" or self.session is not None):
+            if kind in ("session", "exec", "end") and (kind == "session" or self.session is not None):
                 try:
                     serve_session(self, msg)
                 except ChannelClosed:
                     return
+                continue
+            if kind == "interrupt":
+                if self.session is not None:
+                    self.session.interrupt()
                 continue
             if kind == "exec":
                 try:
@@ -2125,10 +2153,21 @@ def report_exits(sock, forked):
 # worker sends SIGINT (KeyboardInterrupt); a child that does not report
 # within the grace period is killed and the session is lost
 # (`session_lost` in the result says why).
+#
+# A direct session (``direct`` in the `session` frame) takes the worker off
+# the calls' path: the worker hands the server its ends of the child's
+# pipes, and the server writes the calls to the child and reads its output
+# and reports itself. The child then computes each call's artifacts and puts
+# them, and the call's id, in its report. The worker still interrupts a call
+# at its timeout (`interrupt`), and kills the child and says how the session
+# was lost when a call cannot end by a report (`end`).
 
 def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, limits, base_tmp,
-                 run_dir, scope):
-    """Body of a session child: serve calls until the request pipe closes."""
+                 run_dir, scope, direct=False):
+    """Body of a session child: serve calls until the request pipe closes.
+    ``direct``: the server writes the calls (``exec`` frames, msgpack) and
+    reads the pipes itself, so the report carries the call's artifacts too
+    (see "Sessions")."""
     status = 70
     try:
         # SIGINT is ignored except while user code runs (see session_call).
@@ -2143,14 +2182,30 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
         main = fresh_main()
         devnull = os.open(os.devnull, os.O_RDONLY)
         req = open(req_r, "rb", buffering=0)
+        files = None  # the directory as the last call left it (see Session)
         while True:
             try:
                 frame = read_frame(req)
             except (ChannelClosed, EOFError):
                 status = 0
                 break
-            report = session_call(marshal.loads(frame), main, rundir, devnull)
+            msg = unpackb(frame) if direct else marshal.loads(frame)
             del frame
+            select_ = msg["artifacts"] if direct else False
+            if select_ is not False:
+                before = files if files is not None else snapshot(rundir)
+                inputs = input_files(msg)
+                caps = (msg["max_artifact_bytes"], msg["max_artifacts_bytes"])
+            files = None
+            call = msg["id"]
+            report = session_call(msg, main, rundir, devnull)
+            del msg
+            if direct:
+                report["id"] = call  # the server skips reports of other calls
+            if select_ is not False:
+                report["artifacts"], files = changed_artifacts(
+                    rundir, before, inputs, artifact_globs(select_), *caps)
+            report = packb(report)
             write_all(ctl_w, struct.pack("!I", len(report)) + report)
     except BaseException as exc:  # a fault of the session machinery itself
         try:
@@ -2163,7 +2218,7 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
 
 
 def session_call(msg, main, rundir, devnull):
-    """Run one call's code in the session's ``main``; the encoded report."""
+    """Run one call's code in the session's ``main``; its report."""
     begun = own_usage().get("cpu_ms", 0.0)
     outcome = RunOutcome()
     try:
@@ -2191,8 +2246,8 @@ def session_call(msg, main, rundir, devnull):
             stream.flush()
         except BaseException:
             pass
-    return packb({"status": outcome.status, "result": outcome.result, "error": outcome.error,
-                  **own_usage(begun)})
+    return {"status": outcome.status, "result": outcome.result, "error": outcome.error,
+            **own_usage(begun)}
 
 
 def set_cpu_budget(seconds):
@@ -2229,20 +2284,25 @@ def changed_artifacts(root, before, inputs, select, max_each, max_total):
 class Session:
     """The worker's side of its session child."""
 
-    __slots__ = ("child", "grace", "lost", "files")
+    __slots__ = ("child", "grace", "lost", "files", "direct")
 
-    def __init__(self, child, grace):
+    def __init__(self, child, grace, direct=False):
         self.child = child
         self.grace = grace
         self.lost = None  # why the child is gone, once it is
         # The directory as the last call left it (see snapshot): the next
         # call's "before", saving a walk; None when unknown.
         self.files = None
+        # Whether the server holds the child's pipes and speaks to it
+        # itself: the worker then only interrupts and ends calls.
+        self.direct = direct
 
     def execute(self, worker, msg):
         child = self.child
         if child is None:
             raise RuntimeError("the session is gone: %s" % self.lost)
+        if self.direct:
+            raise RuntimeError("the server speaks to this session's process directly")
         select_ = msg["artifacts"]
         before = None
         if select_ is not False:
@@ -2259,17 +2319,7 @@ class Session:
         except ChannelClosed:
             self.close()
             raise
-        lost = None
-        if run.ended == "timeout":
-            lost = ("the session was killed: its code did not stop within %gs of the "
-                    "interrupt sent at the %gs timeout; its state is gone"
-                    % (self.grace, msg["timeout"]))
-        elif run.ended == "unsent":
-            lost = "the session process had already exited"
-        elif child.status is not None:  # it ended, or was killed for closing its pipe
-            code, signum = exit_status(child.status)
-            how = ("killed by %s" % signal_name(signum)) if signum else ("exited with status %d" % code)
-            lost = "the session process %s during this call; its state is gone" % how
+        lost = self.why_lost(run.ended, msg["timeout"])
         artifacts = []
         if select_ is not False:
             artifacts, self.files = changed_artifacts(
@@ -2287,6 +2337,49 @@ class Session:
         reply["session_lost"] = lost
         write_frame(worker.wfd, reply)
 
+    def why_lost(self, ended, timeout):
+        """Why the call that ended so (``supervise``'s ``ended``) cost the
+        session its process, or None if it did not."""
+        if ended == "timeout":
+            return ("the session was killed: its code did not stop within %gs of the "
+                    "interrupt sent at the %gs timeout; its state is gone" % (self.grace, timeout))
+        if ended == "unsent":
+            return "the session process had already exited"
+        status = self.child.status
+        if status is not None:  # it ended, or was killed for closing its pipe
+            code, signum = exit_status(status)
+            how = ("killed by %s" % signal_name(signum)) if signum else ("exited with status %d" % code)
+            return "the session process %s during this call; its state is gone" % how
+        return None
+
+    def interrupt(self):
+        """A direct call's timeout: KeyboardInterrupt in the session child."""
+        if self.child is not None and not self.child.reap(False):
+            try:
+                os.kill(self.child.pid, _SIGINT)
+            except ProcessLookupError:
+                pass
+
+    def end(self, worker, msg):
+        """A direct call the server gave up on: its process is killed (at the
+        deadline after the interrupt) or gone (it closed its pipes or could
+        not be written to); the answer says how and why the session is lost."""
+        child = self.child
+        if child is None:
+            raise RuntimeError("the session is gone: %s" % self.lost)
+        ended = msg["ended"]
+        child.kill()
+        child.reap(True)
+        lost = self.why_lost(ended, msg["timeout"])
+        code, signum = exit_status(child.status or 0)
+        if ended == "timeout":
+            code, signum = -_SIGKILL, _SIGKILL
+        self.close()
+        self.lost = lost
+        write_frame(worker.wfd, {"t": "result", "id": msg["id"], "exit_code": code,
+                                 "signal": signum, "timed_out": ended == "timeout",
+                                 "session_lost": lost})
+
     def close(self):
         child = self.child
         if child is not None:
@@ -2298,16 +2391,32 @@ class Session:
 
 
 def open_session(worker, msg):
-    """Fork the session child (retiring the pre-forked run child)."""
+    """Fork the session child (retiring the pre-forked run child). With
+    ``direct``, its ends of the child's pipes go to the server (see
+    "Sessions") before the answer."""
+    direct = bool(msg.get("direct"))
+    if direct and not worker.passes_fds():
+        raise RuntimeError("a direct session needs a socket as the worker's channel")
     if worker.next is not None:
         worker.retire(worker.next)
         worker.next = None
     rundir = os.path.join(worker.scratch, "session")
     os.mkdir(rundir, 0o700)
     limits = msg["limits"]
-    child = worker.fork_child(rundir, lambda *fds: session_main(*fds, limits, worker.base_tmp,
-                                                                   worker.rundir, worker.scope))
-    worker.session = Session(child, msg["grace"])
+    child = worker.fork_child(rundir, lambda *fds: session_main(
+        *fds, limits, worker.base_tmp, worker.rundir, worker.scope, direct))
+    worker.session = Session(child, msg["grace"], direct)
+    if direct:
+        import _socket as socket
+
+        fds = (child.req_w, child.out_r, child.err_r, child.ctl_r)
+        channel = socket.socket(fileno=worker.rfd)
+        try:
+            channel.sendmsg([b"S"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                      struct.pack("4i", *fds))])
+        finally:
+            channel.detach()  # the worker's channel stays open
+        child.close()  # the server holds them now
     write_frame(worker.wfd, {"t": "result", "id": msg["id"], "exit_code": 0, "pid": child.pid})
 
 
@@ -2318,6 +2427,8 @@ def serve_session(worker, msg):
             if worker.session is not None:
                 raise RuntimeError("this worker already serves a session")
             open_session(worker, msg)
+        elif msg["t"] == "end":
+            worker.session.end(worker, msg)
         else:
             worker.session.execute(worker, msg)
     except ChannelClosed:

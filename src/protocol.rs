@@ -39,10 +39,19 @@
 //! |                  |           | its rusage), `int_max_str_digits` (the run's int/str digit    |
 //! |                  |           | limit), `max_image_pixels` (the largest plot saved)           |
 //! | server -> worker | `session` | `id`, `limits`, `grace` (s): switch the worker to session     |
-//! |                  |           | mode                                                          |
+//! |                  |           | mode; optional `direct` (true: before its answer the worker   |
+//! |                  |           | hands the server its ends of the session child's request,     |
+//! |                  |           | stdout, stderr and report pipes, in one message with 4 fds    |
+//! |                  |           | (SCM_RIGHTS) over its stdin, a Unix socket; see below)        |
 //! | server -> worker | `cancel`  | kill the run in flight (its client went away) and answer its  |
 //! |                  |           | `result` at once; ignored when that run has already answered, |
 //! |                  |           | and by session calls                                          |
+//! | server -> worker | `interrupt` | direct session: SIGINT to the session child (a call's       |
+//! |                  |           | timeout); not answered                                        |
+//! | server -> worker | `end`     | `id`, `ended` (`timeout`, `exit` or `unsent`), `timeout` (s): |
+//! |                  |           | direct session: the call cannot end by a report; the worker   |
+//! |                  |           | kills the session child and answers `result` with             |
+//! |                  |           | `exit_code`, `signal`, `timed_out` and `session_lost`         |
 //! | server -> worker | `echo`    | `value`: codec check, answered with the value re-encoded      |
 //!
 //! `limits` maps any of `cpu_seconds`, `memory_bytes`, `file_size_bytes`,
@@ -57,6 +66,14 @@
 //! `result` frame carries `session_lost` when the session child died or was
 //! killed during the call.
 //!
+//! A direct session's calls bypass the worker: the server writes each `exec`
+//! frame to the session child's request pipe and reads its stdout and stderr
+//! itself; the child answers on its report pipe with a 4-byte length and a
+//! msgpack map of `id` (the call's), `status`, `result`, `error`, `artifacts`
+//! (as in `result`) and optional `cpu_ms` and `peak_rss_kb`. User code can
+//! write to that pipe too: the server skips reports of other calls and trusts
+//! no field.
+//!
 //! The worker speaks on private duplicates of its original stdin and stdout;
 //! user code never writes to them (see the header of `python/worker.py`).
 //! A `ready` frame whose `protocol` differs from [`PROTOCOL_VERSION`] is a
@@ -67,7 +84,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
 
 /// Version carried in the `ready` handshake; bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Largest frame either side accepts: outputs are capped far below this.
 pub const MAX_FRAME_BYTES: usize = 1 << 30;
@@ -154,6 +171,9 @@ pub(crate) struct SessionFrame<'a> {
     /// Seconds a call may take to stop after its interrupt before the
     /// session child is killed.
     pub grace: f64,
+    /// The server speaks to the session child itself: the worker hands it
+    /// the child's pipes (see `worker/direct.rs`).
+    pub direct: bool,
 }
 
 /// The `cancel` frame: kill the run in flight and answer its result now.

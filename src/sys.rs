@@ -73,3 +73,47 @@ pub(crate) fn fork_single_threaded() -> std::io::Result<nix::unistd::ForkResult>
     // then allocate and run ordinary Rust code, as the process did before.
     unsafe { nix::unistd::fork() }.map_err(std::io::Error::from)
 }
+
+/// Receive one message from the Unix socket `socket` and the descriptors it
+/// carries (`SCM_RIGHTS`, at most `max`), without waiting: the caller waits
+/// for the socket to be readable. The descriptors arrive close-on-exec.
+/// A message that carried more than `max` is an error (those it did carry
+/// are closed).
+pub(crate) fn recv_fds(
+    socket: std::os::fd::BorrowedFd<'_>,
+    max: usize,
+) -> std::io::Result<Vec<std::os::fd::OwnedFd>> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+    let mut byte = [0u8; 1];
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let mut space = vec![0u8; nix::sys::socket::cmsg_space::<RawFd>() * max.max(1)];
+    let msg = recvmsg::<()>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
+    )?;
+    let mut fds = Vec::new();
+    let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
+    for cmsg in msg.cmsgs().into_iter().flatten() {
+        if let ControlMessageOwned::ScmRights(raw) = cmsg {
+            for fd in raw {
+                // SAFETY: the kernel installed `fd` in this process for this
+                // message just now; nothing else refers to it, so it is ours
+                // to own (and to close when dropped).
+                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+    }
+    if msg.bytes == 0 && fds.is_empty() {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    if truncated || fds.len() > max {
+        return Err(std::io::Error::other(format!(
+            "a message carried more than {max} descriptors"
+        )));
+    }
+    Ok(fds)
+}

@@ -103,6 +103,7 @@ impl Executor {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             limits: &limits,
             grace: config.interrupt_grace.as_secs_f64(),
+            direct: true,
         })
         .map_err(ExecError::Encode)?;
         let mut attempts = 0;
@@ -122,8 +123,16 @@ impl Executor {
                 tokio::spawn(worker.terminate(self.sessions.grace()));
                 return Err(ExecError::Cgroup(e));
             }
-            match worker.execute(&frame, HARD_DEADLINE_SLACK, None).await {
-                Ok(_) => break worker,
+            let started = match worker.execute(&frame, HARD_DEADLINE_SLACK, None).await {
+                Ok(_) => {
+                    worker
+                        .attach_session(config.interrupt_grace, HARD_DEADLINE_SLACK)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            match started {
+                Ok(()) => break worker,
                 Err(e) => {
                     tokio::spawn(worker.terminate(self.sessions.grace()));
                     if matches!(e, WorkerError::Retired(_)) && attempts < RETIRED_RETRIES {

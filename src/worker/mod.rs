@@ -5,6 +5,7 @@
 //! leaves it poisoned: the pool never hands it out again.
 
 mod code_cache;
+mod direct;
 mod process;
 
 pub(crate) use code_cache::CodeCache;
@@ -20,7 +21,8 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use parking_lot::Mutex;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::net::UnixStream;
+use tokio::process::{Child, ChildStdout, Command};
 use tokio::sync::mpsc;
 use tokio_util::codec::FramedRead;
 
@@ -207,8 +209,10 @@ pub type OutputSink = tokio::sync::mpsc::UnboundedSender<OutputChunk>;
 pub struct Worker {
     info: WorkerInfo,
     child: Child,
-    /// Requests go here; dropping it tells the worker to exit.
-    stdin: Option<ChildStdin>,
+    /// Requests go here (the worker's stdin, one end of a Unix socket pair,
+    /// over which the worker also hands over a direct session's pipes);
+    /// dropping it tells the worker to exit.
+    stdin: Option<UnixStream>,
     /// Frames from the worker, with the protocol's maximum frame size.
     frames: FramedRead<ChildStdout, tokio_util::codec::LengthDelimitedCodec>,
     /// The worker's private scratch root; removed when the worker is dropped.
@@ -227,6 +231,9 @@ pub struct Worker {
     terminated: bool,
     /// The worker's egress proxy (environments with `allowed_hosts`).
     proxy: Option<Arc<crate::egress::WorkerProxy>>,
+    /// In session mode, the session child's pipes: its calls are written to
+    /// it and answered by it directly (see [`Worker::attach_session`]).
+    session: Option<direct::DirectSession>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -267,6 +274,11 @@ impl Worker {
             scratch.path().into(),
             spec.preload.join(",").into(),
         ];
+        // The worker's stdin is a socket, not a pipe: the one channel that
+        // can also carry descriptors from the worker (a direct session's).
+        let (channel, theirs) = std::os::unix::net::UnixStream::pair().map_err(WorkerError::Io)?;
+        channel.set_nonblocking(true).map_err(WorkerError::Io)?;
+        let channel = UnixStream::from_std(channel).map_err(WorkerError::Io)?;
         let mut cgroup = None;
         let mut cmd = match &spec.sandbox {
             Some(plan) => {
@@ -303,17 +315,20 @@ impl Worker {
             .env("HOME", scratch.path())
             .env("TMPDIR", scratch.path())
             .current_dir(scratch.path())
-            .stdin(Stdio::piped())
+            .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|source| WorkerError::Spawn {
+        let spawned = cmd.spawn();
+        // The worker's end of the socket is the worker's alone from here.
+        drop(cmd);
+        let mut child = spawned.map_err(|source| WorkerError::Spawn {
             python: spec.python.clone(),
             source,
         })?;
         let pid = child.id().unwrap_or(0);
-        let stdin = child.stdin.take();
+        let stdin = Some(channel);
         let stdout = child.stdout.take().expect("stdout is piped");
         let stderr = child.stderr.take().expect("stderr is piped");
         let tail = Arc::new(Mutex::new(String::new()));
@@ -335,6 +350,7 @@ impl Worker {
             runs: 0,
             terminated: false,
             proxy: None,
+            session: None,
         };
         let handshake = tokio::time::timeout(spec.start_timeout, worker.frames.next()).await;
         let failure = match handshake {
@@ -514,7 +530,11 @@ impl Worker {
         if let Some(proxy) = &self.proxy {
             proxy.begin();
         }
-        let mut result = self.round_trip(frame, deadline, output).await;
+        let mut result = if self.session.is_some() {
+            self.direct_call(frame, deadline, output).await
+        } else {
+            self.round_trip(frame, deadline, output).await
+        };
         guard.disarm();
         let network = self.proxy.as_ref().and_then(|p| p.end());
         if let Ok(out) = &mut result {

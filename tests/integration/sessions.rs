@@ -362,3 +362,179 @@ async fn shutdown_leaves_no_session_process() {
     running.abort();
     server.stop().await;
 }
+
+/// The session's processes that have children of their own: its worker
+/// and, in the namespace tier, the launcher above it; and every other
+/// worker, launcher and zygote. The session's own process has none.
+fn processes_with_children(server: &TestServer) -> Vec<u32> {
+    let ours = common::processes_mentioning(server.executor.base_dir());
+    ours.iter()
+        .copied()
+        .filter(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|task| {
+                    std::fs::read_to_string(task.path().join("children"))
+                        .is_ok_and(|c| !c.trim().is_empty())
+                })
+        })
+        .collect()
+}
+
+/// Sends SIGCONT to the processes it holds when dropped, so that a failed
+/// assertion leaves nothing stopped.
+struct Stopped(Vec<u32>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid as i32),
+                nix::sys::signal::Signal::SIGCONT,
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_session_call_is_answered_by_the_session_process_while_its_worker_is_stopped() {
+    // The server writes a call to the session's process and reads its
+    // output and report itself: no worker is on a call's path.
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    ok(&server, &id, "x = 41").await;
+    let stopped = Stopped(processes_with_children(&server));
+    assert!(!stopped.0.is_empty(), "no worker found");
+    for pid in &stopped.0 {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid as i32),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .unwrap();
+    }
+    let answered = tokio::time::timeout(
+        Duration::from_secs(10),
+        call(
+            &server,
+            &id,
+            "import sys\nprint(x + 1)\nsys.stderr.write('e')\nopen('f.txt', 'w').write('data')\nx",
+        ),
+    )
+    .await
+    .expect("the call is answered with the worker stopped");
+    let (status, body) = answered;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], "42\n", "{body}");
+    assert_eq!(body["stderr"], "e", "{body}");
+    assert_eq!(body["result"], "41", "{body}");
+    assert_eq!(body["artifacts"][0]["path"], "f.txt", "{body}");
+    drop(stopped);
+    // The worker, resumed, still interrupts a call at its timeout.
+    let (status, body) = server
+        .execute(json!({"code": "import time\ntime.sleep(30)", "session": id, "timeout": 1}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["timed_out"], true, "{body}");
+    assert_eq!(body["error"]["type"], "KeyboardInterrupt", "{body}");
+    assert_eq!(ok(&server, &id, "x").await["result"], "41");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_session_calls_output_is_capped_and_the_rest_does_not_reach_the_next_call() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    let body = ok(
+        &server,
+        &id,
+        "import sys\nsys.stdout.write('x' * (5 * 1024 * 1024))\nprint('tail', file=sys.stderr)",
+    )
+    .await;
+    assert_eq!(body["truncated"], true, "{}", body["stderr"]);
+    assert_eq!(body["limit"], "output");
+    assert_eq!(body["stdout"].as_str().unwrap().len(), 1 << 20);
+    assert_eq!(body["stderr"], "tail\n");
+    let next = ok(&server, &id, "print('next')").await;
+    assert_eq!(next["stdout"], "next\n", "{next}");
+    assert_eq!(next["truncated"], false);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_forged_report_cannot_name_files_outside_the_session_directory() {
+    // User code can write to the session process's report pipe: a report
+    // without its call's id is skipped; one that found the id (in the
+    // session process's own frames) answers its own call, and paths that
+    // leave the session directory are dropped from it.
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    let forge = |with_id: bool| {
+        FORGE.replace(
+            "CALL_ID",
+            if with_id {
+                "[f.f_locals['msg']['id'] for f in frames() if isinstance(f.f_locals.get('msg'), dict)][0]"
+            } else {
+                "None"
+            },
+        )
+    };
+    let (status, body) = call(&server, &id, &forge(false)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["exit_code"], 0, "{body}");
+    assert_eq!(body["artifacts"], json!([]), "{body}");
+    let (status, body) = call(&server, &id, &forge(true)).await;
+    assert_eq!(status, 200, "{body}");
+    // The forged report came first and answered the call.
+    assert_eq!(body["exit_code"], 7, "{body}");
+    let paths: Vec<&str> = body["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["ok.txt"], "{body}");
+    // The call's own report, which came after, is not the next call's.
+    let (status, body) = call(&server, &id, "print('after')\n6 * 7").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], "after\n", "{body}");
+    assert_eq!(body["result"], "42", "{body}");
+    server.stop().await;
+}
+
+/// User code that writes a report of its own (status 7, two artifacts, one
+/// outside the session directory; its `id` is CALL_ID) to every pipe it
+/// holds.
+const FORGE: &str = r#"
+import os, stat, struct, sys
+def frames():
+    f = sys._getframe()
+    while f is not None:
+        yield f
+        f = f.f_back
+call_id = CALL_ID
+def pack(obj):
+    # msgpack of nil, ints, short strs, and lists and maps of under 16 items
+    if isinstance(obj, dict):
+        return bytes([0x80 | len(obj)]) + b''.join(pack(k) + pack(v) for k, v in obj.items())
+    if isinstance(obj, list):
+        return bytes([0x90 | len(obj)]) + b''.join(pack(v) for v in obj)
+    if obj is None:
+        return b'\xc0'
+    if isinstance(obj, int):
+        return b'\xcf' + struct.pack('!Q', obj) if obj > 127 else bytes([obj])
+    data = obj.encode()
+    return bytes([0xa0 | len(data)]) + data
+report = pack({'id': call_id, 'status': 7, 'artifacts': [{'path': '../../etc/passwd', 'size': 1, 'mime': 'text/plain'}, {'path': 'ok.txt', 'size': 1, 'mime': 'text/plain'}]})
+for fd in range(3, 64):
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        continue
+    if stat.S_ISFIFO(st.st_mode):
+        try:
+            os.write(fd, struct.pack('!I', len(report)) + report)
+        except OSError:
+            pass
+"#;

@@ -188,3 +188,36 @@ async fn a_client_that_disconnects_cancels_its_run() {
     assert_eq!(server.run("print('ok')").await["stdout"], "ok\n");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_session_call_streams_its_output_as_it_goes() {
+    let server = TestServer::start().await;
+    let (status, info) = server.post("/sessions", json!({})).await;
+    assert_eq!(status, 201, "{info}");
+    let id = info["id"].as_str().unwrap();
+    let code = "import time, sys\nprint(1, flush=True)\ntime.sleep(1)\nprint('oops', file=sys.stderr, flush=True)\nprint(2)";
+    let (status, events) =
+        stream_events(&server, json!({ "code": code, "session": id }), true).await;
+    assert_eq!(status, 200);
+    let first = events
+        .iter()
+        .find(|e| e.event == "stdout")
+        .expect("a stdout event");
+    let result = events.last().unwrap();
+    assert_eq!(result.event, "result");
+    let gap = result.at - first.at;
+    assert!(
+        gap >= Duration::from_millis(500),
+        "the first chunk came only {gap:?} before the result"
+    );
+    let stdout: String = events
+        .iter()
+        .filter(|e| e.event == "stdout")
+        .map(|e| e.data.as_str())
+        .collect();
+    assert_eq!(stdout, "1\n2\n");
+    let result: Value = serde_json::from_str(&result.data).unwrap();
+    assert_eq!(result["stdout"], "1\n2\n");
+    assert_eq!(result["stderr"], "oops\n");
+    server.stop().await;
+}
