@@ -32,7 +32,9 @@
 //!   spec checks in `packages.rs`).
 //! * [`protocol`]: the length-prefixed msgpack frames spoken with
 //!   `python/worker.py` (the bootstrap every worker runs).
-//! * [`worker`]: one worker process: spawn, handshake, run, terminate.
+//! * [`worker`]: one worker process: spawn, handshake, run, terminate;
+//!   a session's calls written to its process and answered by it
+//!   (`direct.rs`).
 //! * [`pool`]: a pre-warmed `deadpool` of workers per environment, refilled
 //!   in the background; spare rotation in `spares.rs`, the server-wide
 //!   worker cap in `budget.rs`.

@@ -538,3 +538,99 @@ for fd in range(3, 64):
         except OSError:
             pass
 "#;
+
+/// The session's worker: the one worker process with two children (its
+/// zygote and the session's process; a pool worker has only its zygote).
+fn session_worker(server: &TestServer) -> u32 {
+    let ours = common::processes_mentioning(server.executor.base_dir());
+    let children = |pid: u32| -> usize {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|task| {
+                std::fs::read_to_string(task.path().join("children"))
+                    .map(|c| {
+                        c.split_whitespace()
+                            .filter(|p| p.parse().is_ok_and(|p: u32| ours.contains(&p)))
+                            .count()
+                    })
+                    .unwrap_or(0)
+            })
+            .sum()
+    };
+    let found: Vec<u32> = ours.iter().copied().filter(|p| children(*p) == 2).collect();
+    assert_eq!(found.len(), 1, "one session worker, found {found:?}");
+    found[0]
+}
+
+#[tokio::test]
+async fn a_session_whose_worker_dies_mid_call_answers_with_an_error_and_is_gone() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    ok(&server, &id, "x = 1").await;
+    let worker = session_worker(&server);
+    let killer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(worker as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+    });
+    let started = Instant::now();
+    let (status, body) = call(
+        &server,
+        &id,
+        "import time\nprint('started', flush=True)\ntime.sleep(20)",
+    )
+    .await;
+    killer.await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    assert!(status >= 500, "{status} {body}");
+    assert!(body["error"]["message"].is_string(), "{body}");
+    let (status, body) = call(&server, &id, "x").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_session");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_session_process_that_closes_or_floods_its_report_pipe_is_lost_clearly() {
+    // What user code does to the pipes it shares with the server: closing
+    // the report pipe (the call cannot be answered by a report) or
+    // announcing a report larger than any real one.
+    let server = TestServer::start().await;
+    for (what, code) in [
+        ("closed", "os.close(fd)"),
+        (
+            "flooded",
+            "os.write(fd, struct.pack('!I', 0xFFFFFFF0) + b'x' * 64)",
+        ),
+    ] {
+        let id = create(&server, json!({})).await;
+        ok(&server, &id, "x = 1").await;
+        let each = format!(
+            "import os, stat, struct\nfor fd in range(3, 64):\n    try:\n        st = os.fstat(fd)\n    except OSError:\n        continue\n    if stat.S_ISFIFO(st.st_mode):\n        try:\n            {code}\n        except OSError:\n            pass\nprint('done', flush=True)\nimport time\ntime.sleep(0.2)"
+        );
+        let started = Instant::now();
+        let (status, body) = call(&server, &id, &each).await;
+        assert_eq!(status, 200, "{what}: {body}");
+        assert!(
+            body["session_lost"].is_string(),
+            "{what}: the loss is reported: {body}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{what}: answered after {:?}",
+            started.elapsed()
+        );
+        let (status, body) = call(&server, &id, "x").await;
+        assert_eq!(status, 404, "{what}: {body}");
+    }
+    server.stop().await;
+}
