@@ -48,17 +48,21 @@ field listed is in every frame of its type, except those marked optional.
 | server -> worker | `session` | `id`, `limits`, `grace` (s): switch the worker to session     |
 |                  |           | mode; optional `direct` (true: before its answer the worker   |
 |                  |           | hands the server its ends of the session child's request,     |
-|                  |           | stdout, stderr and report pipes, in one message with 4 fds    |
-|                  |           | (SCM_RIGHTS) over its stdin, a Unix socket; see below)        |
+|                  |           | stdout, stderr and report pipes, and a pidfd of the child     |
+|                  |           | where it can, in one message of 4 or 5 fds (SCM_RIGHTS) over  |
+|                  |           | its stdin, a Unix socket; see below)                          |
 | server -> worker | `cancel`  | kill the run in flight (its client went away) and answer its  |
 |                  |           | `result` at once; ignored when that run has already answered, |
 |                  |           | and by session calls                                          |
 | server -> worker | `interrupt` | direct session: SIGINT to the session child (a call's       |
-|                  |           | timeout); not answered                                        |
-| server -> worker | `end`     | `id`, `ended` (`timeout`, `exit` or `unsent`), `timeout` (s): |
-|                  |           | direct session: the call cannot end by a report; the worker   |
-|                  |           | kills the session child and answers `result` with             |
-|                  |           | `exit_code`, `signal`, `timed_out` and `session_lost`         |
+|                  |           | timeout), answered by a bare `result` once it is sent         |
+| server -> worker | `end`     | `id`, `ended` (`timeout`, `exit`, `report` or `unsent`),      |
+|                  |           | `timeout` (s), `artifacts`, `max_artifact_bytes`,             |
+|                  |           | `max_artifacts_bytes`, `since` (s since the epoch), `inputs`  |
+|                  |           | (paths): direct session: the call cannot end by a report; the |
+|                  |           | worker kills the session child and answers `result` with      |
+|                  |           | `exit_code`, `signal`, `timed_out`, `session_lost` and the    |
+|                  |           | files written since `since` (inputs aside) as `artifacts`     |
 | server -> worker | `echo`    | `value`: codec check, answered with the value re-encoded      |
 
 `limits` maps any of `cpu_seconds`, `memory_bytes`, `file_size_bytes`,
@@ -1873,6 +1877,9 @@ class Worker:
             if kind == "interrupt":
                 if self.session is not None:
                     self.session.interrupt()
+                # Answered once the signal is sent: the server sends no
+                # next call before, so it cannot land in one.
+                write_frame(self.wfd, {"t": "result", "id": msg.get("id"), "exit_code": 0})
                 continue
             if kind == "exec":
                 try:
@@ -2183,6 +2190,11 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
         devnull = os.open(os.devnull, os.O_RDONLY)
         req = open(req_r, "rb", buffering=0)
         files = None  # the directory as the last call left it (see Session)
+        if direct:
+            # What collecting artifacts imports, imported before user code
+            # runs: a call's own ``mimetypes.py`` (the session directory is
+            # on sys.path) is then never the one it gets.
+            import fnmatch, mimetypes  # noqa: F401,E401
         while True:
             try:
                 frame = read_frame(req)
@@ -2203,8 +2215,15 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
             if direct:
                 report["id"] = call  # the server skips reports of other calls
             if select_ is not False:
-                report["artifacts"], files = changed_artifacts(
-                    rundir, before, inputs, artifact_globs(select_), *caps)
+                # The walk is the session machinery's, not the call's: it
+                # gets CPU of its own, and a failure loses the artifacts of
+                # this call, never the session.
+                set_cpu_budget(CLEAN_SECONDS + 1)
+                try:
+                    report["artifacts"], files = changed_artifacts(
+                        rundir, before, inputs, artifact_globs(select_), *caps)
+                except Exception:
+                    report["artifacts"], files = [], None
             report = packb(report)
             write_all(ctl_w, struct.pack("!I", len(report)) + report)
     except BaseException as exc:  # a fault of the session machinery itself
@@ -2269,6 +2288,16 @@ def set_cpu_budget(seconds):
 def snapshot(root):
     """(size, mtime_ns, inode) of every regular file under ``root``."""
     return {rel: (st.st_size, st.st_mtime_ns, st.st_ino) for rel, _, st in walk_files(root)}
+
+
+def written_since(root, since, inputs, select, max_each, max_total):
+    """Files under ``root`` modified at or after ``since`` (seconds since the
+    epoch), except the input files named in ``inputs``: the artifacts of a
+    direct call that ended without its report (its snapshot died with it)."""
+    since_ns = int(since * 1e9)
+    found = ((rel, path, st.st_size) for rel, path, st in sorted(walk_files(root))
+             if st.st_mtime_ns >= since_ns and rel not in inputs)
+    return pick_artifacts(found, {}, select, max_each, max_total)
 
 
 def changed_artifacts(root, before, inputs, select, max_each, max_total):
@@ -2345,6 +2374,9 @@ class Session:
                     "interrupt sent at the %gs timeout; its state is gone" % (self.grace, timeout))
         if ended == "unsent":
             return "the session process had already exited"
+        if ended == "report":
+            return ("the session process was killed: it sent a report larger than any call's; "
+                    "its state is gone")
         status = self.child.status
         if status is not None:  # it ended, or was killed for closing its pipe
             code, signum = exit_status(status)
@@ -2370,6 +2402,11 @@ class Session:
         ended = msg["ended"]
         child.kill()
         child.reap(True)
+        artifacts = []
+        if msg.get("artifacts", False) is not False:
+            artifacts = written_since(child.rundir, msg["since"], set(msg["inputs"]),
+                                      artifact_globs(msg["artifacts"]),
+                                      msg["max_artifact_bytes"], msg["max_artifacts_bytes"])
         lost = self.why_lost(ended, msg["timeout"])
         code, signum = exit_status(child.status or 0)
         if ended == "timeout":
@@ -2378,7 +2415,7 @@ class Session:
         self.lost = lost
         write_frame(worker.wfd, {"t": "result", "id": msg["id"], "exit_code": code,
                                  "signal": signum, "timed_out": ended == "timeout",
-                                 "session_lost": lost})
+                                 "session_lost": lost, "artifacts": artifacts})
 
     def close(self):
         child = self.child
@@ -2409,13 +2446,25 @@ def open_session(worker, msg):
     if direct:
         import _socket as socket
 
-        fds = (child.req_w, child.out_r, child.err_r, child.ctl_r)
+        fds = [child.req_w, child.out_r, child.err_r, child.ctl_r]
+        # A pidfd, where there is one: the server sees the child end even
+        # when a process it forked keeps its pipes open.
+        pidfd = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                pidfd = os.pidfd_open(child.pid)
+                fds.append(pidfd)
+            except OSError:
+                pass
         channel = socket.socket(fileno=worker.rfd)
         try:
+            channel.settimeout(None)  # blocking, whatever a preload set as default
             channel.sendmsg([b"S"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                      struct.pack("4i", *fds))])
+                                      struct.pack("%di" % len(fds), *fds))])
         finally:
             channel.detach()  # the worker's channel stays open
+            if pidfd is not None:
+                os.close(pidfd)
         child.close()  # the server holds them now
     write_frame(worker.wfd, {"t": "result", "id": msg["id"], "exit_code": 0, "pid": child.pid})
 

@@ -41,17 +41,21 @@
 //! | server -> worker | `session` | `id`, `limits`, `grace` (s): switch the worker to session     |
 //! |                  |           | mode; optional `direct` (true: before its answer the worker   |
 //! |                  |           | hands the server its ends of the session child's request,     |
-//! |                  |           | stdout, stderr and report pipes, in one message with 4 fds    |
-//! |                  |           | (SCM_RIGHTS) over its stdin, a Unix socket; see below)        |
+//! |                  |           | stdout, stderr and report pipes, and a pidfd of the child     |
+//! |                  |           | where it can, in one message of 4 or 5 fds (SCM_RIGHTS) over  |
+//! |                  |           | its stdin, a Unix socket; see below)                          |
 //! | server -> worker | `cancel`  | kill the run in flight (its client went away) and answer its  |
 //! |                  |           | `result` at once; ignored when that run has already answered, |
 //! |                  |           | and by session calls                                          |
 //! | server -> worker | `interrupt` | direct session: SIGINT to the session child (a call's       |
-//! |                  |           | timeout); not answered                                        |
-//! | server -> worker | `end`     | `id`, `ended` (`timeout`, `exit` or `unsent`), `timeout` (s): |
-//! |                  |           | direct session: the call cannot end by a report; the worker   |
-//! |                  |           | kills the session child and answers `result` with             |
-//! |                  |           | `exit_code`, `signal`, `timed_out` and `session_lost`         |
+//! |                  |           | timeout), answered by a bare `result` once it is sent         |
+//! | server -> worker | `end`     | `id`, `ended` (`timeout`, `exit`, `report` or `unsent`),      |
+//! |                  |           | `timeout` (s), `artifacts`, `max_artifact_bytes`,             |
+//! |                  |           | `max_artifacts_bytes`, `since` (s since the epoch), `inputs`  |
+//! |                  |           | (paths): direct session: the call cannot end by a report; the |
+//! |                  |           | worker kills the session child and answers `result` with      |
+//! |                  |           | `exit_code`, `signal`, `timed_out`, `session_lost` and the    |
+//! |                  |           | files written since `since` (inputs aside) as `artifacts`     |
 //! | server -> worker | `echo`    | `value`: codec check, answered with the value re-encoded      |
 //!
 //! `limits` maps any of `cpu_seconds`, `memory_bytes`, `file_size_bytes`,

@@ -117,3 +117,15 @@ pub(crate) fn recv_fds(
     }
     Ok(fds)
 }
+
+/// Register `fd` with the tokio reactor for readability: an
+/// [`tokio::io::unix::AsyncFd`] that owns it.
+pub(crate) fn watch_readable(
+    fd: std::os::fd::OwnedFd,
+) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    // SAFETY: the `AsyncFd` owns `fd`, an `OwnedFd`: it stays open and
+    // refers to the same file description until the `AsyncFd` is dropped,
+    // and `as_raw_fd` always returns that descriptor.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(std::io::Error::from)
+}

@@ -7,9 +7,12 @@
 //! (see "Sessions" in `python/worker.py`).
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
+use futures_util::StreamExt;
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::unix::pipe;
 
@@ -27,6 +30,14 @@ const REPORT_ROOM: u64 = 32 << 20;
 /// Most artifacts one report may list (as the worker's own cap).
 const MAX_ARTIFACTS: usize = 1000;
 
+/// Most characters of an error's message and of its traceback (as the
+/// worker's own cap).
+const MAX_ERROR_CHARS: usize = 64 * 1024;
+
+/// Most bytes one drain of a pipe takes once the call is over: a process
+/// the call left writing must not keep a runtime thread reading.
+const DRAIN_BYTES: usize = 1 << 20;
+
 /// The server's ends of a session child's pipes.
 #[derive(Debug)]
 pub(super) struct DirectSession {
@@ -40,6 +51,10 @@ pub(super) struct DirectSession {
     /// How long a call has to stop after its interrupt before the child is
     /// killed and the session lost.
     grace: Duration,
+    /// Readable once the session child has ended (a pidfd, where the
+    /// worker's Python has `os.pidfd_open`): a process it forked may keep
+    /// its pipes open after it died.
+    ended: Option<AsyncFd<OwnedFd>>,
     /// Read buffers for the three pipes, made once for the session's life.
     buffers: [Vec<u8>; 3],
 }
@@ -50,22 +65,43 @@ struct CallParams {
     id: u64,
     timeout: f64,
     max_output: u64,
+    max_artifact_bytes: u64,
     max_artifacts_bytes: u64,
+    max_result_chars: u64,
+    artifacts: Selection,
+    /// The input files; only their paths are read.
+    files: Vec<(String, IgnoredAny)>,
 }
 
-/// The session child's report of one call, as read. Anything that is not
-/// a well-formed report reads as an empty one (status 0, nothing else).
+/// The `artifacts` field of an `exec` frame.
+#[derive(Deserialize, Serialize)]
+#[serde(untagged)]
+enum Selection {
+    All(bool),
+    Globs(Vec<String>),
+}
+
+/// The session child's report of one call, as read. Numbers are read as
+/// any number and checked later; a report on this call that cannot be read
+/// at all reads as an empty one (status 0, nothing else).
 #[derive(Default, Deserialize)]
 #[serde(default)]
 struct Report {
     /// The call it reports on (user code may have written others).
     id: Option<u64>,
-    status: i64,
+    status: f64,
     result: Option<String>,
     error: Option<ReportError>,
     cpu_ms: Option<f64>,
-    peak_rss_kb: Option<u64>,
+    peak_rss_kb: Option<f64>,
     artifacts: Vec<WireArtifact>,
+}
+
+/// Just the call a report is on.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct ReportId {
+    id: Option<u64>,
 }
 
 #[derive(Default, Deserialize)]
@@ -75,8 +111,8 @@ struct ReportError {
     kind: String,
     message: String,
     traceback: String,
-    line: Option<i64>,
-    errno: Option<i64>,
+    line: Option<f64>,
+    errno: Option<f64>,
 }
 
 /// The `interrupt` frame: SIGINT to the session child (a call's timeout).
@@ -87,14 +123,21 @@ struct Interrupt {
 
 /// The `end` frame: kill the session child and say how the session was lost.
 #[derive(Serialize)]
-struct End {
+struct End<'a> {
     t: &'static str,
     id: u64,
-    /// `timeout` (it did not stop within the grace), `exit` (it closed its
-    /// report pipe: it died or was killed) or `unsent` (it could not be
-    /// written to).
+    /// `timeout` (it did not stop within the grace), `exit` (it ended, or
+    /// closed its report pipe), `report` (it sent more than a report may
+    /// hold) or `unsent` (it could not be written to).
     ended: &'static str,
     timeout: f64,
+    /// The call's artifacts are the files written since `since` (seconds
+    /// since the epoch, when it was sent), input files (`inputs`) aside.
+    artifacts: &'a Selection,
+    since: f64,
+    inputs: Vec<&'a str>,
+    max_artifact_bytes: u64,
+    max_artifacts_bytes: u64,
 }
 
 /// One captured stream, keeping at most `cap` bytes.
@@ -145,7 +188,8 @@ impl Capture {
         }
     }
 
-    /// Read what `pipe` holds now, without waiting (the call is over).
+    /// Read what `pipe` holds now, up to [`DRAIN_BYTES`], without waiting
+    /// (the call is over).
     fn drain(
         &mut self,
         pipe: &pipe::Receiver,
@@ -153,9 +197,13 @@ impl Capture {
         stream: OutputStream,
         sink: Option<&OutputSink>,
     ) {
-        while self.open {
+        let mut taken = 0;
+        while self.open && taken < DRAIN_BYTES {
             match pipe.try_read(buf) {
-                Ok(n) => self.take(buf, n, stream, sink),
+                Ok(n) => {
+                    taken += n;
+                    self.take(buf, n, stream, sink);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(_) => self.open = false,
             }
@@ -168,9 +216,10 @@ enum Ended {
     Report(Box<Report>),
     /// It did not stop within the grace after its interrupt.
     Timeout,
-    /// The child closed its report pipe (it died) or sent more than a
-    /// report may hold.
+    /// The child ended, or closed its report pipe.
     Exit,
+    /// It sent more than a report may hold.
+    Flood,
     /// The call could not be written to the child.
     Unsent,
 }
@@ -192,7 +241,7 @@ impl Worker {
             loop {
                 channel.readable().await?;
                 match channel.try_io(Interest::READABLE, || {
-                    crate::sys::recv_fds(channel.as_fd(), 4)
+                    crate::sys::recv_fds(channel.as_fd(), 5)
                 }) {
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                     other => return other,
@@ -203,17 +252,28 @@ impl Worker {
         .map_err(|_| WorkerError::Unresponsive(within))?
         .map_err(WorkerError::Io)?;
         let count = received.len();
-        let [request, stdout, stderr, report]: [OwnedFd; 4] =
-            received.try_into().map_err(|_| {
-                WorkerError::Internal(format!(
-                    "the worker handed over {count} descriptors for its session, not 4"
-                ))
-            })?;
+        let mut received = received.into_iter();
+        let (Some(request), Some(stdout), Some(stderr), Some(report), pidfd, None) = (
+            received.next(),
+            received.next(),
+            received.next(),
+            received.next(),
+            received.next(),
+            received.next(),
+        ) else {
+            return Err(WorkerError::Internal(format!(
+                "the worker handed over {count} descriptors for its session, not 4 or 5"
+            )));
+        };
         self.session = Some(DirectSession {
             request: pipe::Sender::from_owned_fd(request).map_err(WorkerError::Io)?,
             stdout: pipe::Receiver::from_owned_fd(stdout).map_err(WorkerError::Io)?,
             stderr: pipe::Receiver::from_owned_fd(stderr).map_err(WorkerError::Io)?,
             report: pipe::Receiver::from_owned_fd(report).map_err(WorkerError::Io)?,
+            ended: pidfd
+                .map(crate::sys::watch_readable)
+                .transpose()
+                .map_err(WorkerError::Io)?,
             grace,
             buffers: [
                 vec![0; READ_CHUNK],
@@ -237,6 +297,9 @@ impl Worker {
             .map_err(|e| WorkerError::Protocol(protocol::FrameError::Decode(e)))?;
         let session = self.session.as_mut().expect("a direct session");
         let started = Instant::now();
+        let since = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
         let hard = started + deadline;
         let mut out = Capture::new(params.max_output);
         let mut err = Capture::new(params.max_output);
@@ -244,7 +307,11 @@ impl Worker {
         // Whatever user code wrote to the report pipe after the last call's
         // report is no report of this call.
         let mut stale = [0u8; 4096];
-        while matches!(session.report.try_read(&mut stale), Ok(n) if n > 0) {}
+        for _ in 0..16 {
+            if !matches!(session.report.try_read(&mut stale), Ok(n) if n > 0) {
+                break;
+            }
+        }
         let write = tokio::time::timeout_at(hard.into(), session.request.write_all(frame)).await;
         let ended = match write {
             Err(_) => return Err(WorkerError::Unresponsive(deadline)),
@@ -258,6 +325,13 @@ impl Worker {
                 let mut kill_at: Option<Instant> = None;
                 let mut report = Vec::new();
                 let [obuf, ebuf, rbuf] = &mut session.buffers;
+                let child_ended = async {
+                    match &session.ended {
+                        Some(pidfd) => drop(pidfd.readable().await),
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::pin!(child_ended);
                 loop {
                     let wake = kill_at.unwrap_or(interrupt_at).min(hard);
                     tokio::select! {
@@ -275,10 +349,11 @@ impl Worker {
                             report.extend_from_slice(&rbuf[..n]);
                             match take_report(&mut report, params.id, cap) {
                                 Some(Ok(done)) => break Ended::Report(Box::new(done)),
-                                Some(Err(())) => break Ended::Exit,
+                                Some(Err(())) => break Ended::Flood,
                                 None => {}
                             }
                         }
+                        () = &mut child_ended => break Ended::Exit,
                         () = tokio::time::sleep_until(wake.into()) => {
                             let now = Instant::now();
                             if now >= hard {
@@ -289,7 +364,7 @@ impl Worker {
                             }
                             timed_out = true;
                             kill_at = Some(now + session.grace);
-                            interrupt(self.stdin.as_mut()).await?;
+                            interrupt(self.stdin.as_mut(), &mut self.frames, hard).await?;
                         }
                     }
                 }
@@ -303,12 +378,13 @@ impl Worker {
                 let buf = &mut session.buffers[0];
                 out.drain(&session.stdout, buf, OutputStream::Stdout, output);
                 err.drain(&session.stderr, buf, OutputStream::Stderr, output);
-                report_output(*report, params.max_artifacts_bytes)
+                report_output(*report, &params)
             }
             how => {
                 let ended = match how {
                     Ended::Timeout => "timeout",
                     Ended::Unsent => "unsent",
+                    Ended::Flood => "report",
                     _ => "exit",
                 };
                 let end = protocol::encode_frame(&End {
@@ -316,6 +392,11 @@ impl Worker {
                     id: params.id,
                     ended,
                     timeout: params.timeout,
+                    artifacts: &params.artifacts,
+                    since,
+                    inputs: params.files.iter().map(|(path, _)| path.as_str()).collect(),
+                    max_artifact_bytes: params.max_artifact_bytes,
+                    max_artifacts_bytes: params.max_artifacts_bytes,
                 })
                 .map_err(WorkerError::Protocol)?;
                 let remaining = hard.saturating_duration_since(Instant::now());
@@ -339,15 +420,34 @@ impl Worker {
     }
 }
 
-/// Send `interrupt` to the worker (the call's timeout).
-async fn interrupt(channel: Option<&mut tokio::net::UnixStream>) -> Result<(), WorkerError> {
+/// Send `interrupt` to the worker (the call's timeout) and wait for its
+/// answer, which comes once the signal is sent: no later call can get it.
+async fn interrupt(
+    channel: Option<&mut tokio::net::UnixStream>,
+    frames: &mut super::Frames,
+    hard: Instant,
+) -> Result<(), WorkerError> {
     let channel = channel.ok_or(WorkerError::Crashed { exited: None })?;
     let frame =
         protocol::encode_frame(&Interrupt { t: "interrupt" }).map_err(WorkerError::Protocol)?;
     channel
         .write_all(&frame)
         .await
-        .map_err(|_| WorkerError::Crashed { exited: None })
+        .map_err(|_| WorkerError::Crashed { exited: None })?;
+    match tokio::time::timeout_at(hard.into(), frames.next()).await {
+        Err(_) => Err(WorkerError::Unresponsive(
+            hard.saturating_duration_since(Instant::now()),
+        )),
+        Ok(None) => Err(WorkerError::Crashed { exited: None }),
+        Ok(Some(Err(e))) => Err(WorkerError::Protocol(protocol::FrameError::Read(e))),
+        Ok(Some(Ok(body))) => match protocol::decode_frame(&body) {
+            Ok(answer) if answer.t == "result" => Ok(()),
+            Ok(answer) => Err(WorkerError::Protocol(protocol::FrameError::UnexpectedType(
+                answer.t,
+            ))),
+            Err(e) => Err(WorkerError::Protocol(e)),
+        },
+    }
 }
 
 /// The report on call `id` in `buf` once it is whole: `Some(Ok)`, or
@@ -356,40 +456,57 @@ async fn interrupt(channel: Option<&mut tokio::net::UnixStream>) -> Result<(), W
 /// one that came after user code forged its call's) are dropped from the
 /// front of `buf`.
 fn take_report(buf: &mut Vec<u8>, id: u64, cap: u64) -> Option<Result<Report, ()>> {
-    loop {
-        let len = u32::from_be_bytes(buf.get(..4)?.try_into().ok()?) as u64;
+    let mut at = 0;
+    let found = loop {
+        let Some(head) = buf.get(at..at + 4) else {
+            break None;
+        };
+        let len = u32::from_be_bytes(head.try_into().expect("4 bytes")) as u64;
         if len > cap {
-            return Some(Err(()));
+            break Some(Err(()));
         }
-        let end = 4 + len as usize;
-        let report: Report = rmp_serde::from_slice(buf.get(4..end)?).unwrap_or_default();
-        if report.id == Some(id) {
-            return Some(Ok(report));
+        let end = at + 4 + len as usize;
+        let Some(body) = buf.get(at + 4..end) else {
+            break None;
+        };
+        // The id alone first: another call's report is skipped unread.
+        let on = rmp_serde::from_slice::<ReportId>(body).map_or(None, |r| r.id);
+        if on == Some(id) {
+            break Some(Ok(rmp_serde::from_slice(body).unwrap_or_else(|_| Report {
+                id: on,
+                ..Report::default()
+            })));
         }
-        buf.drain(..end);
-    }
+        at = end;
+    };
+    buf.drain(..at);
+    found
 }
 
 /// A call's result from its report, trusting nothing in it: values out of
 /// their ranges are dropped, artifacts with paths that are not plain
 /// relative paths are dropped, and contents past `max_total` bytes in all
 /// are omitted.
-fn report_output(report: Report, max_total: u64) -> RunOutput {
+fn report_output(report: Report, params: &CallParams) -> RunOutput {
+    let max_total = params.max_artifacts_bytes;
     let error = report.error.map(|e| WireError {
-        kind: e.kind,
-        message: e.message,
-        traceback: e.traceback,
-        line: e.line.and_then(|v| u32::try_from(v).ok()),
+        kind: first_chars(e.kind, 1024),
+        message: first_chars(e.message, MAX_ERROR_CHARS),
+        traceback: first_chars(e.traceback, MAX_ERROR_CHARS),
+        line: e
+            .line
+            .and_then(|v| whole_in(v, 0.0, f64::from(u32::MAX)))
+            .map(|v| v as u32),
         errno: e
             .errno
-            .and_then(|v| i32::try_from(v).ok())
-            .filter(|v| *v >= 0),
+            .and_then(|v| whole_in(v, 0.0, f64::from(i32::MAX)))
+            .map(|v| v as i32),
     });
     let mut total = 0u64;
     let artifacts = report
         .artifacts
         .into_iter()
-        .filter(|a| plain_relative(&a.path) && a.mime.len() <= 255)
+        .filter(|a| plain_relative(&a.path) && plain_mime(&a.mime))
         .take(MAX_ARTIFACTS)
         .map(|mut a| {
             if let Some(data) = &a.data {
@@ -403,19 +520,42 @@ fn report_output(report: Report, max_total: u64) -> RunOutput {
         })
         .collect();
     RunOutput {
-        exit_code: i32::try_from(report.status)
-            .ok()
-            .filter(|s| (-255..=255).contains(s))
-            .unwrap_or(0),
-        result: report.result,
+        exit_code: whole_in(report.status, -255.0, 255.0).map_or(0, |v| v as i32),
+        result: report.result.map(|r| {
+            first_chars(
+                r,
+                usize::try_from(params.max_result_chars).unwrap_or(usize::MAX),
+            )
+        }),
         error,
         artifacts,
         cpu_ms: report
             .cpu_ms
             .filter(|v| v.is_finite() && (0.0..1e15).contains(v)),
-        peak_rss_kb: report.peak_rss_kb.filter(|v| *v < 1 << 63),
+        peak_rss_kb: report
+            .peak_rss_kb
+            .and_then(|v| whole_in(v, 0.0, 1e18))
+            .map(|v| v as u64),
         ..RunOutput::default()
     }
+}
+
+/// `value` if it is a whole number from `low` to `high`.
+fn whole_in(value: f64, low: f64, high: f64) -> Option<f64> {
+    (value.fract() == 0.0 && (low..=high).contains(&value)).then_some(value)
+}
+
+/// The first `max` characters of `text`.
+fn first_chars(text: String, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => text[..cut].to_string(),
+        None => text,
+    }
+}
+
+/// Whether `mime` can be a `Content-Type`: printable ASCII, at most 255.
+fn plain_mime(mime: &str) -> bool {
+    mime.len() <= 255 && mime.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
 }
 
 /// Whether `path` names a file below a directory: relative, with no empty,

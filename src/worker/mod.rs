@@ -205,6 +205,9 @@ pub struct OutputChunk {
 /// Where a streaming request's output chunks go.
 pub type OutputSink = tokio::sync::mpsc::UnboundedSender<OutputChunk>;
 
+/// The worker's frames, read off its stdout.
+type Frames = FramedRead<ChildStdout, tokio_util::codec::LengthDelimitedCodec>;
+
 /// A running worker process.
 pub struct Worker {
     info: WorkerInfo,
@@ -214,7 +217,7 @@ pub struct Worker {
     /// dropping it tells the worker to exit.
     stdin: Option<UnixStream>,
     /// Frames from the worker, with the protocol's maximum frame size.
-    frames: FramedRead<ChildStdout, tokio_util::codec::LengthDelimitedCodec>,
+    frames: Frames,
     /// The worker's private scratch root; removed when the worker is dropped.
     scratch: Option<tempfile::TempDir>,
     /// The worker's pids and memory cgroups (cap a run's processes, threads

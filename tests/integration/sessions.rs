@@ -634,3 +634,78 @@ async fn a_session_process_that_closes_or_floods_its_report_pipe_is_lost_clearly
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_lost_call_still_returns_the_files_it_wrote() {
+    let mut config = common::config();
+    config.sessions.interrupt_grace = Duration::from_millis(300);
+    let server = TestServer::with_config(config).await;
+    let id = create(&server, json!({})).await;
+    ok(&server, &id, "open('old.txt', 'w').write('before')").await;
+    let (status, body) = server
+        .execute(json!({"session": id, "timeout": 0.5, "files": {"in.txt": "input"}, "code": "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nopen('plot.txt', 'w').write('drawn')\nwhile True:\n    pass"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["session_lost"].is_string(), "{body}");
+    let paths: Vec<&str> = body["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["path"].as_str().unwrap())
+        .collect();
+    // The file the call wrote; not the input it was sent, nor a file an
+    // earlier call wrote.
+    assert_eq!(paths, ["plot.txt"], "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_session_process_that_dies_is_seen_even_when_a_process_it_forked_holds_its_pipes() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    // A forked process keeps every pipe of the session's process open.
+    ok(
+        &server,
+        &id,
+        "import os, time\nif os.fork() == 0:\n    time.sleep(60)\n    os._exit(0)",
+    )
+    .await;
+    let started = Instant::now();
+    let (status, body) = server
+        .execute(json!({"session": id, "timeout": 20, "code": "import os\nos._exit(5)"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    let lost = body["session_lost"].as_str().expect("the loss is reported");
+    assert!(lost.contains("exited with status 5"), "{lost}");
+    assert_eq!(body["timed_out"], false, "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_module_a_call_leaves_in_the_session_directory_does_not_break_its_artifacts() {
+    // The session directory is first on sys.path: what the artifact walk
+    // imports was imported before any user code ran.
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    ok(
+        &server,
+        &id,
+        "for name in ('mimetypes', 'fnmatch'):\n    open(name + '.py', 'w').write('raise SystemExit(9)')",
+    )
+    .await;
+    let body = ok(&server, &id, "open('data.csv', 'w').write('a,b')").await;
+    let found = body["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["path"] == "data.csv")
+        .cloned();
+    assert!(found.is_some(), "{body}");
+    assert_eq!(ok(&server, &id, "6 * 7").await["result"], "42");
+    server.stop().await;
+}
