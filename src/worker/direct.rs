@@ -9,7 +9,6 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant, SystemTime};
 
-use futures_util::StreamExt;
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use tokio::io::unix::AsyncFd;
@@ -222,6 +221,8 @@ enum Ended {
     Flood,
     /// The call could not be written to the child.
     Unsent,
+    /// Its timeout came: the worker is to interrupt it (then it goes on).
+    Interrupt,
 }
 
 impl Worker {
@@ -324,49 +325,37 @@ impl Worker {
                 let interrupt_at = started + Duration::from_secs_f64(params.timeout.max(0.0));
                 let mut kill_at: Option<Instant> = None;
                 let mut report = Vec::new();
-                let [obuf, ebuf, rbuf] = &mut session.buffers;
-                let child_ended = async {
-                    match &session.ended {
-                        Some(pidfd) => drop(pidfd.readable().await),
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::pin!(child_ended);
                 loop {
-                    let wake = kill_at.unwrap_or(interrupt_at).min(hard);
-                    tokio::select! {
-                        n = session.stdout.read(obuf), if out.open => {
-                            out.take(obuf, n.unwrap_or(0), OutputStream::Stdout, output);
-                        }
-                        n = session.stderr.read(ebuf), if err.open => {
-                            err.take(ebuf, n.unwrap_or(0), OutputStream::Stderr, output);
-                        }
-                        n = session.report.read(rbuf) => {
-                            let n = n.unwrap_or(0);
-                            if n == 0 {
-                                break Ended::Exit;
-                            }
-                            report.extend_from_slice(&rbuf[..n]);
-                            match take_report(&mut report, params.id, cap) {
-                                Some(Ok(done)) => break Ended::Report(Box::new(done)),
-                                Some(Err(())) => break Ended::Flood,
-                                None => {}
-                            }
-                        }
-                        () = &mut child_ended => break Ended::Exit,
-                        () = tokio::time::sleep_until(wake.into()) => {
-                            let now = Instant::now();
-                            if now >= hard {
-                                return Err(WorkerError::Unresponsive(deadline));
-                            }
-                            if kill_at.is_some() {
-                                break Ended::Timeout;
-                            }
-                            timed_out = true;
-                            kill_at = Some(now + session.grace);
-                            interrupt(self.stdin.as_mut(), &mut self.frames, hard).await?;
-                        }
+                    let session = self.session.as_mut().expect("a direct session");
+                    let ended = watch(
+                        session,
+                        &params,
+                        cap,
+                        &mut report,
+                        &mut out,
+                        &mut err,
+                        output,
+                        kill_at.unwrap_or(interrupt_at).min(hard),
+                    )
+                    .await;
+                    if !matches!(ended, Ended::Interrupt) {
+                        break ended;
                     }
+                    let now = Instant::now();
+                    if now >= hard {
+                        return Err(WorkerError::Unresponsive(deadline));
+                    }
+                    if kill_at.is_some() {
+                        break Ended::Timeout;
+                    }
+                    timed_out = true;
+                    kill_at = Some(now + session.grace);
+                    // Answered once the signal is sent: no later call can
+                    // get it.
+                    let interrupt = protocol::encode_frame(&Interrupt { t: "interrupt" })
+                        .map_err(WorkerError::Protocol)?;
+                    self.round_trip(&interrupt, hard.saturating_duration_since(now), None)
+                        .await?;
                 }
             }
         };
@@ -420,33 +409,51 @@ impl Worker {
     }
 }
 
-/// Send `interrupt` to the worker (the call's timeout) and wait for its
-/// answer, which comes once the signal is sent: no later call can get it.
-async fn interrupt(
-    channel: Option<&mut tokio::net::UnixStream>,
-    frames: &mut super::Frames,
-    hard: Instant,
-) -> Result<(), WorkerError> {
-    let channel = channel.ok_or(WorkerError::Crashed { exited: None })?;
-    let frame =
-        protocol::encode_frame(&Interrupt { t: "interrupt" }).map_err(WorkerError::Protocol)?;
-    channel
-        .write_all(&frame)
-        .await
-        .map_err(|_| WorkerError::Crashed { exited: None })?;
-    match tokio::time::timeout_at(hard.into(), frames.next()).await {
-        Err(_) => Err(WorkerError::Unresponsive(
-            hard.saturating_duration_since(Instant::now()),
-        )),
-        Ok(None) => Err(WorkerError::Crashed { exited: None }),
-        Ok(Some(Err(e))) => Err(WorkerError::Protocol(protocol::FrameError::Read(e))),
-        Ok(Some(Ok(body))) => match protocol::decode_frame(&body) {
-            Ok(answer) if answer.t == "result" => Ok(()),
-            Ok(answer) => Err(WorkerError::Protocol(protocol::FrameError::UnexpectedType(
-                answer.t,
-            ))),
-            Err(e) => Err(WorkerError::Protocol(e)),
-        },
+/// Watch a call until it ends or `wake` comes (`Ended::Interrupt`):
+/// drain its output into `out` and `err` (streamed to `output`), gather
+/// its report in `report`, see the child end.
+#[allow(clippy::too_many_arguments)]
+async fn watch(
+    session: &mut DirectSession,
+    params: &CallParams,
+    cap: u64,
+    report: &mut Vec<u8>,
+    out: &mut Capture,
+    err: &mut Capture,
+    output: Option<&OutputSink>,
+    wake: Instant,
+) -> Ended {
+    let [obuf, ebuf, rbuf] = &mut session.buffers;
+    let child_ended = async {
+        match &session.ended {
+            Some(pidfd) => drop(pidfd.readable().await),
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(child_ended);
+    loop {
+        tokio::select! {
+            n = session.stdout.read(obuf), if out.open => {
+                out.take(obuf, n.unwrap_or(0), OutputStream::Stdout, output);
+            }
+            n = session.stderr.read(ebuf), if err.open => {
+                err.take(ebuf, n.unwrap_or(0), OutputStream::Stderr, output);
+            }
+            n = session.report.read(rbuf) => {
+                let n = n.unwrap_or(0);
+                if n == 0 {
+                    return Ended::Exit;
+                }
+                report.extend_from_slice(&rbuf[..n]);
+                match take_report(report, params.id, cap) {
+                    Some(Ok(done)) => return Ended::Report(Box::new(done)),
+                    Some(Err(())) => return Ended::Flood,
+                    None => {}
+                }
+            }
+            () = &mut child_ended => return Ended::Exit,
+            () = tokio::time::sleep_until(wake.into()) => return Ended::Interrupt,
+        }
     }
 }
 
