@@ -2374,9 +2374,8 @@ class Session:
                     "interrupt sent at the %gs timeout; its state is gone" % (self.grace, timeout))
         if ended == "unsent":
             return "the session process had already exited"
-        if ended == "report":
-            return ("the session process was killed: it sent a report larger than any call's; "
-                    "its state is gone")
+        if ended == "report":  # it reported: the session goes on
+            return None
         status = self.child.status
         if status is not None:  # it ended, or was killed for closing its pipe
             code, signum = exit_status(status)
@@ -2407,7 +2406,11 @@ class Session:
             artifacts = written_since(child.rundir, msg["since"], set(msg["inputs"]),
                                       artifact_globs(msg["artifacts"]),
                                       msg["max_artifact_bytes"], msg["max_artifacts_bytes"])
-        lost = self.why_lost(ended, msg["timeout"])
+        if ended == "report":  # the server read more than any call's report
+            lost = ("the session process was killed: it sent a report larger than any call's; "
+                    "its state is gone")
+        else:
+            lost = self.why_lost(ended, msg["timeout"])
         code, signum = exit_status(child.status or 0)
         if ended == "timeout":
             code, signum = -_SIGKILL, _SIGKILL

@@ -5,6 +5,7 @@ mod common;
 mod adversarial;
 mod audit;
 mod balancer;
+mod bench_tools;
 mod clients;
 mod codec;
 mod concurrency;
