@@ -612,7 +612,7 @@ async fn main() {
     )
     .await;
     let shared_runtime = tempfile::tempdir().unwrap();
-    let (rmcp_shared, _shared_relay) = mcp_client::connect_stdio(
+    let (rmcp_shared, mut shared_relay) = mcp_client::connect_stdio(
         Path::new(env!("CARGO_BIN_EXE_code-executor")),
         &[
             "--shared",
@@ -649,7 +649,10 @@ async fn main() {
     drop(fronts);
     drop(rmcp_http);
     drop(rmcp_stdio);
-    drop(rmcp_shared);
+    // The launch exits once its client has gone; stopped before that, its
+    // server would take it down with an error.
+    let _ = rmcp_shared.cancel().await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), shared_relay.wait()).await;
     stop_shared_servers(shared_runtime.path());
     // Cold start as an MCP client meets it: spawn `code-executor mcp`,
     // initialize, call execute_code once; beside spawning `python -c`.

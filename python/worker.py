@@ -1021,6 +1021,7 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
     try:
         # PWD, TMPDIR, sys.path and the plot directory came set from the
         # worker (every run has the same directory).
+        restore_thread_reset()
         enter_run(worker_pid, rundir, out_w, err_w, parent_fds, _signal.default_int_handler)
         if scope is not None:
             scope_signals(scope)
@@ -1951,6 +1952,49 @@ _EXIT = struct.Struct("!iidq?")
 _FD = struct.Struct("i")
 
 
+# ``threading``'s after-fork handler while the zygote holds it back (see
+# hold_thread_reset): the function and its own code, which each child puts
+# back before anything else runs.
+_held_thread_reset = None
+
+
+def _no_thread_reset():
+    pass
+
+
+def hold_thread_reset():
+    """Spare the zygote's children ``threading``'s after-fork handler, when
+    ``threading`` was imported before the zygote forked (by ``site``, as
+    most installs' ``.pth`` files do, or by a preload). After a bare fork it
+    costs a child ~0.25 ms of CPU and ~100 copy-on-write page faults; in a
+    run, whose own code touches many of the same pages, ~0.09 ms and ~45
+    faults (``benches/support/worker_cost.py``).
+
+    The handler makes the module's state true in a process forked from one
+    that had other threads. The zygote never has any (it is a fork of the
+    worker's main thread and runs no code but its own), so its children's
+    state is already true: the same main thread, with the same ident, and
+    no lock held. Each child puts the handler back before anything else
+    runs (restore_thread_reset), so that a fork in a run resets as it always
+    does."""
+    global _held_thread_reset
+    threading = sys.modules.get("threading")
+    reset = getattr(threading, "_after_fork", None)
+    if (type(reset) is not types.FunctionType or reset.__code__.co_freevars
+            or threading.active_count() != 1
+            or threading.current_thread() is not threading.main_thread()):
+        return
+    _held_thread_reset = (reset, reset.__code__)
+    reset.__code__ = _no_thread_reset.__code__
+
+
+def restore_thread_reset():
+    """Put ``threading``'s after-fork handler back (in a run's child)."""
+    if _held_thread_reset is not None:
+        reset, code = _held_thread_reset
+        reset.__code__ = code
+
+
 class ZygoteLost(Exception):
     """The zygote is gone: this worker cannot fork runs any more."""
 
@@ -2067,6 +2111,7 @@ def zygote_main(sock, worker, worker_pid, scope):
         poller.register(sock.fileno(), select.POLLIN)
         poller.register(wake_r, select.POLLIN)
         rights_size = socket.CMSG_SPACE(4 * _FD.size)
+        hold_thread_reset()
         forked = set()  # run children not reported yet
         prepared = False  # whether prepare_later_runs ran
         while True:

@@ -107,3 +107,53 @@ async fn runs_forked_with_and_without_a_zygote_behave_alike() {
         assert_eq!(text(&out.stdout), "after\n", "zygote {zygote}");
     }
 }
+
+/// Runs see `threading` as after any fork of a single-threaded process: one
+/// thread, the main one, with its ident; threads start and join. And a fork
+/// inside a run that has another thread running resets `threading` in the
+/// new process as CPython always does (only the forking thread is left).
+#[tokio::test]
+async fn threading_in_runs_is_as_after_any_fork() {
+    let code = r#"
+import os, threading
+main = threading.main_thread()
+print(threading.current_thread() is main, main.ident == threading.get_ident(),
+      threading.active_count())
+names = []
+t = threading.Thread(target=lambda: names.append(threading.current_thread().name), name="helper")
+t.start(); t.join()
+print(names, t.is_alive(), threading.active_count())
+stop = threading.Event()
+t = threading.Thread(target=stop.wait)
+t.start()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(w, ("%d %s" % (threading.active_count(),
+                            threading.current_thread() is threading.main_thread())).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print(os.read(r, 100).decode(), threading.active_count())
+stop.set(); t.join()
+"#;
+    for zygote in [true, false] {
+        let env: &[(&str, &str)] = if zygote {
+            &[]
+        } else {
+            &[("CODE_EXECUTOR_NO_ZYGOTE", "1")]
+        };
+        let (mut spec, _dir) = common::bare_spec(env);
+        // Imported before the zygote forks, as site or a preload does.
+        spec.preload = vec!["threading".into()];
+        let mut worker = Worker::create(&spec, None).await.expect("worker starts");
+        for _ in 0..3 {
+            let out = run(&mut worker, code, 10.0).await;
+            assert_eq!(
+                text(&out.stdout),
+                "True True 1\n['helper'] False 1\n1 True 2\n",
+                "zygote {zygote}: {}",
+                text(&out.stderr)
+            );
+        }
+    }
+}
