@@ -179,6 +179,52 @@ async fn health_load(url: &str, seconds: f64) -> (Vec<Duration>, Duration) {
     (latencies, started.elapsed())
 }
 
+/// How long a paced client waits after each answer (see [`paced_load`]).
+const PACE: Duration = Duration::from_millis(50);
+const PACED_RUN: &str = "HTTP /execute print(2+2), 50 ms apart";
+const PACED_HEALTH: &str = "floor: HTTP GET /health, 50 ms apart";
+
+/// A client that pauses between calls, as an agent's tool loop does: each
+/// call [`PACE`] after the last answer, `POST /execute` and `GET /health` in
+/// turns on one keep-alive connection. Meanwhile every process on a call's
+/// path goes idle, and so may the machine's CPUs. The latencies of the runs
+/// and of the `GET /health` calls, and the time it all took.
+async fn paced_load(
+    url: &str,
+    code: &str,
+    seconds: f64,
+) -> (Vec<Duration>, Vec<Duration>, Duration) {
+    let client = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .build()
+        .unwrap();
+    let body = json!({ "code": code }).to_string();
+    let health = format!("{url}/health");
+    for _ in 0..5 {
+        send(&client, url, &body).await;
+    }
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(seconds);
+    let (mut runs, mut gets) = (Vec::new(), Vec::new());
+    while Instant::now() < deadline {
+        tokio::time::sleep(PACE).await;
+        let t = Instant::now();
+        send(&client, url, &body).await;
+        runs.push(t.elapsed());
+        tokio::time::sleep(PACE).await;
+        let t = Instant::now();
+        let resp = client.get(&health).send().await.unwrap();
+        assert!(
+            resp.status().is_success(),
+            "/health answered {}",
+            resp.status()
+        );
+        resp.bytes().await.unwrap();
+        gets.push(t.elapsed());
+    }
+    (runs, gets, started.elapsed())
+}
+
 /// `POST /sessions`; the new session's id.
 async fn create_session(url: &str) -> String {
     let resp = reqwest::Client::new()
@@ -599,6 +645,9 @@ async fn main() {
         }
         let (latencies, elapsed) = health_load(&server.url, seconds).await;
         rows.push(Stats::new("floor: HTTP GET /health", 1, latencies, elapsed));
+        let (runs, gets, elapsed) = paced_load(&server.url, code, seconds).await;
+        rows.push(Stats::new(PACED_RUN, 1, runs, elapsed));
+        rows.push(Stats::new(PACED_HEALTH, 1, gets, elapsed));
     }
 
     // The same over MCP: streamable HTTP on the same server (a plain client
@@ -784,6 +833,19 @@ async fn main() {
         println!(
             "session call c=1 p50 / GET /health p50: {:.2}x ({session:.3} ms / {floor:.3} ms)",
             session / floor
+        );
+    }
+    if let (Some(run), Some(get), Some(run_b2b), Some(get_b2b)) = (
+        p50(PACED_RUN),
+        p50(PACED_HEALTH),
+        p50("HTTP /execute print(2+2)"),
+        p50("floor: HTTP GET /health"),
+    ) {
+        println!(
+            "calls 50 ms apart: /execute p50 {run:.3} ms = {:.2}x back to back; \
+             GET /health p50 {get:.3} ms = {:.2}x back to back",
+            run / run_b2b,
+            get / get_b2b
         );
     }
     let http = "HTTP /execute print(2+2)";
