@@ -14,7 +14,8 @@ Prints, for the interpreter given (default: this one):
   and the round trip seen by this driver, back to back and with idle gaps;
 * session calls of the same code: the same figures without a fork, and the
   floor of a session call: the code run by the very process that answers
-  over the pipes (no relay, no fork, no output pipes).
+  over the pipes (no relay, no fork, no output pipes); both also with calls
+  50 ms apart, every process idle in between.
 
 ``--worker`` drives another copy of the bootstrap (an edited one, to compare
 with). Linux only; the worker's pure-Python codec frames the requests.
@@ -209,6 +210,12 @@ class Worker:
         self.proc.wait()
 
 
+# Session calls sent this far apart, and at most this many: what the
+# relay's extra process costs a client that pauses between calls.
+PACE = 0.05
+PACED_CALLS = 100
+
+
 def exec_frame(i):
     frame = dict(codec.WARM_REQUEST)
     frame.update({"id": i, "code": "print(2+2)", "timeout": 5.0, "max_output": 1 << 20})
@@ -309,6 +316,7 @@ def main():
         s0, k0 = worker.stat(), worker.stat(child)
         rts = timed(worker, n)
         s1, k1 = worker.stat(), worker.stat(child)
+        paced = timed(worker, min(n, PACED_CALLS), gap=PACE)
         worker.close()
         print()
         print("session call print(2+2), %d back to back:" % n)
@@ -324,10 +332,14 @@ def main():
         s0 = floor.stat()
         rts = timed(floor, n)
         s1 = floor.stat()
+        paced_floor = timed(floor, min(n, PACED_CALLS), gap=PACE)
         floor.close()
         print("  floor (the code run by the process that answers, no relay, no fork): "
               "%.0f us CPU per call; round trip p50 %.0f us"
               % ((s1[2] - s0[2]) / n * 1e6, statistics.median(rts) * 1e3))
+        print("  %.0f ms apart (every process idle in between): round trip p50 %.0f us, "
+              "%.0f us for the floor" % (PACE * 1e3, statistics.median(paced) * 1e3,
+                                        statistics.median(paced_floor) * 1e3))
 
 
 if __name__ == "__main__":

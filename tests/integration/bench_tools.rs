@@ -28,6 +28,7 @@ fn worker_cost_measures_clean_runs_and_session_calls() {
         "clean run print(2+2), relayed by the worker, 40 back to back:",
         "session call print(2+2), 40 back to back:",
         "floor (the code run by the process that answers, no relay, no fork)",
+        "50 ms apart (every process idle in between): round trip p50",
     ] {
         assert!(stdout.contains(line), "no {line:?} in:\n{stdout}");
     }
