@@ -156,15 +156,7 @@ async fn health_load(url: &str, seconds: f64) -> (Vec<Duration>, Duration) {
         .build()
         .unwrap();
     let url = format!("{url}/health");
-    let get = || async {
-        let resp = client.get(&url).send().await.unwrap();
-        assert!(
-            resp.status().is_success(),
-            "/health answered {}",
-            resp.status()
-        );
-        resp.bytes().await.unwrap();
-    };
+    let get = || get_health(&client, &url);
     for _ in 0..50 {
         get().await;
     }
@@ -177,6 +169,17 @@ async fn health_load(url: &str, seconds: f64) -> (Vec<Duration>, Duration) {
         latencies.push(t.elapsed());
     }
     (latencies, started.elapsed())
+}
+
+/// One `GET` of `url` (a `/health` URL), its answer read whole.
+async fn get_health(client: &reqwest::Client, url: &str) {
+    let resp = client.get(url).send().await.unwrap();
+    assert!(
+        resp.status().is_success(),
+        "/health answered {}",
+        resp.status()
+    );
+    resp.bytes().await.unwrap();
 }
 
 /// How long a paced client waits after each answer (see [`paced_load`]).
@@ -213,13 +216,7 @@ async fn paced_load(
         runs.push(t.elapsed());
         tokio::time::sleep(PACE).await;
         let t = Instant::now();
-        let resp = client.get(&health).send().await.unwrap();
-        assert!(
-            resp.status().is_success(),
-            "/health answered {}",
-            resp.status()
-        );
-        resp.bytes().await.unwrap();
+        get_health(&client, &health).await;
         gets.push(t.elapsed());
     }
     (runs, gets, started.elapsed())
