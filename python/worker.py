@@ -56,7 +56,7 @@ field listed is in every frame of its type, except those marked optional.
 |                  |           | and by session calls                                          |
 | server -> worker | `interrupt` | direct session: SIGINT to the session child (a call's       |
 |                  |           | timeout), answered by a bare `result` once it is sent         |
-| server -> worker | `end`     | `id`, `ended` (`timeout`, `exit`, `report` or `unsent`),      |
+| server -> worker | `end`     | `id`, `ended` (`timeout`, `exit`, `flood` or `unsent`),       |
 |                  |           | `timeout` (s), `artifacts`, `max_artifact_bytes`,             |
 |                  |           | `max_artifacts_bytes`, `since` (s since the epoch), `inputs`  |
 |                  |           | (paths): direct session: the call cannot end by a report; the |
@@ -2421,6 +2421,9 @@ class Session:
             return "the session process had already exited"
         if ended == "report":  # it reported: the session goes on
             return None
+        if ended == "flood":  # a direct call: the server read more than any call's report
+            return ("the session process was killed: it sent a report larger than any call's; "
+                    "its state is gone")
         status = self.child.status
         if status is not None:  # it ended, or was killed for closing its pipe
             code, signum = exit_status(status)
@@ -2451,11 +2454,7 @@ class Session:
             artifacts = written_since(child.rundir, msg["since"], set(msg["inputs"]),
                                       artifact_globs(msg["artifacts"]),
                                       msg["max_artifact_bytes"], msg["max_artifacts_bytes"])
-        if ended == "report":  # the server read more than any call's report
-            lost = ("the session process was killed: it sent a report larger than any call's; "
-                    "its state is gone")
-        else:
-            lost = self.why_lost(ended, msg["timeout"])
+        lost = self.why_lost(ended, msg["timeout"])
         code, signum = exit_status(child.status or 0)
         if ended == "timeout":
             code, signum = -_SIGKILL, _SIGKILL

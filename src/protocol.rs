@@ -49,7 +49,7 @@
 //! |                  |           | and by session calls                                          |
 //! | server -> worker | `interrupt` | direct session: SIGINT to the session child (a call's       |
 //! |                  |           | timeout), answered by a bare `result` once it is sent         |
-//! | server -> worker | `end`     | `id`, `ended` (`timeout`, `exit`, `report` or `unsent`),      |
+//! | server -> worker | `end`     | `id`, `ended` (`timeout`, `exit`, `flood` or `unsent`),       |
 //! |                  |           | `timeout` (s), `artifacts`, `max_artifact_bytes`,             |
 //! |                  |           | `max_artifacts_bytes`, `since` (s since the epoch), `inputs`  |
 //! |                  |           | (paths): direct session: the call cannot end by a report; the |

@@ -126,7 +126,7 @@ struct End<'a> {
     t: &'static str,
     id: u64,
     /// `timeout` (it did not stop within the grace), `exit` (it ended, or
-    /// closed its report pipe), `report` (it sent more than a report may
+    /// closed its report pipe), `flood` (it sent more than a report may
     /// hold) or `unsent` (it could not be written to).
     ended: &'static str,
     timeout: f64,
@@ -373,7 +373,7 @@ impl Worker {
                 let ended = match how {
                     Ended::Timeout => "timeout",
                     Ended::Unsent => "unsent",
-                    Ended::Flood => "report",
+                    Ended::Flood => "flood",
                     _ => "exit",
                 };
                 let end = protocol::encode_frame(&End {

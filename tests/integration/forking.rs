@@ -9,13 +9,17 @@ use code_executor::testing::{RunOutput, Worker};
 
 use crate::common;
 
-async fn worker(zygote: bool) -> (Worker, tempfile::TempDir) {
-    let env: &[(&str, &str)] = if zygote {
+/// The worker's environment: forking through its zygote or by itself.
+fn forking(zygote: bool) -> &'static [(&'static str, &'static str)] {
+    if zygote {
         &[]
     } else {
         &[("CODE_EXECUTOR_NO_ZYGOTE", "1")]
-    };
-    common::bare_worker(env).await
+    }
+}
+
+async fn worker(zygote: bool) -> (Worker, tempfile::TempDir) {
+    common::bare_worker(forking(zygote)).await
 }
 
 async fn run(worker: &mut Worker, code: &str, timeout: f64) -> RunOutput {
@@ -137,12 +141,7 @@ print(os.read(r, 100).decode(), threading.active_count())
 stop.set(); t.join()
 "#;
     for zygote in [true, false] {
-        let env: &[(&str, &str)] = if zygote {
-            &[]
-        } else {
-            &[("CODE_EXECUTOR_NO_ZYGOTE", "1")]
-        };
-        let (mut spec, _dir) = common::bare_spec(env);
+        let (mut spec, _dir) = common::bare_spec(forking(zygote));
         // Imported before the zygote forks, as site or a preload does.
         spec.preload = vec!["threading".into()];
         let mut worker = Worker::create(&spec, None).await.expect("worker starts");
