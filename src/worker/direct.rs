@@ -19,6 +19,11 @@ use super::{OutputChunk, OutputSink, OutputStream, RunOutput, Worker};
 use crate::error::WorkerError;
 use crate::protocol::{self, WireArtifact, WireError};
 
+/// Characters a result's repr may have past `max_result_chars`: the note
+/// that says it was cut, and how long it was (see `value_repr` in
+/// `python/worker.py`).
+const TRUNCATION_NOTE: u64 = 64;
+
 /// Reads of the child's pipes take at most this much at a time.
 const READ_CHUNK: usize = 64 * 1024;
 
@@ -528,10 +533,12 @@ fn report_output(report: Report, params: &CallParams) -> RunOutput {
         .collect();
     RunOutput {
         exit_code: whole_in(report.status, -255.0, 255.0).map_or(0, |v| v as i32),
+        // Past the cap, the child cut the repr and said so after it.
         result: report.result.map(|r| {
             first_chars(
                 r,
-                usize::try_from(params.max_result_chars).unwrap_or(usize::MAX),
+                usize::try_from(params.max_result_chars.saturating_add(TRUNCATION_NOTE))
+                    .unwrap_or(usize::MAX),
             )
         }),
         error,

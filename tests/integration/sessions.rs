@@ -78,6 +78,23 @@ async fn variables_imports_functions_and_files_persist() {
 }
 
 #[tokio::test]
+async fn a_long_value_is_cut_as_in_a_clean_run_and_says_so() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    let code = "'x' * 100_000";
+    let clean = server.run(code).await;
+    let called = ok(&server, &id, code).await;
+    let result = called["result"].as_str().expect("a result");
+    assert!(
+        result.ends_with("[truncated, 100002 characters in all]"),
+        "{}",
+        &result[result.len().saturating_sub(60)..]
+    );
+    assert_eq!(called["result"], clean["result"]);
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn sessions_are_isolated_from_each_other_and_from_clean_runs() {
     let server = TestServer::start().await;
     let a = create(&server, json!({})).await;
