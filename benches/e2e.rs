@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use server::{Server, env_or, real_python};
+use server::{Server, TreeCpu, env_or, real_python};
 
 /// Rows of the MCP comparison (see [`mcp_comparison`]).
 const BESIDE_MCP: &str = "HTTP /execute print(2+2), beside MCP";
@@ -599,10 +599,10 @@ async fn main() {
     let rss_idle = server.rss_kib();
     let mut rss_load = 0;
     // CPU of the server and everything under it per clean run, by concurrency.
-    let mut cpu_per_run: Vec<(usize, f64)> = Vec::new();
+    let mut cpu_per_run: Vec<(usize, TreeCpu)> = Vec::new();
     if !mcp_only {
         for concurrency in [1, 8, 32] {
-            let cpu_before = server.tree_cpu_seconds();
+            let cpu_before = server.tree_cpu();
             let sampler = async {
                 let mut max = 0;
                 for _ in 0..(seconds * 10.0) as usize {
@@ -614,8 +614,8 @@ async fn main() {
             let ((latencies, elapsed), max) =
                 tokio::join!(http_load(&server.url, code, concurrency, seconds), sampler);
             rss_load = rss_load.max(max);
-            let cpu = server.tree_cpu_seconds() - cpu_before;
-            cpu_per_run.push((concurrency, cpu / latencies.len().max(1) as f64));
+            let cpu = server.tree_cpu().per_run(&cpu_before, latencies.len());
+            cpu_per_run.push((concurrency, cpu));
             rows.push(Stats::new(
                 "HTTP /execute print(2+2)",
                 concurrency,
@@ -805,8 +805,8 @@ async fn main() {
                     .collect::<Vec<f64>>()
             })
             .unwrap_or_default();
-        for (concurrency, seconds) in &cpu_per_run {
-            let ms = seconds * 1e3;
+        for (concurrency, cpu) in &cpu_per_run {
+            let ms = cpu.total() * 1e3;
             let mut line = format!(
                 "CPU per clean run at c={concurrency} (server, workers, zygotes, children): {ms:.2} ms"
             );
@@ -819,6 +819,13 @@ async fn main() {
                     bare / 1e3
                 );
             }
+            line += &format!(
+                "; by process: server {:.2}, workers {:.2}, zygotes {:.2}, runs {:.2} ms",
+                cpu.server * 1e3,
+                cpu.workers * 1e3,
+                cpu.zygotes * 1e3,
+                cpu.runs * 1e3
+            );
             println!("{line}");
         }
     }

@@ -118,28 +118,53 @@ impl Server {
     }
 
     /// CPU seconds (user + system) the server and every process under it
-    /// have used so far, from `/proc`: each live process's own time plus
-    /// what its reaped children used, so that a run's process, reaped by
-    /// its zygote, counts there.
-    pub fn tree_cpu_seconds(&self) -> f64 {
-        let mut pending = vec![self.child.id().unwrap()];
-        let mut ticks = 0u64;
-        while let Some(pid) = pending.pop() {
+    /// have used so far, from `/proc`, by role: each live process's own time
+    /// plus what its reaped children used, so that a run's process, reaped
+    /// by its zygote, counts there.
+    pub fn tree_cpu(&self) -> TreeCpu {
+        let root = self.child.id().unwrap();
+        let exe = std::fs::read_link(format!("/proc/{root}/exe")).ok();
+        let mut cpu = TreeCpu::default();
+        // (pid, how many Python processes it is below, itself included)
+        let mut pending = vec![(root, 0usize)];
+        while let Some((pid, above)) = pending.pop() {
             let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
                 continue;
             };
-            let fields: Vec<&str> = stat
+            let fields: Vec<f64> = stat
                 .rsplit_once(')')
                 .map_or("", |(_, rest)| rest)
                 .split_whitespace()
+                .skip(11)
+                .take(4)
+                .map(|f| f.parse::<f64>().unwrap_or(0.0) / 100.0)
                 .collect();
-            // utime, stime, cutime, cstime: fields 14-17 of stat(5).
-            ticks += fields
-                .get(11..15)
-                .unwrap_or_default()
-                .iter()
-                .filter_map(|f| f.parse::<u64>().ok())
-                .sum::<u64>();
+            // utime, stime, cutime, cstime: fields 14-17 of stat(5), in clock
+            // ticks of USER_HZ, 100 a second on Linux.
+            let (own, reaped) = match fields[..] {
+                [u, s, cu, cs] => (u + s, cu + cs),
+                _ => continue,
+            };
+            // The server's own binary: the server and its sandbox launchers.
+            let ours = exe.is_some() && std::fs::read_link(format!("/proc/{pid}/exe")).ok() == exe;
+            let depth = if ours { above } else { above + 1 };
+            match (ours, depth) {
+                // What a launcher reaped is a worker's whole tree, which
+                // ended: it counts as the worker's.
+                (true, _) => {
+                    cpu.server += own;
+                    cpu.workers += reaped;
+                }
+                (false, 1) => {
+                    cpu.workers += own;
+                    cpu.runs += reaped; // runs it forked itself (no zygote)
+                }
+                (false, 2) => {
+                    cpu.zygotes += own;
+                    cpu.runs += reaped;
+                }
+                _ => cpu.runs += own + reaped,
+            }
             let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
                 continue;
             };
@@ -148,13 +173,13 @@ impl Server {
                     pending.extend(
                         children
                             .split_whitespace()
-                            .filter_map(|p| p.parse::<u32>().ok()),
+                            .filter_map(|p| p.parse::<u32>().ok())
+                            .map(|p| (p, depth)),
                     );
                 }
             }
         }
-        // /proc reports clock ticks of USER_HZ, 100 a second on Linux.
-        ticks as f64 / 100.0
+        cpu
     }
 
     /// Resident set size of the server process itself (not its workers), KiB.
@@ -166,5 +191,37 @@ impl Server {
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap_or(0)
+    }
+}
+
+/// CPU seconds used by the server's process tree, by role (see
+/// [`Server::tree_cpu`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TreeCpu {
+    /// The server, and its sandbox launchers.
+    pub server: f64,
+    /// The long-lived Python workers (and workers that ended).
+    pub workers: f64,
+    /// Their zygotes, which fork the runs.
+    pub zygotes: f64,
+    /// The runs' processes (and session children).
+    pub runs: f64,
+}
+
+impl TreeCpu {
+    /// All of it.
+    pub fn total(&self) -> f64 {
+        self.server + self.workers + self.zygotes + self.runs
+    }
+
+    /// Each role's use from `before` to `self`, divided by `runs`.
+    pub fn per_run(&self, before: &TreeCpu, runs: usize) -> TreeCpu {
+        let n = runs.max(1) as f64;
+        TreeCpu {
+            server: (self.server - before.server) / n,
+            workers: (self.workers - before.workers) / n,
+            zygotes: (self.zygotes - before.zygotes) / n,
+            runs: (self.runs - before.runs) / n,
+        }
     }
 }
