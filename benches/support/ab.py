@@ -26,10 +26,9 @@ import sys
 ROW = re.compile(r"\| (.+?)\s+\|\s+(\d+) \|\s+([\d.]+) \|\s+([\d.]+) \|\s+(\d+) \|")
 LINES = [
     ("cpu per clean run c=%s (ms)", re.compile(r"CPU per clean run at c=(\d+) .*?: ([\d.]+) ms")),
-    ("cpu per clean run c=%s, server (ms)", re.compile(r"CPU per clean run at c=(\d+) .*by process: server ([\d.]+)")),
-    ("cpu per clean run c=%s, workers (ms)", re.compile(r"CPU per clean run at c=(\d+) .*by process:.* workers ([\d.]+)")),
-    ("cpu per clean run c=%s, zygotes (ms)", re.compile(r"CPU per clean run at c=(\d+) .*by process:.* zygotes ([\d.]+)")),
-    ("cpu per clean run c=%s, runs (ms)", re.compile(r"CPU per clean run at c=(\d+) .*by process:.* runs ([\d.]+)")),
+    *(("cpu per clean run c=%%s, %s (ms)" % role,
+        re.compile(r"CPU per clean run at c=(\d+) .*by process:.*\b%s ([\d.]+)" % role))
+      for role in ("server", "workers", "zygotes", "runs")),
     ("session p50 / health p50", re.compile(r"session call c=1 p50 / GET /health p50: ([\d.]+)x")),
     ("server start, 4 workers (ms)", re.compile(r"server start to ready \(4 workers\): (\d+) ms")),
     ("MCP stdio cold start (ms)", re.compile(r"MCP stdio cold start .*?: ([\d.]+) ms;")),
