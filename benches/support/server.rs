@@ -125,7 +125,7 @@ impl Server {
         let root = self.child.id().unwrap();
         let exe = std::fs::read_link(format!("/proc/{root}/exe")).ok();
         let mut cpu = TreeCpu::default();
-        // (pid, how many Python processes it is below, itself included)
+        // (pid, how many Python processes are above it)
         let mut pending = vec![(root, 0usize)];
         while let Some((pid, above)) = pending.pop() {
             let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
