@@ -56,6 +56,75 @@ async fn result_is_the_repr_of_the_last_expression() {
     server.stop().await;
 }
 
+/// The worker compiles a run's code for its child and keeps what it made of
+/// the last few programs: what a run shows is still what Python shows when
+/// it compiles the code itself, the first time and every later time, under
+/// the run's own digit limit, and for programs too long to keep.
+#[tokio::test]
+async fn code_compiles_as_python_compiles_it_on_every_run() {
+    let server = TestServer::with_config(Config {
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    // A compile-time warning reaches the run's stderr, every time.
+    for _ in 0..3 {
+        let body = server.run("x = 1\nprint(x is 1)").await;
+        assert_eq!(body["stdout"], "True\n", "{body}");
+        assert!(
+            body["stderr"]
+                .as_str()
+                .unwrap()
+                .starts_with("<code>:2: SyntaxWarning: \"is\" with a literal"),
+            "{body}"
+        );
+    }
+    // A final expression that cannot compile fails after the body has run.
+    for _ in 0..2 {
+        let body = server.run("print('body ran')\nyield 5").await;
+        assert_eq!(body["stdout"], "body ran\n", "{body}");
+        assert_eq!(body["error"]["type"], "SyntaxError", "{body}");
+        assert_eq!(body["exit_code"], 1);
+    }
+    // The same source under different digit limits.
+    let code = format!("n = {}\nlen(str(n))", "7".repeat(700));
+    for _ in 0..2 {
+        let (_, body) = server
+            .execute(json!({"code": code, "int_max_str_digits": 0}))
+            .await;
+        assert_eq!(body["result"], "700", "{body}");
+        assert_eq!(server.run(&code).await["result"], "700");
+        let (status, body) = server
+            .execute(json!({"code": code, "int_max_str_digits": 640}))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["error"]["type"], "SyntaxError", "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("Exceeds the limit (640 digits)"),
+            "{body}"
+        );
+    }
+    // One source, then the same with a trailing semicolon.
+    assert_eq!(server.run("6 * 7").await["result"], "42");
+    assert_eq!(server.run("6 * 7;").await["result"], Value::Null);
+    assert_eq!(server.run("6 * 7").await["result"], "42");
+    // A program longer than the worker keeps (64 KiB) runs all the same.
+    let long = format!("x = 0\n{}x", "x += 1\n".repeat(10_000));
+    assert!(long.len() > 1 << 16);
+    for _ in 0..2 {
+        let body = server.run(&long).await;
+        assert_eq!(body["result"], "10000", "{body}");
+    }
+    let body = server
+        .run(&format!("{long}\nraise ValueError('late')"))
+        .await;
+    assert_eq!(body["error"]["line"], 10_003, "{body}");
+    server.stop().await;
+}
+
 /// A `__repr__` may return a str subclass (an enum member, a class of the
 /// user's): the result is its text, and none of its own methods run, in a
 /// clean run and in a session alike.
