@@ -93,7 +93,7 @@ fresh pipes for its fds 0, 1 and 2.
 Runs
 ----
 For every ``exec`` the worker hands the request to a child forked ahead of
-time.  The child lives in its own process group with a fresh ``__main__``, an
+time, with the code compiled where it can (``precompile``).  The child lives in its own process group with a fresh ``__main__``, an
 empty working directory (SCRATCH/run, emptied and made anew between runs) and
 the request's resource limits; its stdout and stderr are captured at the
 file-descriptor level.  The worker supervises it (``supervise``: it drains
