@@ -1,6 +1,7 @@
 //! Grading benchmark: 200 trivial cases in one `POST /grade` call, against
 //! 200 sequential `POST /execute` calls and 200 `python -c` spawns, all in one
-//! run on the real server binary.
+//! run on the real server binary; and 200 cases judged by an entry function's
+//! value and by test code, one `/grade` call each.
 //!
 //! `cargo bench --bench grade` (env: `BENCH_ROUNDS`, default 10;
 //! `BENCH_POOL_SIZE`, default 4; `BENCH_CASES`, default 200; `BENCH_PYTHON`,
@@ -18,6 +19,7 @@ mod server;
 use server::{Server, env_or, real_python};
 
 const CODE: &str = "print(int(input()) * 2)";
+const FUNCTION_CODE: &str = "def double(x):\n    return x * 2\n";
 
 async fn post(client: &reqwest::Client, url: &str, body: &str) -> Value {
     let resp = client
@@ -134,6 +136,40 @@ async fn main() {
 
     let grade_cpu = (tree_cpu(server_pid) - cpu_before) / rounds as u32;
 
+    // The two other ways a case is judged: by an entry function's return
+    // value, and by test code run after the submission (as code benchmarks
+    // grade). Trivial too, so the rows compare what each mode adds.
+    let function_body = json!({
+        "code": FUNCTION_CODE,
+        "entry": "double",
+        "tests": (0..cases).map(|i| json!({"input": [i], "expected": i * 2})).collect::<Vec<_>>(),
+    })
+    .to_string();
+    let test_code_body = json!({
+        "code": FUNCTION_CODE,
+        "entry": "double",
+        "tests": (0..cases)
+            .map(|i| json!({"test_code": format!(
+                "def check(candidate):\n    assert candidate({i}) == {}\n    assert candidate(0) == 0\n",
+                i * 2
+            )}))
+            .collect::<Vec<_>>(),
+    })
+    .to_string();
+    let mut by_mode = Vec::new();
+    for body in [&function_body, &test_code_body] {
+        post(&client, &grade_url, body).await;
+        let mut times = Vec::new();
+        for _ in 0..rounds {
+            let t = Instant::now();
+            let result = post(&client, &grade_url, body).await;
+            times.push(t.elapsed());
+            assert_eq!(result["passed"], cases, "{}", result["counts"]);
+        }
+        by_mode.push(times);
+    }
+    let [mut function, mut test_code] = <[Vec<Duration>; 2]>::try_from(by_mode).unwrap();
+
     let execute_url = format!("{url}/execute");
     let bodies: Vec<String> = (0..cases)
         .map(|i| json!({"code": CODE, "stdin": i.to_string()}).to_string())
@@ -181,6 +217,14 @@ async fn main() {
         ),
         (format!("{cases} sequential /execute calls"), &mut execute),
         (format!("{cases} `python -c` spawns"), &mut spawn),
+        (
+            format!("one /grade call, {cases} cases, entry function"),
+            &mut function,
+        ),
+        (
+            format!("one /grade call, {cases} cases, test code"),
+            &mut test_code,
+        ),
     ];
     let mut medians = Vec::new();
     for (name, samples) in rows {

@@ -878,18 +878,18 @@ fn tests_harness(entry: Option<&str>) -> String {
     let call_check = if entry.is_some() { "True" } else { "False" };
     format!(
         r#"def __grade_tests():
-    import ast, json, os, traceback
+    import _ast, json, os, traceback
     here = os.environ.get("PWD") or "."
     ns = {{"__name__": "__main__", "__builtins__": __builtins__}}
     def source(name):
         with open(os.path.join(here, name), encoding="utf-8") as f:
             return f.read()
     exec(compile(source("{SUBMISSION_FILE}"), "{SUBMISSION_FILE}", "exec"), ns)
-{bind}    tests = source("{TESTS_FILE}")
+{bind}    tests = compile(source("{TESTS_FILE}"), "{TESTS_FILE}", "exec", _ast.PyCF_ONLY_AST)
     calls_check = any(
-        isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-        and isinstance(node.value.func, ast.Name) and node.value.func.id == "check"
-        for node in ast.parse(tests).body)
+        isinstance(node, _ast.Expr) and isinstance(node.value, _ast.Call)
+        and isinstance(node.value.func, _ast.Name) and node.value.func.id == "check"
+        for node in tests.body)
     try:
         exec(compile(tests, "{TESTS_FILE}", "exec"), ns)
         if {call_check} and not calls_check and callable(ns.get("check")):
