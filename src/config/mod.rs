@@ -244,6 +244,9 @@ pub struct Config {
     pub envs: Vec<EnvConfig>,
     /// Whether Conda environments are discovered (and served lazily).
     pub discover: bool,
+    /// Whether each worker's zygote imports ahead the standard-library
+    /// modules its runs keep importing.
+    pub learn_imports: bool,
     /// Cap on live workers across all pools: keeps many environments from
     /// starting an interpreter each beyond what the machine can hold.
     pub max_workers: usize,
@@ -365,6 +368,7 @@ impl Default for Config {
             network_hosts: std::collections::HashMap::new(),
             envs: Vec::new(),
             discover: true,
+            learn_imports: true,
             max_workers: 32,
             idle_timeout: Duration::from_secs(300),
             install_timeout: Duration::from_secs(600),
@@ -584,6 +588,7 @@ impl Config {
             },
             envs,
             discover: o.discover.unwrap_or(d.discover),
+            learn_imports: o.learn_imports.unwrap_or(d.learn_imports),
             max_workers: o.max_workers.unwrap_or(d.max_workers),
             idle_timeout: secs(o.idle_timeout_secs, d.idle_timeout),
             install_timeout: secs(o.install_timeout_secs, d.install_timeout),

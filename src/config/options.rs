@@ -113,6 +113,10 @@ pub struct Options {
     /// Modules every worker imports before it serves (comma-separated).
     #[arg(long, env = "CODE_EXECUTOR_PRELOAD", value_delimiter = ',')]
     pub preload: Option<Vec<String>>,
+    /// Import ahead, in each worker's zygote, the standard-library modules
+    /// its runs keep importing (default true).
+    #[arg(long, env = "CODE_EXECUTOR_LEARN_IMPORTS", value_parser = BoolishValueParser::new())]
+    pub learn_imports: Option<bool>,
     /// Bearer token required by /execute, /list-envs and /list-packages.
     #[arg(long, env = "CODE_EXECUTOR_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -385,7 +389,7 @@ impl Options {
     pub fn or(self, lower: Options) -> Options {
         layer!(self, lower;
             config, host, port, conda_env, conda_prefix, python, discover, timeout,
-            max_timeout, pool_size, preload, token, admin_token, metrics_token,
+            max_timeout, pool_size, preload, learn_imports, token, admin_token, metrics_token,
             insecure_no_auth, queue_timeout_secs, max_runs, max_workers,
             idle_timeout_secs, worker_start_timeout_secs, grace_period_secs,
             shutdown_timeout_secs, activation_timeout_secs, install_timeout_secs,

@@ -156,6 +156,9 @@ impl PoolContext {
     ) -> EnvPool {
         let script = &self.script;
         let mut env = worker_env(vars);
+        if !config.learn_imports {
+            env.push(("CODE_EXECUTOR_LEARN_IMPORTS".into(), "0".into()));
+        }
         if egress.is_some() {
             env.extend(super::start::proxy_env());
         }

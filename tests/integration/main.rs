@@ -22,6 +22,7 @@ mod forking;
 mod grading;
 mod grading_code;
 mod http_api;
+mod imports;
 mod install;
 mod isolation;
 mod manifests;
