@@ -542,6 +542,24 @@ async fn other_scenarios(
     ));
     drop(server);
 
+    // A stdlib module no start-up imports, which every run imports: the
+    // zygotes learn it after a few runs (see "Learned imports" in README).
+    let server = Server::start(&["--python", python.to_str().unwrap(), "--pool-size", pool]).await;
+    let (latencies, elapsed) = http_load(
+        &server.url,
+        "import statistics; statistics.mean([1, 2, 3])",
+        1,
+        seconds,
+    )
+    .await;
+    rows.push(Stats::new(
+        "HTTP /execute import statistics",
+        1,
+        latencies,
+        elapsed,
+    ));
+    drop(server);
+
     // Baselines.
     let (latencies, elapsed) = spawn_load(python, &["-c", code], spawns, b"4\n");
     rows.push(Stats::new(
