@@ -1087,8 +1087,13 @@ def prepare_later_runs():
     ``.pth`` files) imported none of it, the rehearsals ~2.5 ms, so they wait
     until the first run has ended and is reported: the first children
     import what their runs need themselves, and specialize their own code."""
-    import linecache, traceback, fnmatch, json  # noqa: F401,E401
+    import linecache, traceback, fnmatch  # noqa: F401,E401
 
+    present = set(sys.modules)
+    import json  # noqa: F401
+
+    # A run's own json.py is still its json (see shadowed_by_files).
+    note_zygote_modules(set(sys.modules) - present)
     specialize_request_path()
     if hasattr(gc, "freeze"):
         gc.freeze()
@@ -1133,6 +1138,7 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
             sys.set_int_max_str_digits(digits)
         _figures["max_pixels"] = msg.get("max_image_pixels")
         write_files(rundir, msg["files"])
+        shadowed_by_files(msg["files"])
         set_stdin(msg["stdin"])
         code = msg["code"]
         argv = msg["argv"]
@@ -1456,7 +1462,8 @@ def sane_report(report):
         sane["peak_rss_kb"] = rss
     imported = report.get("imported")
     if isinstance(imported, list):
-        sane["imported"] = [name for name in imported[:LEARN_REPORTED] if learnable(name)]
+        sane["imported"] = list(dict.fromkeys(
+            name for name in imported[:LEARN_REPORTED] if learnable(name)))
     return sane
 
 
@@ -1768,7 +1775,7 @@ class Worker:
         self.prepared = False  # whether prepare_later_runs ran here
         self.scope = None  # a Landlock ruleset fd that scopes signals, if any
         self.dirty = None  # why the scratch root could not be cleared, if it could not
-        self.learning = Learning(os.environ.get("CODE_EXECUTOR_LEARN_IMPORTS") != "0")
+        self.learning = Learning()
         # Whether a frame from the server is waiting (``queued``).
         self.incoming = select.poll()
         self.incoming.register(rfd, select.POLLIN)
@@ -1827,6 +1834,8 @@ class Worker:
         if self.zygote is not None:
             parent_fds += (self.zygote.fd,)
         worker_pid = os.getpid()
+        # Earlier requests' programs stay out of the child's memory.
+        _precompiled.clear()
         pid = os.fork()
         if pid == 0:
             body(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds)
@@ -1932,13 +1941,22 @@ class Worker:
                 self.spawn(warm=not msg.get("rusage") and not self.queued())
 
     def learn(self, imported):
-        """Tally a run's imports; have the zygote import those now due (see
-        "Learned imports")."""
+        """Tally a run's imports; have the zygote import the next few now
+        due (see "Learned imports"): when no request waits, or when they
+        have waited LEARN_DEFERRED runs (a burst of runs would otherwise
+        never leave a gap, and it is the burst that pays most for them)."""
         if self.zygote is None:
             return
-        due = self.learning.note(imported)
-        if due and not self.zygote.learn(due):
-            self.learning.open = False
+        learning = self.learning
+        learning.note(imported)
+        if not learning.pending or not learning.open:
+            return
+        if self.queued() and learning.deferred < LEARN_DEFERRED:
+            learning.deferred += 1
+            return
+        learning.deferred = 0
+        consumed, learning.open = self.zygote.learn(learning.pending[:LEARN_SENT])
+        del learning.pending[:consumed]
 
     def drain(self, fd, capture, poller, stream_id=None):
         while True:
@@ -2138,10 +2156,12 @@ class Zygote:
         self.reply(b"k")
 
     def learn(self, names):
-        """Have the zygote import the stdlib modules ``names`` (see
-        learn_imports); whether it takes more after these."""
+        """Have the zygote import the next of the stdlib modules ``names``
+        (see learn_imports); how many of them it dealt with, and whether it
+        takes more."""
         self.send([b"I" + "\n".join(names).encode("ascii")], [])
-        return self.reply(b"i") == b"1"
+        answer = self.reply(b"i")
+        return int(answer[1:] or b"0"), answer[:1] == b"1"
 
     def send(self, parts, ancillary):
         try:
@@ -2222,7 +2242,8 @@ def zygote_main(sock, worker, worker_pid, scope):
         poller.register(wake_r, select.POLLIN)
         rights_size = socket.CMSG_SPACE(4 * _FD.size)
         hold_thread_reset()
-        learned_kib = 0  # memory the learned imports added (see learn_imports)
+        # Memory and address space the learned imports added (see learn_imports).
+        learned_kib = learned_vm_kib = 0
         forked = set()  # run children not reported yet
         prepared = False  # whether prepare_later_runs ran
         while True:
@@ -2270,9 +2291,18 @@ def zygote_main(sock, worker, worker_pid, scope):
                     kill_descendants()
                     sock.send(b"k")
                 elif msg[:1] == b"I":
-                    if learned_kib < LEARN_MAX_KIB:
-                        learned_kib += learn_imports(msg[1:].decode("ascii", "replace").split("\n"))
-                    sock.send(b"i" + (b"1" if learned_kib < LEARN_MAX_KIB else b"0"))
+                    consumed = 0
+                    if learned_kib < LEARN_MAX_KIB and learned_vm_kib < LEARN_MAX_VM_KIB:
+                        names = msg[1:].decode("ascii", "replace").split("\n")
+                        kept, consumed, kib, vm_kib = learn_imports(names)
+                        note_zygote_modules(kept)
+                        learned_kib += kib
+                        learned_vm_kib += vm_kib
+                        if _thread_count() > 0:  # an import started a thread: stop there
+                            sys.stderr.write("code-executor: a learned import started a thread\n")
+                            learned_kib = LEARN_MAX_KIB
+                    more = learned_kib < LEARN_MAX_KIB and learned_vm_kib < LEARN_MAX_VM_KIB
+                    sock.send(b"i" + (b"1" if more else b"0") + str(consumed).encode("ascii"))
     except ChannelClosed:
         pass
     except BaseException:
@@ -2315,71 +2345,157 @@ def report_exits(sock, forked):
 # A module a run imports costs that run its import, in a process whose pages
 # are the zygote's: `typing` ~3 ms of CPU, `statistics` ~5, for every run of
 # a code benchmark or a tool loop that imports them. Each child reports the
-# modules it imported; a stdlib module that LEARN_AFTER runs within a window
-# of LEARN_WINDOW runs imported is imported by the zygote (off the request
-# path, between two runs), and the children forked from then on have it.
+# standard-library modules it imported (found in the interpreter's own
+# library, not in the run's files or site-packages); a module that
+# LEARN_AFTER runs within one block of LEARN_WINDOW runs imported is
+# imported by the zygote, LEARN_PER_GAP at a time, between two runs (not
+# while a request waits, unless it has waited LEARN_DEFERRED runs), and the
+# children forked from then on have it.
 # Every later run, whether it imports the module or not, pays for the
 # zygote's larger memory in its fork (~20 us per MiB here): LEARN_AFTER runs
-# in LEARN_WINDOW is about where the two costs meet, and the learned
-# imports stop once they have added LEARN_MAX_KIB to the zygote.
+# in LEARN_WINDOW is about where the two costs meet, and the learned imports
+# stop once they have added LEARN_MAX_KIB of private memory or
+# LEARN_MAX_VM_KIB of address space (which counts against the runs'
+# memory_bytes) to the zygote.
 #
-# Only names in ``sys.stdlib_module_names`` (Python 3.10+) are learned, none
-# with side effects at import (NEVER_LEARN), so that a report (which user
-# code can forge) can make the zygote import nothing but the interpreter's
-# own modules. A run then finds such a module already imported, as it finds
-# those the environment's start-up imports. CODE_EXECUTOR_LEARN_IMPORTS=0
-# turns it off.
+# What a report (which user code can forge) names is only a hint: the zygote
+# imports a name only if the interpreter's own library holds it
+# (STDLIB_DIRS, built-in or frozen), it is no test or __main__ module, none
+# with side effects at import or state taken when imported (NEVER_LEARN),
+# and it keeps it only if it imported cleanly from there, without a warning
+# (a deprecated module's warning belongs on each run's stderr). A run then
+# finds such a module already imported, as it finds those the
+# environment's start-up imports; a run whose own files hold a module of
+# that name gets its own (shadowed_by_files). CODE_EXECUTOR_LEARN_IMPORTS=0
+# turns it off; it needs Python 3.10+ (``sys.stdlib_module_names``) and a
+# zygote.
 
 LEARN_AFTER = 2
 LEARN_WINDOW = 100
+LEARN_PER_GAP = 4
+LEARN_DEFERRED = 8
+LEARN_MAX_MODULES = 128
 LEARN_MAX_KIB = 16 << 10
-# At most this many names per report, and per zygote message.
+LEARN_MAX_VM_KIB = 64 << 10
+# At most this many names per report, and per message to the zygote (whose
+# buffer, LEARN_MESSAGE_BYTES, holds them at 100 characters each).
 LEARN_REPORTED = 64
-LEARN_MESSAGE_BYTES = 1 << 14
+LEARN_SENT = 32
+LEARN_MESSAGE_BYTES = 1 << 12
 NEVER_LEARN = frozenset({
+    # do something as they are imported
     "antigravity", "this", "__hello__", "__phello__", "idlelib", "tkinter", "turtle",
     "turtledemo", "__main__", "ensurepip", "venv", "pydoc", "webbrowser", "readline",
-    "rlcompleter",
+    "rlcompleter", "distutils",
+    # keep state from the moment they are imported (the start time of
+    # logging's records, multiprocessing's authentication key and directory)
+    "logging", "multiprocessing",
 })
 _STDLIB = getattr(sys, "stdlib_module_names", frozenset())
-# The modules of the zygote when it forked this process: see imported_since_fork.
+LEARNING = os.environ.get("CODE_EXECUTOR_LEARN_IMPORTS") != "0" and bool(_STDLIB)
+# Where the interpreter's own library lives: the directory of a pure-Python
+# stdlib module, and its extension modules beside it.
+_STDLIB_DIR = os.path.dirname(os.__file__)
+STDLIB_DIRS = (_STDLIB_DIR + os.sep, os.path.join(_STDLIB_DIR, "lib-dynload") + os.sep)
+# The modules of the zygote when it forked this process (see
+# imported_since_fork), and those of them it learned or imported itself
+# after its start (see shadowed_by_files).
 _zygote_modules = frozenset()
+_zygote_added = frozenset()
 
 
 def learnable(name):
-    """Whether the zygote may import the module ``name``: a stdlib module
-    (or one of its submodules) that does nothing at import but define."""
+    """Whether ``name`` may name a module for the zygote to import: a
+    stdlib module or one of its submodules, no test or ``__main__``."""
     if type(name) is not str or not 0 < len(name) <= 100:
         return False
     parts = name.split(".")
     return (parts[0] in _STDLIB and parts[0] not in NEVER_LEARN
-            and all(part.isidentifier() and part.isascii() for part in parts))
+            and all(part.isidentifier() and part.isascii()
+                    and part not in ("__main__", "test", "tests", "idle_test") for part in parts))
 
 
-def note_zygote_modules():
-    """Keep the zygote's module names for the children it forks next."""
-    global _zygote_modules
+def from_stdlib(module):
+    """Whether ``module`` was loaded from the interpreter's own library."""
+    spec = getattr(module, "__spec__", None)
+    origin = getattr(spec, "origin", None)
+    if origin in ("built-in", "frozen"):
+        return True
+    return type(origin) is str and origin.startswith(STDLIB_DIRS)
+
+
+def note_zygote_modules(added=()):
+    """Keep the zygote's module names for the children it forks next
+    (``added``: names it imported after its start)."""
+    global _zygote_modules, _zygote_added
+    if not LEARNING:
+        return
+    if added:
+        _zygote_added = _zygote_added.union(added)
     if len(_zygote_modules) != len(sys.modules):
         _zygote_modules = frozenset(sys.modules)
 
 
 def imported_since_fork():
-    """The stdlib modules this process imported since its zygote forked it
-    (a few at most), for its report."""
-    if len(sys.modules) <= len(_zygote_modules) or not _zygote_modules:
+    """The stdlib modules this process imported since its zygote forked it,
+    for its report (None: none, or no zygote to learn them)."""
+    try:
+        if not _zygote_modules or len(sys.modules) <= len(_zygote_modules):
+            return None
+        new = [name for name, module in list(sys.modules.items())
+               if type(name) is str and name not in _zygote_modules and learnable(name)
+               and from_stdlib(module)]
+        # A module takes its place in sys.modules once it has run, after
+        # those it imported: last first, the zygote imports a module before
+        # its own imports, which then come with it.
+        new.reverse()
+        return new[:LEARN_REPORTED] or None
+    except BaseException:  # noqa: B902 - user code may have broken sys.modules
         return None
-    new = [name for name in list(sys.modules) if name not in _zygote_modules and learnable(name)]
-    return new[:LEARN_REPORTED] or None
+
+
+def shadowed_by_files(files):
+    """Drop the modules the zygote imported after its start (json, learned
+    ones) that the run's own files shadow (``name.py`` or ``name/``), so
+    that the run imports its own, as a fresh interpreter would."""
+    if not _zygote_added or not files:
+        return
+    tops = set()
+    for rel, _ in files:
+        first = rel.replace("\\", "/").split("/", 1)
+        tops.add(first[0][:-3] if len(first) == 1 and first[0].endswith(".py") else first[0])
+    for top in tops & _zygote_added:
+        for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+            del sys.modules[name]
 
 
 def learn_imports(names):
-    """Import the modules ``names`` (in the zygote): those learnable and
-    not imported yet. Returns the KiB of memory they added."""
+    """Import (in the zygote) those of ``names`` the interpreter's own
+    library holds, not imported yet, at most LEARN_PER_GAP of them (a
+    module's own imports come after it in a report, see
+    imported_since_fork, and are then imported already); keep those that
+    imported cleanly. Returns the names kept,
+    how many of ``names`` were dealt with, and the KiB of private memory and
+    address space the imports added."""
+    import _imp
     import warnings
+    from importlib.machinery import PathFinder
 
-    before = own_anon_kib()
+    before = own_memory_kib()
+    kept = []
+    removed = False
+    consumed = imports = 0
     for name in names:
         if name in sys.modules or not learnable(name):
+            consumed += 1
+            continue
+        if imports == LEARN_PER_GAP:
+            break
+        consumed += 1
+        imports += 1
+        top = name.split(".")[0]
+        if not (top in sys.builtin_module_names or _imp.is_frozen(top)
+                or PathFinder.find_spec(top, list(STDLIB_DIRS)) is not None):
             continue
         present = set(sys.modules)
         with warnings.catch_warnings(record=True) as caught:
@@ -2388,60 +2504,78 @@ def learn_imports(names):
                 __import__(name)
             except BaseException:  # noqa: B902 - a module that will not import is not learned
                 caught.append(None)
-        if caught:
+        added = set(sys.modules) - present
+        if caught or not from_stdlib(sys.modules.get(name)):
             # A deprecated module warns as it is imported, on the run's
-            # stderr: each run that imports it keeps doing so itself.
-            for added in set(sys.modules) - present:
-                del sys.modules[added]
+            # stderr: each run that imports it keeps doing so itself. One
+            # loaded from elsewhere than the interpreter's library (an
+            # import hook's redirection) is not learned.
+            for n in added:
+                del sys.modules[n]
+            removed = True
+            continue
+        kept.extend(added)
+    if removed:
+        gc.collect()
     # As for the start's imports: out of the collector's way, and threading's
     # after-fork handler held back if one of them imported it.
     if hasattr(gc, "freeze"):
         gc.freeze()
     if _held_thread_reset is None:
         hold_thread_reset()
-    return max(0, own_anon_kib() - before)
+    after = own_memory_kib()
+    return kept, consumed, max(0, after[0] - before[0]), max(0, after[1] - before[1])
 
 
-def own_anon_kib():
+def _thread_count():
+    """Threads this process started, the main one aside."""
+    import _thread
+
+    return _thread._count()
+
+
+def own_memory_kib():
+    """(private resident memory, address space) of this process, KiB."""
     try:
         with open("/proc/self/statm", "rb") as f:
             fields = f.read().split()
-        # resident - shared: private pages, mostly anonymous
-        return (int(fields[1]) - int(fields[2])) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+        page_kib = os.sysconf("SC_PAGE_SIZE") // 1024
+        # resident - shared (file-backed): mostly anonymous
+        return (int(fields[1]) - int(fields[2])) * page_kib, int(fields[0]) * page_kib
     except (OSError, ValueError, IndexError):
-        return 0
+        return 0, 0
 
 
 class Learning:
     """The worker's tally of the modules its runs imported."""
 
-    __slots__ = ("counts", "runs", "learned", "open")
+    __slots__ = ("counts", "runs", "learned", "pending", "deferred", "open")
 
-    def __init__(self, enabled):
+    def __init__(self):
         self.counts = {}
         self.runs = 0
-        self.learned = set()
-        self.open = enabled and bool(_STDLIB)
+        self.learned = set()  # asked of the zygote, or due
+        self.pending = []  # due, not asked yet
+        self.deferred = 0  # runs they have waited for a gap
+        self.open = LEARNING
 
     def note(self, imported):
-        """Count a run's imports (``imported``: its report's, checked);
-        the modules to learn now."""
+        """Count a run's imports (``imported``: its report's, checked)."""
         if not self.open:
-            return []
+            return
         self.runs += 1
         if self.runs > LEARN_WINDOW:
             self.runs = 1
             self.counts.clear()
-        due = []
         for name in imported or ():
             if name in self.learned:
                 continue
             count = self.counts.get(name, 0) + 1
             self.counts[name] = count
-            if count >= LEARN_AFTER:
-                due.append(name)
+            if count >= LEARN_AFTER and len(self.learned) < LEARN_MAX_MODULES:
+                self.pending.append(name)
                 self.learned.add(name)
-        return due
+
 
 
 # ---------------------------------------------------------------------------

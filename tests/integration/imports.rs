@@ -2,6 +2,8 @@
 //! imported ahead by the worker's zygote, so later runs find it imported;
 //! nothing else is, whatever a run reports.
 
+use std::path::PathBuf;
+
 use serde_json::{Value, json};
 
 use code_executor::config::{Config, EnvChoice};
@@ -16,19 +18,34 @@ const PROBE: &str = "import sys\n\
 
 /// A server on a clean Conda-layout environment (nothing imported at start
 /// but what the interpreter itself imports), one worker.
-async fn server(fixture: &mut CondaFixture, learn_imports: bool) -> TestServer {
+async fn server(fixture: &mut CondaFixture, learn_imports: bool) -> (TestServer, PathBuf) {
     let prefix = fixture.create_env("clean", Interpreter::primary());
-    TestServer::with_config(Config {
+    let server = TestServer::with_config(Config {
         env: EnvChoice::Python(prefix.join("bin/python")),
         pool_size: 1,
         learn_imports,
         ..common::config()
     })
-    .await
+    .await;
+    (server, prefix)
 }
 
 async fn preloaded(server: &TestServer) -> Value {
     server.run(PROBE).await["result"].clone()
+}
+
+/// The result of `probe`, run until it is `expected` or 12 times: the
+/// zygote learns between two runs, but not while the next request already
+/// waits (for up to 8 runs), as these often do.
+async fn settled(server: &TestServer, probe: &str, expected: &str) -> Value {
+    let mut result = Value::Null;
+    for _ in 0..12 {
+        result = server.run(probe).await["result"].clone();
+        if result == expected {
+            break;
+        }
+    }
+    result
 }
 
 /// Imports `statistics` (stdlib), `this` (stdlib, prints as it is
@@ -62,7 +79,7 @@ async fn importing_run(server: &TestServer) -> Value {
 #[tokio::test]
 async fn a_stdlib_module_runs_keep_importing_is_imported_ahead_and_nothing_else() {
     let mut fixture = CondaFixture::new(Interpreter::primary());
-    let server = server(&mut fixture, true).await;
+    let (server, _) = server(&mut fixture, true).await;
     assert_eq!(preloaded(&server).await, "[]");
     // Imported once: not learned.
     server.run("import difflib").await;
@@ -72,11 +89,14 @@ async fn a_stdlib_module_runs_keep_importing_is_imported_ahead_and_nothing_else(
     // prints), not `telnetlib` (it warns: each run still sees the warning),
     // not the run's own module.
     importing_run(&server).await;
-    assert_eq!(preloaded(&server).await, "['statistics']");
+    assert_eq!(
+        settled(&server, PROBE, "['statistics']").await,
+        "['statistics']"
+    );
     for _ in 0..2 {
         importing_run(&server).await;
     }
-    assert_eq!(preloaded(&server).await, "['statistics']");
+    assert_eq!(settled(&server, PROBE, "-").await, "['statistics']");
     let body = server
         .run("import statistics\nstatistics.median([5, 1, 3])")
         .await;
@@ -87,21 +107,21 @@ async fn a_stdlib_module_runs_keep_importing_is_imported_ahead_and_nothing_else(
 #[tokio::test]
 async fn with_learn_imports_off_runs_find_only_what_the_environment_imports() {
     let mut fixture = CondaFixture::new(Interpreter::primary());
-    let server = server(&mut fixture, false).await;
+    let (server, _) = server(&mut fixture, false).await;
     for _ in 0..3 {
         importing_run(&server).await;
     }
-    assert_eq!(preloaded(&server).await, "[]");
+    assert_eq!(settled(&server, PROBE, "-").await, "[]");
     server.stop().await;
 }
 
 /// User code can write its own report on the run's report pipe, naming
 /// any module: the zygote imports none but a standard-library one without
-/// side effects.
+/// side effects, and a name counts once per report.
 #[tokio::test]
 async fn a_forged_report_makes_the_zygote_import_nothing_else() {
     let mut fixture = CondaFixture::new(Interpreter::primary());
-    let server = server(&mut fixture, true).await;
+    let (server, _) = server(&mut fixture, true).await;
     let forge = r#"
 import os, struct
 
@@ -115,7 +135,8 @@ def enc(o):
     data = o.encode()
     return bytes([0xa0 | len(data)]) + data
 
-names = ["this", "antigravity", "mymod", "os;x", "wave", "../wave", "tkinter", 7]
+names = ["wave", "wave", "this", "antigravity", "unittest.__main__", "logging", "mymod",
+         "os;x", "../wave", "tkinter", 7]
 report = enc({"status": 0, "imported": names})
 ctl = []
 for fd in sorted(int(fd) for fd in os.listdir("/proc/self/fd")):
@@ -128,17 +149,75 @@ print("forging", len(ctl))
 for fd in ctl:
     os.write(fd, struct.pack("!I", len(report)) + report)
 "#;
-    for _ in 0..3 {
+    let probe = "import sys\nsorted(m for m in ('this', 'antigravity', 'unittest', 'logging', \
+                 'mymod', 'wave', 'tkinter', 'webbrowser') if m in sys.modules)";
+    for round in 0..3 {
         let (status, body) = server
             .execute(json!({"code": forge, "files": {"mymod.py": "X = 1\n"}}))
             .await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(body["stdout"], "forging 1\n", "{body}");
+        // `wave` (stdlib, no side effects) is the one name taken, and
+        // named twice in one report it counts once.
+        let result = settled(&server, probe, "['wave']").await;
+        let expected = if round == 0 { "[]" } else { "['wave']" };
+        assert_eq!(result, expected, "round {round}");
     }
-    // `wave` (stdlib, no side effects) is the one name taken.
-    let body = server
-        .run("import sys\nsorted(m for m in ('this', 'antigravity', 'mymod', 'wave', 'tkinter', 'webbrowser') if m in sys.modules)")
-        .await;
-    assert_eq!(body["result"], "['wave']", "{body}");
+    server.stop().await;
+}
+
+/// A module of a stdlib name that is not the interpreter's own (the run's
+/// file, a package in site-packages) is never learned; and once a stdlib
+/// module is learned (or imported by the zygote, as json), a run that ships
+/// its own module of that name imports its own.
+#[tokio::test]
+async fn a_run_imports_its_own_module_of_a_learned_name() {
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    let (server, prefix) = server(&mut fixture, true).await;
+    let site = std::fs::read_dir(prefix.join("lib"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("python")
+        })
+        .unwrap()
+        .join("site-packages");
+    // `winsound` is a stdlib name, but not this platform's: here it is a
+    // package's.
+    std::fs::write(site.join("winsound.py"), "FROM = 'site-packages'\n").unwrap();
+    let probe = "import sys\n[m for m in ('winsound', 'statistics') if m in sys.modules]";
+    for _ in 0..3 {
+        let (_, body) = server
+            .execute(json!({
+                "code": "import winsound, statistics\n(winsound.FROM, statistics.X)",
+                "files": {"statistics.py": "X = 'mine'\n"},
+            }))
+            .await;
+        assert_eq!(body["result"], "('site-packages', 'mine')", "{body}");
+    }
+    assert_eq!(settled(&server, probe, "-").await, "[]");
+    for _ in 0..2 {
+        server.run("import statistics").await;
+    }
+    assert_eq!(
+        settled(&server, probe, "['statistics']").await,
+        "['statistics']"
+    );
+    for (name, file) in [
+        ("statistics", "statistics.py"),
+        ("json", "json/__init__.py"),
+    ] {
+        let (_, body) = server
+            .execute(json!({
+                "code": format!("import {name}\n{name}.X"),
+                "files": {file: "X = 'mine'\n"},
+            }))
+            .await;
+        assert_eq!(body["result"], "'mine'", "{body}");
+    }
     server.stop().await;
 }
