@@ -93,17 +93,17 @@ fresh pipes for its fds 0, 1 and 2.
 Runs
 ----
 For every ``exec`` the worker hands the request to a child forked ahead of
-time, with the code compiled where it can (``precompile``).  The child lives in its own process group with a fresh ``__main__``, an
-empty working directory (SCRATCH/run, emptied and made anew between runs) and
-the request's resource limits; its stdout and stderr are captured at the
-file-descriptor level.  The worker supervises it (``supervise``: it drains
-both pipes, keeping at most ``max_output`` bytes of each, and enforces the
-deadline by killing the child's process group), answers with ``result`` and
-then, off the request path, has the next child forked, which warms up while
-no client waits.  Children are forked by the worker's zygote (see "The
-zygote"), so that the worker's own pages are never shared copy-on-write with
-a child.  Session calls are supervised by the same loop (see "Sessions").
-"""
+time, with the code compiled where it can (``precompile``).  The child lives
+in its own process group with a fresh ``__main__``, an empty working directory
+(SCRATCH/run, emptied and made anew between runs) and the request's resource
+limits; its stdout and stderr are captured at the file-descriptor level.  The
+worker supervises it (``supervise``: it drains both pipes, keeping at most
+``max_output`` bytes of each, and enforces the deadline by killing the child's
+process group), answers with ``result`` and then, off the request path, has
+the next child forked, which warms up while no client waits.  Children are
+forked by the worker's zygote (see "The zygote"), so that the worker's own
+pages are never shared copy-on-write with a child.  Session calls are
+supervised by the same loop (see "Sessions"). """
 
 import errno
 import gc
@@ -1080,13 +1080,15 @@ def specialize_request_path(passes=10):
 
 def prepare_later_runs():
     """Import what runs often need (linecache, traceback and what they
-    import; json, which user code often imports and every graded case with
-    an entry function does, 1-2 ms of each child's CPU otherwise), specialize the request path (specialize_request_path) and
-    freeze it all, so that the children forked from here on share it. The
-    imports cost ~10 ms where the environment's start-up (``site``, its
-    ``.pth`` files) imported none of it, the rehearsals ~2.5 ms, so they wait
+    import; json, which user code often imports and every graded case
+    with an entry function does, 1-2 ms of each child's CPU otherwise),
+    specialize the request path (specialize_request_path) and freeze it
+    all, so that the children forked from here on share it. The imports
+    cost ~10 ms where the environment's start-up (``site``, its ``.pth``
+    files) imported none of it, the rehearsals ~2.5 ms, so they wait
     until the first run has ended and is reported: the first children
-    import what their runs need themselves, and specialize their own code."""
+    import what their runs need themselves, and specialize their own
+    code."""
     import linecache, traceback, fnmatch  # noqa: F401,E401
 
     present = set(sys.modules)
@@ -2062,6 +2064,9 @@ class Worker:
 #                     K: kill and reap every child left (between runs these
 #                       are only what a run left running: the zygote is a
 #                       subreaper); answered by  k
+#                     I + module names, one per line: import the next few
+#                       (see "Learned imports"); answered by  i + 1 (it
+#                       takes more) or 0, and how many names it dealt with
 #   zygote -> worker  X + pid, wait status, CPU seconds, peak RSS, whether
 #                       other children are left: a child ended (sent when it
 #                       is reaped, unasked); with none left, K is not needed
