@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use code_executor::config::{Config, EnvChoice};
 
-use crate::common::conda::{CondaFixture, Interpreter};
+use crate::common::conda::{CondaFixture, Interpreter, site_packages};
 use crate::common::{self, TestServer};
 
 /// Which of the modules these tests import a run finds already imported.
@@ -174,18 +174,7 @@ for fd in ctl:
 async fn a_run_imports_its_own_module_of_a_learned_name() {
     let mut fixture = CondaFixture::new(Interpreter::primary());
     let (server, prefix) = server(&mut fixture, true).await;
-    let site = std::fs::read_dir(prefix.join("lib"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("python")
-        })
-        .unwrap()
-        .join("site-packages");
+    let site = site_packages(&prefix, Interpreter::primary());
     // `winsound` is a stdlib name, but not this platform's: here it is a
     // package's.
     std::fs::write(site.join("winsound.py"), "FROM = 'site-packages'\n").unwrap();
