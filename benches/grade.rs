@@ -1,7 +1,8 @@
 //! Grading benchmark: 200 trivial cases in one `POST /grade` call, against
 //! 200 sequential `POST /execute` calls and 200 `python -c` spawns, all in one
 //! run on the real server binary; and 200 cases judged by an entry function's
-//! value and by test code, one `/grade` call each.
+//! value, by test code, and by HumanEval/0's own test (whose submission
+//! imports `typing`), one `/grade` call each.
 //!
 //! `cargo bench --bench grade` (env: `BENCH_ROUNDS`, default 10;
 //! `BENCH_POOL_SIZE`, default 4; `BENCH_CASES`, default 200; `BENCH_PYTHON`,
@@ -20,6 +21,46 @@ use server::{Server, env_or, real_python};
 
 const CODE: &str = "print(int(input()) * 2)";
 const FUNCTION_CODE: &str = "def double(x):\n    return x * 2\n";
+/// HumanEval/0: its prompt and canonical solution, then its test, as a code
+/// benchmark grades it (the test code calls `check` on the entry function).
+const HUMANEVAL_CODE: &str = r#"from typing import List
+
+
+def has_close_elements(numbers: List[float], threshold: float) -> bool:
+    """ Check if in given list of numbers, are any two numbers closer to each other than
+    given threshold.
+    >>> has_close_elements([1.0, 2.0, 3.0], 0.5)
+    False
+    >>> has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3)
+    True
+    """
+    for idx, elem in enumerate(numbers):
+        for idx2, elem2 in enumerate(numbers):
+            if idx != idx2:
+                distance = abs(elem - elem2)
+                if distance < threshold:
+                    return True
+
+    return False
+"#;
+const HUMANEVAL_TEST: &str = r#"
+
+METADATA = {
+    'author': 'jt',
+    'dataset': 'test'
+}
+
+
+def check(candidate):
+    assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True
+    assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.05) == False
+    assert candidate([1.0, 2.0, 5.9, 4.0, 5.0], 0.95) == True
+    assert candidate([1.0, 2.0, 5.9, 4.0, 5.0], 0.8) == False
+    assert candidate([1.0, 2.0, 3.0, 4.0, 5.0, 2.0], 0.1) == True
+    assert candidate([1.1, 2.2, 3.1, 4.1, 5.1], 1.0) == True
+    assert candidate([1.1, 2.2, 3.1, 4.1, 5.1], 0.5) == False
+
+"#;
 
 async fn post(client: &reqwest::Client, url: &str, body: &str) -> Value {
     let resp = client
@@ -156,8 +197,14 @@ async fn main() {
             .collect::<Vec<_>>(),
     })
     .to_string();
+    let humaneval_body = json!({
+        "code": HUMANEVAL_CODE,
+        "entry": "has_close_elements",
+        "tests": (0..cases).map(|_| json!({"test_code": HUMANEVAL_TEST})).collect::<Vec<_>>(),
+    })
+    .to_string();
     let mut by_mode = Vec::new();
-    for body in [&function_body, &test_code_body] {
+    for body in [&function_body, &test_code_body, &humaneval_body] {
         post(&client, &grade_url, body).await;
         let mut times = Vec::new();
         for _ in 0..rounds {
@@ -168,7 +215,8 @@ async fn main() {
         }
         by_mode.push(times);
     }
-    let [mut function, mut test_code] = <[Vec<Duration>; 2]>::try_from(by_mode).unwrap();
+    let [mut function, mut test_code, mut humaneval] =
+        <[Vec<Duration>; 3]>::try_from(by_mode).unwrap();
 
     let execute_url = format!("{url}/execute");
     let bodies: Vec<String> = (0..cases)
@@ -224,6 +272,10 @@ async fn main() {
         (
             format!("one /grade call, {cases} cases, test code"),
             &mut test_code,
+        ),
+        (
+            format!("one /grade call, {cases} cases, HumanEval/0"),
+            &mut humaneval,
         ),
     ];
     let mut medians = Vec::new();
