@@ -59,6 +59,7 @@ fn encode(c: &mut Criterion) {
                     rusage: false,
                     int_max_str_digits: None,
                     max_image_pixels: None,
+                    call: None,
                 };
                 black_box(encode_frame(black_box(&frame)).unwrap())
             })

@@ -28,6 +28,8 @@ field listed is in every frame of its type, except those marked optional.
 |                  |           | peak RSS, KiB: as its process measured them just before it    |
 |                  |           | reported, if it did; with `rusage`, from reaping it),         |
 |                  |           | `disk_exceeded` (true: killed over `limits.disk_bytes`);      |
+|                  |           | `returned` (str: the JSON of the value `call` returned) or    |
+|                  |           | `returned_size` (its bytes, when over `max_artifact_bytes`);  |
 |                  |           | in session mode `session_lost` (a reason, or nil)             |
 | worker -> server | `result`  | `id`, `exit_code` (0), `pid`: the answer to `session`, with   |
 |                  |           | the session child's pid                                       |
@@ -44,7 +46,11 @@ field listed is in every frame of its type, except those marked optional.
 |                  |           | `max_artifacts_bytes`, `max_result_chars`; optional:          |
 |                  |           | `rusage` (true: reap the run before answering, and report     |
 |                  |           | its rusage), `int_max_str_digits` (the run's int/str digit    |
-|                  |           | limit), `max_image_pixels` (the largest plot saved)           |
+|                  |           | limit), `max_image_pixels` (the largest plot saved), `call`   |
+|                  |           | (`entry`, `args`: JSON text or nil; once the code has run,    |
+|                  |           | call its function `entry` with `args`, a list as positional   |
+|                  |           | arguments, a map as keywords, nil as none, else as the one    |
+|                  |           | argument, and report the JSON of its value as `returned`)     |
 | server -> worker | `session` | `id`, `limits`, `grace` (s): switch the worker to session     |
 |                  |           | mode; optional `direct` (true: before its answer the worker   |
 |                  |           | hands the server its ends of the session child's request,     |
@@ -830,12 +836,13 @@ def value_repr(value, cap):
 
 
 class RunOutcome:
-    __slots__ = ("status", "result", "error")
+    __slots__ = ("status", "result", "error", "returned")
 
     def __init__(self):
         self.status = 0
         self.result = None
         self.error = None
+        self.returned = None  # the JSON of what ``call``'s entry returned
 
 
 def compile_body(code):
@@ -919,10 +926,12 @@ def precompile(code, digits):
     return compiled
 
 
-def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000, compiled=None):
+def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000, compiled=None,
+                  call=None):
     """Run ``code`` as ``python script.py`` would, in ``main``. The value of a
     final expression statement is kept (its repr), as a notebook cell shows it.
-    ``compiled``: the code already compiled (see precompile)."""
+    ``compiled``: the code already compiled (see precompile). ``call``: the
+    ``exec`` frame's, made once the code has run (see call_entry)."""
     if main is None:
         main = fresh_main()
     sys.argv = [RUN_FILENAME] + list(argv or ())
@@ -946,6 +955,8 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000, compile
             value = eval(last, ns)
             if value is not None:
                 outcome.result = value_repr(value, result_cap)
+        if call is not None:
+            outcome.returned = call_entry(ns, call)
     except SystemExit as exc:
         outcome.status = exit_code_of(exc)
     except BaseException as exc:  # noqa: B902 - the run's own failure
@@ -977,6 +988,34 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000, compile
         except BaseException:
             pass
     return outcome
+
+
+def call_entry(ns, call):
+    """Grading's function mode: call the function ``call["entry"]`` that the
+    run's code defined with the JSON ``call["args"]`` (a list: positional
+    arguments; a map: keywords; nil: none; else the one argument) and
+    return the JSON of its value. In the run's process, after its code: no
+    files carry the input or the value."""
+    import json
+
+    entry = call["entry"]
+    fn = ns.get(entry)
+    if not callable(fn):
+        raise NameError("the submission defines no function named %s" % entry)
+    args = call["args"]
+    args = None if args is None else json.loads(args)
+    if args is None:
+        value = fn()
+    elif isinstance(args, list):
+        value = fn(*args)
+    elif isinstance(args, dict):
+        value = fn(**args)
+    else:
+        value = fn(args)
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError("%s() returned a value that is not JSON: %s" % (entry, exc)) from None
 
 
 def private_tmp(rundir):
@@ -1146,11 +1185,15 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         argv = msg["argv"]
         result_cap = msg["max_result_chars"]
         compiled = msg.get("compiled")
+        call = msg.get("call")
         del msg
-        outcome = run_user_code(code, argv, main, result_cap=result_cap, compiled=compiled)
+        outcome = run_user_code(code, argv, main, result_cap=result_cap, compiled=compiled,
+                                call=call)
         status = outcome.status
         report = {"status": status, "result": outcome.result, "error": outcome.error,
                   **own_usage(begun)}
+        if outcome.returned is not None:
+            report["returned"] = outcome.returned
         imported = imported_since_fork()
         if imported:
             report["imported"] = imported
@@ -1462,6 +1505,9 @@ def sane_report(report):
         sane["cpu_ms"] = cpu
     if isinstance(rss, int) and not isinstance(rss, bool) and 0 <= rss < 1 << 63:
         sane["peak_rss_kb"] = rss
+    returned = report.get("returned")
+    if isinstance(returned, str) and returned.isascii():  # as json.dumps writes it
+        sane["returned"] = returned
     imported = report.get("imported")
     if isinstance(imported, list):
         sane["imported"] = list(dict.fromkeys(
@@ -1725,7 +1771,7 @@ def result_frame(msg, run, artifacts):
     """The ``result`` frame of a run or session call that ``supervise``
     watched."""
     report = run.report or {}
-    return {
+    frame = {
         "t": "result",
         "id": msg["id"],
         "stdout": run.out.value(),
@@ -1741,6 +1787,15 @@ def result_frame(msg, run, artifacts):
         "artifacts": artifacts,
         **{k: report[k] for k in ("cpu_ms", "peak_rss_kb") if k in report},
     }
+    returned = report.get("returned")
+    if returned is not None:
+        # As an artifact's content, at most max_artifact_bytes (ASCII, see
+        # sane_report: a character is a byte).
+        if len(returned) > msg["max_artifact_bytes"]:
+            frame["returned_size"] = len(returned)
+        else:
+            frame["returned"] = returned
+    return frame
 
 
 def input_files(msg):

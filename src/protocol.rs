@@ -21,6 +21,8 @@
 //! |                  |           | peak RSS, KiB: as its process measured them just before it    |
 //! |                  |           | reported, if it did; with `rusage`, from reaping it),         |
 //! |                  |           | `disk_exceeded` (true: killed over `limits.disk_bytes`);      |
+//! |                  |           | `returned` (str: the JSON of the value `call` returned) or    |
+//! |                  |           | `returned_size` (its bytes, when over `max_artifact_bytes`);  |
 //! |                  |           | in session mode `session_lost` (a reason, or nil)             |
 //! | worker -> server | `result`  | `id`, `exit_code` (0), `pid`: the answer to `session`, with   |
 //! |                  |           | the session child's pid                                       |
@@ -37,7 +39,11 @@
 //! |                  |           | `max_artifacts_bytes`, `max_result_chars`; optional:          |
 //! |                  |           | `rusage` (true: reap the run before answering, and report     |
 //! |                  |           | its rusage), `int_max_str_digits` (the run's int/str digit    |
-//! |                  |           | limit), `max_image_pixels` (the largest plot saved)           |
+//! |                  |           | limit), `max_image_pixels` (the largest plot saved), `call`   |
+//! |                  |           | (`entry`, `args`: JSON text or nil; once the code has run,    |
+//! |                  |           | call its function `entry` with `args`, a list as positional   |
+//! |                  |           | arguments, a map as keywords, nil as none, else as the one    |
+//! |                  |           | argument, and report the JSON of its value as `returned`)     |
 //! | server -> worker | `session` | `id`, `limits`, `grace` (s): switch the worker to session     |
 //! |                  |           | mode; optional `direct` (true: before its answer the worker   |
 //! |                  |           | hands the server its ends of the session child's request,     |
@@ -162,6 +168,21 @@ pub struct ExecFrame<'a> {
     /// Plots are saved at no more than this many pixels.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_image_pixels: Option<u64>,
+    /// Once the code has run, call one of its functions (grading's
+    /// function mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call: Option<&'a EntryCall>,
+}
+
+/// The `call` of an `exec` frame: a function the run's code defines, called
+/// once the code has run, whose value comes back as JSON (`returned`).
+#[derive(Debug, Clone, Serialize)]
+pub struct EntryCall {
+    /// The function's name.
+    pub entry: String,
+    /// The arguments as JSON text: a list is positional, a map keywords,
+    /// anything else the one argument; `None`: no argument.
+    pub args: Option<String>,
 }
 
 /// The `session` frame: switch a worker into session mode (see
@@ -263,6 +284,11 @@ pub struct WorkerFrame {
     pub session_lost: Option<String>,
     /// The run was killed for going over its `limits.disk_bytes`.
     pub disk_exceeded: bool,
+    /// The JSON of the value the `exec` frame's `call` returned.
+    pub returned: Option<String>,
+    /// That JSON's size in bytes, when it was over `max_artifact_bytes` and
+    /// left out.
+    pub returned_size: Option<u64>,
     /// An `error` frame answering a request the worker refused to run: its
     /// scratch root could not be cleared after the previous run. Nothing ran;
     /// the request may go to another worker.

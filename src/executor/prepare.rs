@@ -67,6 +67,9 @@ pub struct RunOptions {
     /// A case of a grading: needs the caller's `grade` scope (checked with
     /// the grading), not `execute`, and is audited with its grading.
     pub graded: bool,
+    /// Once the code has run, call this function of it and report its
+    /// value (grading's function mode).
+    pub call: Option<protocol::EntryCall>,
 }
 
 /// What checking a request against one environment needs: no worker, no
@@ -219,6 +222,7 @@ pub(super) fn check(
         max_result_chars: ctx.results.max_result_chars,
         rusage: options.rusage,
         int_max_str_digits: req.int_max_str_digits,
+        call: options.call.as_ref(),
     })
     .map_err(|e| ExecError::BadRequest(format!("request cannot be encoded: {e}")))?;
     Ok(Checked {

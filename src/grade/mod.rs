@@ -25,14 +25,17 @@ use crate::error::ExecError;
 use crate::error::error_chain;
 use crate::executor::{Executor, PreparedRun, RunOptions, RunReport};
 use crate::outcome::{Limit, Outcome};
+use crate::protocol::EntryCall;
 use crate::worker::RunOutput;
 
 /// Bytes of stdout and of stderr kept per case in a grading result.
 pub(crate) const CASE_OUTPUT_BYTES: usize = 8 << 10;
 
-/// Input of the entry function in function mode, written into the run dir.
+/// A name the grader reserves in a run directory of function or test-code
+/// mode (see `RESULT_FILE`), unused by either.
 const INPUT_FILE: &str = "__grade_input__.json";
-/// Where the function-mode harness writes `json.dumps(return value)`.
+/// Where the test-code harness writes its answer; reserved in function
+/// mode too.
 const RESULT_FILE: &str = "__grade_result__.json";
 
 /// A batch may carry this many times `max_grade_cases` cases in all.
@@ -313,10 +316,12 @@ impl Executor {
         }
         let digits = Some(req.int_max_str_digits.unwrap_or(0));
         let function = req.entry.is_some() && !tests_mode;
-        let code = match (&req.entry, tests_mode) {
-            (_, true) => tests_harness(req.entry.as_deref()),
-            (Some(entry), false) => with_harness(&submission, entry),
-            (None, false) => submission.clone(),
+        // Function mode runs the submission as it is: the run's process
+        // calls the entry once the code has run (the `exec` frame's `call`).
+        let code = if tests_mode {
+            tests_harness(req.entry.as_deref())
+        } else {
+            submission.clone()
         };
         let audit_code = self
             .audit()
@@ -377,9 +382,6 @@ impl Executor {
                     label()
                 )));
             }
-            if function && let Some(input) = case.input.as_ref().filter(|v| !v.is_null()) {
-                files.insert(INPUT_FILE.into(), FileContent::Text(input.to_string()));
-            }
             if let Some(tests) = test_code {
                 files.insert(
                     SUBMISSION_FILE.into(),
@@ -394,7 +396,7 @@ impl Executor {
                 files: Some(files),
                 stdin: case.stdin.clone(),
                 session: None,
-                artifacts: Some(if function || tests_mode {
+                artifacts: Some(if tests_mode {
                     ArtifactSelection::Globs(vec![RESULT_FILE.into()])
                 } else {
                     ArtifactSelection::All(false)
@@ -408,6 +410,18 @@ impl Executor {
                 argv: case.args.clone().unwrap_or_default(),
                 rusage: true,
                 graded: true,
+                call: req
+                    .entry
+                    .as_ref()
+                    .filter(|_| function)
+                    .map(|entry| EntryCall {
+                        entry: entry.clone(),
+                        args: case
+                            .input
+                            .as_ref()
+                            .filter(|v| !v.is_null())
+                            .map(Value::to_string),
+                    }),
                 ..RunOptions::default()
             };
             let prepared = self.prepare_with(&exec, &options).map_err(|e| match e {
@@ -622,39 +636,34 @@ fn judge(
     }
     if verdict.is_none() {
         if plan.function {
-            let file = out.artifacts.iter_mut().find(|a| a.path == RESULT_FILE);
-            match file {
-                None => {
+            match (out.returned.take(), out.returned_size) {
+                (None, None) => {
                     verdict = Some(Verdict::RuntimeError);
                     message = Some(
                         "the entry function was never called or did not return (the program exited first)"
                             .into(),
                     );
                 }
-                Some(file) if file.omitted || file.data.is_none() => {
+                (None, Some(size)) => {
                     verdict = Some(Verdict::OutputLimit);
                     message = Some(format!(
-                        "the returned value ({} bytes of JSON) is over the server's artifact cap",
-                        file.size
+                        "the returned value ({size} bytes of JSON) is over the server's artifact cap"
                     ));
                 }
-                Some(file) => {
-                    let data = file.data.take().unwrap_or_default();
-                    match serde_json::from_slice::<Value>(&data) {
-                        Ok(value) => {
-                            diff = case
-                                .expected
-                                .as_ref()
-                                .filter(|_| plan.checker.is_none())
-                                .and_then(|e| plan.compare.json(e, &value));
-                            returned = Some(value);
-                        }
-                        Err(e) => {
-                            verdict = Some(Verdict::RuntimeError);
-                            message = Some(format!("the returned value is unreadable: {e}"));
-                        }
+                (Some(data), _) => match serde_json::from_str::<Value>(&data) {
+                    Ok(value) => {
+                        diff = case
+                            .expected
+                            .as_ref()
+                            .filter(|_| plan.checker.is_none())
+                            .and_then(|e| plan.compare.json(e, &value));
+                        returned = Some(value);
                     }
-                }
+                    Err(e) => {
+                        verdict = Some(Verdict::RuntimeError);
+                        message = Some(format!("the returned value is unreadable: {e}"));
+                    }
+                },
             }
         } else if let Some(expected) = &case.expected_stdout
             && plan.checker.is_none()
@@ -816,46 +825,6 @@ fn with_trailer(code: &str, trailer: &str) -> String {
     }
     text.push_str(trailer);
     text
-}
-
-/// The submission, then a trailer that calls `entry` with the case's input
-/// (from [`INPUT_FILE`]) and writes the JSON of its return value to
-/// [`RESULT_FILE`]. Appended, so the submission's line numbers hold.
-fn with_harness(code: &str, entry: &str) -> String {
-    with_trailer(
-        code,
-        &format!(
-            r#"
-def __grade_call():
-    import json, os
-    here = os.environ.get("PWD") or "."
-    path = os.path.join(here, "{INPUT_FILE}")
-    args = None
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            args = json.load(f)
-    fn = globals().get("{entry}")
-    if not callable(fn):
-        raise NameError("the submission defines no function named {entry}")
-    if args is None:
-        value = fn()
-    elif isinstance(args, list):
-        value = fn(*args)
-    elif isinstance(args, dict):
-        value = fn(**args)
-    else:
-        value = fn(args)
-    try:
-        text = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise TypeError("{entry}() returned a value that is not JSON: %s" % exc) from None
-    with open(os.path.join(here, "{RESULT_FILE}"), "w", encoding="utf-8") as f:
-        f.write(text)
-
-__grade_call()
-"#
-        ),
-    )
 }
 
 /// The run's code in test-code mode: execute the submission
@@ -1056,14 +1025,6 @@ mod tests {
         assert!(!is_identifier("a.b"));
         assert!(!is_identifier("f()"));
         assert!(!is_identifier(""));
-    }
-
-    #[test]
-    fn harness_keeps_line_numbers_and_names_the_entry() {
-        let code = with_harness("def solve(x):\n    return x", "solve");
-        assert!(code.starts_with("def solve(x):\n    return x\n"));
-        assert!(code.contains("globals().get(\"solve\")"));
-        assert!(code.trim_end().ends_with("__grade_call()"));
     }
 
     #[test]

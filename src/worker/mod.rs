@@ -179,6 +179,10 @@ pub struct RunOutput {
     pub session_lost: Option<String>,
     /// The run was killed for going over its `limits.disk_bytes`.
     pub disk_exceeded: bool,
+    /// The JSON of the value its `call` returned (grading's function mode).
+    pub returned: Option<String>,
+    /// That JSON's size, when it was over `max_artifact_bytes` and left out.
+    pub returned_size: Option<u64>,
     /// What the worker's cgroups counted during a run that failed or timed
     /// out (not looked at after a run that succeeded).
     pub cgroup: LimitEvents,
@@ -656,6 +660,8 @@ impl Worker {
                         session_lost: frame.session_lost,
                         network: None,
                         disk_exceeded: frame.disk_exceeded,
+                        returned: frame.returned,
+                        returned_size: frame.returned_size,
                         cgroup: LimitEvents::default(),
                     });
                 }

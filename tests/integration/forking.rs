@@ -42,6 +42,7 @@ async fn run(worker: &mut Worker, code: &str, timeout: f64) -> RunOutput {
         rusage: true,
         int_max_str_digits: None,
         max_image_pixels: None,
+        call: None,
     })
     .unwrap();
     worker

@@ -516,3 +516,82 @@ async fn grading_and_execute_name_the_same_limit() {
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn function_mode_says_why_no_value_came_back() {
+    let server = TestServer::start().await;
+    let code = "import sys\n\
+                def f(kind=None):\n    \
+                    if kind == 'set':\n        return {1}\n    \
+                    if kind == 'nan':\n        return float('nan')\n    \
+                    if kind == 'exit':\n        sys.exit(0)\n    \
+                    if kind == 'big':\n        return 'x' * (11 << 20)\n    \
+                    if kind == 'raise':\n        raise KeyError(kind)\n    \
+                    return kind\n";
+    let result = grade(
+        &server,
+        json!({"code": code, "entry": "f", "tests": [
+            {"input": null, "expected": null},
+            {"input": "set"},
+            {"input": "nan"},
+            {"input": "exit"},
+            {"input": "big"},
+            {"input": "raise"},
+            {"input": {"kind": "named"}, "expected": "named"},
+        ]}),
+    )
+    .await;
+    assert_eq!(
+        verdicts(&result),
+        [
+            "ok",
+            "runtime_error",
+            "runtime_error",
+            "runtime_error",
+            "output_limit",
+            "runtime_error",
+            "ok"
+        ],
+        "{result}"
+    );
+    let cases = &result["cases"];
+    assert_eq!(cases[0]["returned"], Value::Null, "{result}");
+    assert_eq!(cases[1]["error"]["type"], "TypeError");
+    assert_eq!(
+        cases[1]["error"]["message"],
+        "f() returned a value that is not JSON: Object of type set is not JSON serializable"
+    );
+    assert_eq!(cases[2]["error"]["type"], "TypeError");
+    assert!(
+        cases[2]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not JSON compliant"),
+        "{result}"
+    );
+    assert_eq!(cases[3]["exit_code"], 0, "{result}");
+    assert_eq!(
+        cases[3]["message"],
+        "the entry function was never called or did not return (the program exited first)"
+    );
+    let big = cases[4]["message"].as_str().unwrap();
+    assert!(
+        big.starts_with(&format!(
+            "the returned value ({} bytes of JSON)",
+            (11 << 20) + 2
+        )),
+        "{big}"
+    );
+    // The traceback is the submission's own: its line, no grader's frame.
+    let raised = &cases[5]["error"];
+    assert_eq!(raised["type"], "KeyError");
+    assert_eq!(raised["line"], 12, "{result}");
+    let traceback = raised["traceback"].as_str().unwrap();
+    assert!(
+        traceback
+            .starts_with("Traceback (most recent call last):\n  File \"<code>\", line 12, in f\n"),
+        "{traceback}"
+    );
+    assert_eq!(cases[6]["returned"], "named");
+    server.stop().await;
+}
