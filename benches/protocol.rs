@@ -60,6 +60,7 @@ fn encode(c: &mut Criterion) {
                     int_max_str_digits: None,
                     max_image_pixels: None,
                     call: None,
+                    compile: &[],
                 };
                 black_box(encode_frame(black_box(&frame)).unwrap())
             })

@@ -50,7 +50,11 @@ field listed is in every frame of its type, except those marked optional.
 |                  |           | (`entry`, `args`: JSON text or nil; once the code has run,    |
 |                  |           | call its function `entry` with `args`, a list as positional   |
 |                  |           | arguments, a map as keywords, nil as none, else as the one    |
-|                  |           | argument, and report the JSON of its value as `returned`)     |
+|                  |           | argument, and report the JSON of its value as `returned`),    |
+|                  |           | `compile` (paths of `files`: Python modules the worker        |
+|                  |           | compiles, as it compiles the code, for the code to find in    |
+|                  |           | its global `__compiled__`: path -> (code object, the names    |
+|                  |           | of the functions its top-level expression statements call))   |
 | server -> worker | `session` | `id`, `limits`, `grace` (s): switch the worker to session     |
 |                  |           | mode; optional `direct` (true: before its answer the worker   |
 |                  |           | hands the server its ends of the session child's request,     |
@@ -871,6 +875,19 @@ def compile_run(code):
     return body, (None if last is None else compile_last(last))
 
 
+def compile_module(source, path):
+    """``source`` compiled as the module file ``path``, and the names of the
+    functions its top-level expression statements call (a test file's
+    ``check(candidate)``)."""
+    import _ast as ast
+
+    tree = compile(source, path, "exec", ast.PyCF_ONLY_AST, dont_inherit=True)
+    calls = tuple(node.value.func.id for node in tree.body
+                  if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+                  and isinstance(node.value.func, ast.Name))
+    return compile(tree, path, "exec", dont_inherit=True), calls
+
+
 # WARM_REQUEST's code compiled: the rehearsal runs compiled code, as most
 # children do (see precompile).
 WARM_COMPILED = compile_run(WARM_REQUEST["code"])
@@ -883,9 +900,10 @@ PRECOMPILE_MAX_CHARS = 1 << 16
 PRECOMPILED_KEPT = 8
 
 
-def precompile(code, digits):
+def precompile(code, digits, path=None):
     """``code`` compiled by the worker for the child that runs it, as
-    ``(body, last)`` code objects (see compile_body), or None when the child
+    ``(body, last)`` code objects (see compile_body), or as the module file
+    ``path`` (see compile_module), or None when the child
     should compile it itself, as it always can: code that does not compile
     cleanly (an error, or a warning, which belongs on the run's stderr) or
     is longer than PRECOMPILE_MAX_CHARS.
@@ -899,7 +917,7 @@ def precompile(code, digits):
     ``int_max_str_digits``, which bounds the integer literals that compile."""
     if len(code) > PRECOMPILE_MAX_CHARS:
         return None
-    key = (code, digits)
+    key = (code, digits, path)
     if key in _precompiled:
         return _precompiled[key]
     import warnings
@@ -912,7 +930,7 @@ def precompile(code, digits):
             set_digits(digits)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            compiled = compile_run(code)
+            compiled = compile_run(code) if path is None else compile_module(code, path)
         if caught:
             compiled = None
     except Exception:
@@ -923,6 +941,24 @@ def precompile(code, digits):
     if len(_precompiled) >= PRECOMPILED_KEPT:
         del _precompiled[next(iter(_precompiled))]
     _precompiled[key] = compiled
+    return compiled
+
+
+def precompile_files(files, paths, digits):
+    """The input files named in ``paths`` that compile cleanly as Python
+    modules (see precompile): path -> (code object, names called at top
+    level). A file left out is compiled by the code that runs it, as it
+    would be anyway, its errors its own."""
+    compiled = {}
+    for path, data in files:
+        if path in paths:
+            try:
+                source = bytes(data).decode("utf-8")  # compile() reads \r\n as \n
+            except UnicodeDecodeError:
+                continue
+            module = precompile(source, digits, path)
+            if module is not None:
+                compiled[path] = module
     return compiled
 
 
@@ -1186,6 +1222,8 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         result_cap = msg["max_result_chars"]
         compiled = msg.get("compiled")
         call = msg.get("call")
+        if msg.get("compiled_files"):
+            main.__dict__["__compiled__"] = msg["compiled_files"]
         del msg
         outcome = run_user_code(code, argv, main, result_cap=result_cap, compiled=compiled,
                                 call=call)
@@ -1932,7 +1970,10 @@ class Worker:
 
     def take_child(self, msg):
         """Hand the request to the waiting child, re-forking once if it died."""
-        msg["compiled"] = precompile(msg["code"], msg.get("int_max_str_digits"))
+        digits = msg.get("int_max_str_digits")
+        msg["compiled"] = precompile(msg["code"], digits)
+        if msg.get("compile"):
+            msg["compiled_files"] = precompile_files(msg["files"], msg["compile"], digits)
         frame = hand_off(msg)
         for attempt in (0, 1):
             child = self.next

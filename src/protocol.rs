@@ -43,7 +43,11 @@
 //! |                  |           | (`entry`, `args`: JSON text or nil; once the code has run,    |
 //! |                  |           | call its function `entry` with `args`, a list as positional   |
 //! |                  |           | arguments, a map as keywords, nil as none, else as the one    |
-//! |                  |           | argument, and report the JSON of its value as `returned`)     |
+//! |                  |           | argument, and report the JSON of its value as `returned`),    |
+//! |                  |           | `compile` (paths of `files`: Python modules the worker        |
+//! |                  |           | compiles, as it compiles the code, for the code to find in    |
+//! |                  |           | its global `__compiled__`: path -> (code object, the names    |
+//! |                  |           | of the functions its top-level expression statements call))   |
 //! | server -> worker | `session` | `id`, `limits`, `grace` (s): switch the worker to session     |
 //! |                  |           | mode; optional `direct` (true: before its answer the worker   |
 //! |                  |           | hands the server its ends of the session child's request,     |
@@ -172,6 +176,10 @@ pub struct ExecFrame<'a> {
     /// function mode).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub call: Option<&'a EntryCall>,
+    /// Input files the worker compiles as Python modules for the run's code
+    /// (grading's test-code mode).
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    pub compile: &'a [String],
 }
 
 /// The `call` of an `exec` frame: a function the run's code defines, called

@@ -70,6 +70,9 @@ pub struct RunOptions {
     /// Once the code has run, call this function of it and report its
     /// value (grading's function mode).
     pub call: Option<protocol::EntryCall>,
+    /// Input files the worker compiles as Python modules, found by the
+    /// run's code in its global `__compiled__` (grading's test-code mode).
+    pub compile: Vec<String>,
 }
 
 /// What checking a request against one environment needs: no worker, no
@@ -223,6 +226,7 @@ pub(super) fn check(
         rusage: options.rusage,
         int_max_str_digits: req.int_max_str_digits,
         call: options.call.as_ref(),
+        compile: &options.compile,
     })
     .map_err(|e| ExecError::BadRequest(format!("request cannot be encoded: {e}")))?;
     Ok(Checked {

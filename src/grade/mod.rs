@@ -31,12 +31,13 @@ use crate::worker::RunOutput;
 /// Bytes of stdout and of stderr kept per case in a grading result.
 pub(crate) const CASE_OUTPUT_BYTES: usize = 8 << 10;
 
-/// A name the grader reserves in a run directory of function or test-code
-/// mode (see `RESULT_FILE`), unused by either.
+/// Names the grader reserves in a run directory of function or test-code
+/// mode, unused by either.
 const INPUT_FILE: &str = "__grade_input__.json";
-/// Where the test-code harness writes its answer; reserved in function
-/// mode too.
 const RESULT_FILE: &str = "__grade_result__.json";
+/// The test-code harness's function, which the run's process calls once
+/// the harness is defined; it returns the tests' answer.
+const TESTS_ENTRY: &str = "__grade_tests";
 
 /// A batch may carry this many times `max_grade_cases` cases in all.
 const MAX_BATCH_FACTOR: usize = 16;
@@ -396,11 +397,7 @@ impl Executor {
                 files: Some(files),
                 stdin: case.stdin.clone(),
                 session: None,
-                artifacts: Some(if tests_mode {
-                    ArtifactSelection::Globs(vec![RESULT_FILE.into()])
-                } else {
-                    ArtifactSelection::All(false)
-                }),
+                artifacts: Some(ArtifactSelection::All(false)),
                 stream: None,
                 limits: req.limits.clone(),
                 network: req.network.clone(),
@@ -410,18 +407,29 @@ impl Executor {
                 argv: case.args.clone().unwrap_or_default(),
                 rusage: true,
                 graded: true,
-                call: req
-                    .entry
-                    .as_ref()
-                    .filter(|_| function)
-                    .map(|entry| EntryCall {
-                        entry: entry.clone(),
-                        args: case
-                            .input
-                            .as_ref()
-                            .filter(|v| !v.is_null())
-                            .map(Value::to_string),
-                    }),
+                call: if tests_mode {
+                    Some(EntryCall {
+                        entry: TESTS_ENTRY.into(),
+                        args: None,
+                    })
+                } else {
+                    req.entry
+                        .as_ref()
+                        .filter(|_| function)
+                        .map(|entry| EntryCall {
+                            entry: entry.clone(),
+                            args: case
+                                .input
+                                .as_ref()
+                                .filter(|v| !v.is_null())
+                                .map(Value::to_string),
+                        })
+                },
+                compile: if tests_mode {
+                    vec![SUBMISSION_FILE.into(), TESTS_FILE.into()]
+                } else {
+                    Vec::new()
+                },
                 ..RunOptions::default()
             };
             let prepared = self.prepare_with(&exec, &options).map_err(|e| match e {
@@ -712,12 +720,16 @@ fn judge(
     }
 }
 
-/// Test-code mode, for a run that ended cleanly: the harness's result file
-/// says whether the test code finished (`ok`) or failed an assertion
-/// (`wrong_answer`, with its line); without it the program exited before
-/// the tests ended.
+/// Test-code mode, for a run that ended cleanly: the harness's answer (what
+/// its function returned) says whether the test code finished (`ok`) or
+/// failed an assertion (`wrong_answer`, with its line); without it the
+/// program exited before the tests ended.
 fn tests_verdict(out: &mut RunOutput) -> (Option<Verdict>, Option<String>, Option<String>) {
-    let Some(answer) = take_json(out, RESULT_FILE) else {
+    let answer = out
+        .returned
+        .take()
+        .and_then(|text| serde_json::from_str::<Value>(&text).ok());
+    let Some(answer) = answer else {
         return (
             Some(Verdict::RuntimeError),
             Some("the tests did not run to their end (the program exited first)".into()),
@@ -827,12 +839,15 @@ fn with_trailer(code: &str, trailer: &str) -> String {
     text
 }
 
-/// The run's code in test-code mode: execute the submission
-/// ([`SUBMISSION_FILE`]), then the test code ([`TESTS_FILE`]) in the same
-/// namespace, each compiled under its own file name so that tracebacks show
-/// the user's own line numbers; with `entry`, bind `candidate` and call a
-/// `check` the tests define but never call. Only the end of the tests (or
-/// an `AssertionError` in them) writes [`RESULT_FILE`].
+/// The run's code in test-code mode: a function, [`TESTS_ENTRY`], that the
+/// run's process calls once it is defined (the `exec` frame's `call`). It
+/// executes the submission ([`SUBMISSION_FILE`]), then the test code
+/// ([`TESTS_FILE`]) in the same namespace, each as compiled under its own
+/// file name (by the worker, see `__compiled__`, or here) so that
+/// tracebacks show the user's own line numbers; with `entry`, it binds
+/// `candidate` and calls a `check` the tests define but never call. It
+/// returns the answer only at the end of the tests or at an
+/// `AssertionError` in them.
 fn tests_harness(entry: Option<&str>) -> String {
     let bind = match entry {
         Some(entry) => format!(
@@ -847,20 +862,28 @@ fn tests_harness(entry: Option<&str>) -> String {
     let call_check = if entry.is_some() { "True" } else { "False" };
     format!(
         r#"def __grade_tests():
-    import _ast, json, os, traceback
+    import os, traceback
     here = os.environ.get("PWD") or "."
     ns = {{"__name__": "__main__", "__builtins__": __builtins__}}
-    def source(name):
+    compiled = globals().get("__compiled__") or {{}}
+    def module(name):
+        # As the worker compiled it, else compiled here: the code, and the
+        # functions its top-level expression statements call.
+        done = compiled.get(name)
+        if done is not None:
+            return done
+        import _ast
         with open(os.path.join(here, name), encoding="utf-8") as f:
-            return f.read()
-    exec(compile(source("{SUBMISSION_FILE}"), "{SUBMISSION_FILE}", "exec"), ns)
-{bind}    tests = compile(source("{TESTS_FILE}"), "{TESTS_FILE}", "exec", _ast.PyCF_ONLY_AST)
-    calls_check = any(
-        isinstance(node, _ast.Expr) and isinstance(node.value, _ast.Call)
-        and isinstance(node.value.func, _ast.Name) and node.value.func.id == "check"
-        for node in tests.body)
+            tree = compile(f.read(), name, "exec", _ast.PyCF_ONLY_AST)
+        calls = [node.value.func.id for node in tree.body
+                 if isinstance(node, _ast.Expr) and isinstance(node.value, _ast.Call)
+                 and isinstance(node.value.func, _ast.Name)]
+        return compile(tree, name, "exec"), calls
+    exec(module("{SUBMISSION_FILE}")[0], ns)
+{bind}    tests, calls = module("{TESTS_FILE}")
+    calls_check = "check" in calls
     try:
-        exec(compile(tests, "{TESTS_FILE}", "exec"), ns)
+        exec(tests, ns)
         if {call_check} and not calls_check and callable(ns.get("check")):
             ns["check"](ns["candidate"])
         answer = {{"verdict": "ok"}}
@@ -869,10 +892,7 @@ fn tests_harness(entry: Option<&str>) -> String {
         last = frames[-1] if frames else None
         answer = {{"verdict": "wrong_answer", "line": last and last.lineno,
                   "source": last and last.line, "message": str(exc)}}
-    with open(os.path.join(here, "{RESULT_FILE}"), "w", encoding="utf-8") as f:
-        json.dump(answer, f)
-
-__grade_tests()
+    return answer
 "#
     )
 }

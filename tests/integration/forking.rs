@@ -43,6 +43,7 @@ async fn run(worker: &mut Worker, code: &str, timeout: f64) -> RunOutput {
         int_max_str_digits: None,
         max_image_pixels: None,
         call: None,
+        compile: &[],
     })
     .unwrap();
     worker

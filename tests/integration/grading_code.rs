@@ -460,3 +460,40 @@ async fn grade_code_over_mcp_takes_test_code_and_checkers() {
     assert_eq!(result["passed"], 1, "{result}");
     assert_eq!(result["score"], 1.0, "{result}");
 }
+
+#[tokio::test]
+async fn test_code_compiles_as_its_files_would() {
+    let server = TestServer::start().await;
+    let code = "def inc(x):\n    return x + 1\n";
+    let (status, body) = server
+        .post(
+            "/grade",
+            json!({
+                "code": code,
+                "entry": "inc",
+                "tests": [
+                    // Compiled ahead by the worker, then run as its file.
+                    {"name": "ahead", "test_code": "import __main__\nassert '__tests__.py' in __main__.__compiled__\ndef check(candidate):\n    assert candidate(1) == 2\n"},
+                    // A syntax error is the test file's own, at its line.
+                    {"name": "syntax", "test_code": "x = 1\ndef check(candidate:\n    pass\n"},
+                    // A warning as it compiles is on the case's stderr.
+                    {"name": "warns", "test_code": "assert (inc(1) == 3, 'never fails')\n"},
+                    // Line ends as a text file reads them.
+                    {"name": "crlf", "test_code": "s = '''a\r\nb'''\r\nassert s == 'a\\nb', repr(s)\r\n"},
+                ],
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let cases = body["cases"].as_array().unwrap();
+    assert_eq!(cases[0]["verdict"], "ok", "{body}");
+    assert_eq!(cases[1]["verdict"], "runtime_error", "{body}");
+    assert_eq!(cases[1]["error"]["type"], "SyntaxError", "{body}");
+    let stderr = cases[1]["stderr"].as_str().unwrap();
+    assert!(stderr.contains("__tests__.py\", line 2"), "{stderr}");
+    assert_eq!(cases[2]["verdict"], "ok", "{body}");
+    let stderr = cases[2]["stderr"].as_str().unwrap();
+    assert!(stderr.contains("SyntaxWarning"), "{stderr}");
+    assert_eq!(cases[3]["verdict"], "ok", "{body}");
+    server.stop().await;
+}
