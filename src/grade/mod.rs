@@ -46,9 +46,9 @@ const MAX_BATCH_FACTOR: usize = 16;
 /// (so that tracebacks show their own names and line numbers).
 const SUBMISSION_FILE: &str = "__submission__.py";
 const TESTS_FILE: &str = "__tests__.py";
-/// The checker's arguments and answer.
-const CHECKER_ARGS_FILE: &str = "__checker_args__.json";
-const CHECKER_RESULT_FILE: &str = "__checker_result__.json";
+/// The checker harness's function, which the run's process calls with the
+/// case once the checker's code has run; it returns the score and message.
+const CHECKER_ENTRY: &str = "__grade_check";
 
 /// A validated batch, ready to run.
 pub struct PreparedBatch {
@@ -523,13 +523,17 @@ impl Executor {
             code: checker.code.clone(),
             env: checker.env.clone(),
             timeout: checker.timeout,
-            files: Some(BTreeMap::from([(
-                CHECKER_ARGS_FILE.to_string(),
-                FileContent::Text(args.to_string()),
-            )])),
-            artifacts: Some(ArtifactSelection::Globs(vec![CHECKER_RESULT_FILE.into()])),
+            artifacts: Some(ArtifactSelection::All(false)),
             int_max_str_digits: Some(0),
             ..ExecRequest::default()
+        };
+        // The harness's function, called with the case as its one argument.
+        let options = RunOptions {
+            call: Some(EntryCall {
+                entry: CHECKER_ENTRY.into(),
+                args: Some(Value::Array(vec![args]).to_string()),
+            }),
+            ..RunOptions::default()
         };
         let failed = |result: &mut CaseResult, why: String| {
             result.verdict = Verdict::Error;
@@ -537,7 +541,7 @@ impl Executor {
                 "the checker failed (not the submission's fault): {why}"
             ));
         };
-        let out = match self.prepare(&exec) {
+        let out = match self.prepare_with(&exec, &options) {
             Ok(prepared) => self.run_output(prepared, None).await,
             Err(e) => Err(e),
         };
@@ -554,7 +558,10 @@ impl Executor {
         if out.exit_code != 0 {
             return failed(result, format!("it exited with {}", out.exit_code));
         }
-        let answer = take_json(&mut out, CHECKER_RESULT_FILE);
+        let answer = out
+            .returned
+            .take()
+            .and_then(|text| serde_json::from_str::<Value>(&text).ok());
         let Some(score) = answer.as_ref().and_then(|a| a["score"].as_f64()) else {
             return failed(result, "it gave no answer".into());
         };
@@ -815,18 +822,6 @@ fn limit_verdict(
     Some((Verdict::RuntimeError, message))
 }
 
-/// The JSON a grading harness wrote to `path` in the run's directory (an
-/// artifact of the run), taken out of it.
-fn take_json(out: &mut RunOutput, path: &str) -> Option<Value> {
-    let data = out
-        .artifacts
-        .iter_mut()
-        .find(|a| a.path == path)?
-        .data
-        .take()?;
-    serde_json::from_slice(&data).ok()
-}
-
 /// `code`, then `trailer` on lines of its own: appended, so the line numbers
 /// of `code` hold.
 fn with_trailer(code: &str, trailer: &str) -> String {
@@ -897,19 +892,16 @@ fn tests_harness(entry: Option<&str>) -> String {
     )
 }
 
-/// The checker's run: its code, then a trailer that calls `entry` with the
-/// case (from [`CHECKER_ARGS_FILE`]) and writes its score and message to
-/// [`CHECKER_RESULT_FILE`].
+/// The checker's run: its code, then a trailer that defines
+/// [`CHECKER_ENTRY`], which the run's process calls with the case (the
+/// `exec` frame's `call`): it calls `entry` and returns its score and
+/// message.
 fn checker_harness(code: &str, entry: &str) -> String {
     with_trailer(
         code,
         &format!(
             r#"
-def __grade_check():
-    import json, os
-    here = os.environ.get("PWD") or "."
-    with open(os.path.join(here, "{CHECKER_ARGS_FILE}"), encoding="utf-8") as f:
-        a = json.load(f)
+def __grade_check(a):
     fn = globals().get("{entry}")
     if not callable(fn):
         raise NameError("the checker defines no function named {entry}")
@@ -927,10 +919,7 @@ def __grade_check():
         raise TypeError("the checker must return a bool, a score in [0, 1] or (score, message), not %r" % (value,))
     if not 0.0 <= score <= 1.0:
         raise ValueError("the checker's score %r is outside [0, 1]" % score)
-    with open(os.path.join(here, "{CHECKER_RESULT_FILE}"), "w", encoding="utf-8") as f:
-        json.dump({{"score": score, "message": message}}, f)
-
-__grade_check()
+    return {{"score": score, "message": message}}
 "#
         ),
     )
