@@ -806,29 +806,13 @@ async fn main() {
         );
     }
     if !cpu_per_run.is_empty() {
-        // The fork floors of benches/support/worker_cost.py, measured now.
-        let floors = std::process::Command::new(&python)
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/benches/support/worker_cost.py"
-            ))
-            .args(["--floors", "--runs", "500", "--python"])
-            .arg(&python)
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .map(|t| {
-                t.split_whitespace()
-                    .filter_map(|v| v.parse::<f64>().ok())
-                    .collect::<Vec<f64>>()
-            })
-            .unwrap_or_default();
+        let floors = server::fork_floors(&python);
         for (concurrency, cpu) in &cpu_per_run {
             let ms = cpu.total() * 1e3;
             let mut line = format!(
                 "CPU per clean run at c={concurrency} (server, workers, zygotes, children): {ms:.2} ms"
             );
-            if let [worker_sized, bare] = floors[..] {
+            if let Some((worker_sized, bare)) = floors {
                 line += &format!(
                     " = {:.1}x the fork floor of a worker-sized process ({:.2} ms), {:.1}x the bare interpreter's ({:.2} ms)",
                     ms / (worker_sized / 1e3),

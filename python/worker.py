@@ -126,7 +126,7 @@ import sys
 import time
 import types
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 MAX_FRAME = 1 << 30
 RUN_FILENAME = "<code>"
 READ_CHUNK = 1 << 16

@@ -35,6 +35,31 @@ pub fn real_python() -> PathBuf {
     python
 }
 
+/// The fork floors of `benches/support/worker_cost.py` for `python`,
+/// measured now, in microseconds of CPU per fork + exit + wait: a process
+/// holding the worker's imports, and the bare interpreter (`python -I -S`).
+/// `None` if they could not be measured.
+pub fn fork_floors(python: &Path) -> Option<(f64, f64)> {
+    let out = std::process::Command::new(python)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/benches/support/worker_cost.py"
+        ))
+        .args(["--floors", "--runs", "500", "--python"])
+        .arg(python)
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    match text
+        .split_whitespace()
+        .filter_map(|v| v.parse::<f64>().ok())
+        .collect::<Vec<f64>>()[..]
+    {
+        [worker_sized, bare] => Some((worker_sized, bare)),
+        _ => None,
+    }
+}
+
 /// A prefix laid out as `conda create` makes one, built from `python`: a
 /// copy of the binary in `bin/`, the standard library's entries linked into
 /// `lib/pythonX.Y/` beside an empty `site-packages`, `conda-meta/history`,
