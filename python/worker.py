@@ -919,7 +919,11 @@ def precompile(code, digits, path=None):
         return None
     key = (code, digits, path)
     if key in _precompiled:
-        return _precompiled[key]
+        # The most recently used stay: a /grade call's harness and submission
+        # outlive the test code of its cases.
+        compiled = _precompiled.pop(key)
+        _precompiled[key] = compiled
+        return compiled
     import warnings
 
     compiled = None
@@ -989,7 +993,9 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000, compile
             if type(last) is not types.CodeType:
                 last = compile_last(last)
             value = eval(last, ns)
-            if value is not None:
+            # With a call its value is what counts: the last one's repr is not
+            # made (its __repr__ neither runs nor costs the run's time).
+            if value is not None and call is None:
                 outcome.result = value_repr(value, result_cap)
         if call is not None:
             outcome.returned = call_entry(ns, call)
@@ -1222,6 +1228,7 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         result_cap = msg["max_result_chars"]
         compiled = msg.get("compiled")
         call = msg.get("call")
+        returned_cap = msg["max_artifact_bytes"]
         if msg.get("compiled_files"):
             main.__dict__["__compiled__"] = msg["compiled_files"]
         del msg
@@ -1231,7 +1238,12 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         report = {"status": status, "result": outcome.result, "error": outcome.error,
                   **own_usage(begun)}
         if outcome.returned is not None:
-            report["returned"] = outcome.returned
+            # Over the artifact cap only its size goes: the report is not
+            # made bigger than the run's memory, nor the worker's, needs.
+            if len(outcome.returned) > returned_cap:
+                report["returned_size"] = len(outcome.returned)
+            else:
+                report["returned"] = outcome.returned
         imported = imported_since_fork()
         if imported:
             report["imported"] = imported
@@ -1240,7 +1252,9 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
             write_all(ctl_w, struct.pack("!I", len(report)) + report)
         except OSError:
             pass
-    except BaseException as exc:  # a fault before the user's code ran
+    except BaseException as exc:  # a fault before the user's code ran, or after it
+        if status == 0:  # its report was lost (a MemoryError making it): not a clean exit
+            status = 1
         try:
             user_traceback(exc)
             sys.stderr.flush()
@@ -1546,6 +1560,9 @@ def sane_report(report):
     returned = report.get("returned")
     if isinstance(returned, str) and returned.isascii():  # as json.dumps writes it
         sane["returned"] = returned
+    size = report.get("returned_size")
+    if isinstance(size, int) and not isinstance(size, bool) and 0 <= size < 1 << 63:
+        sane["returned_size"] = size
     imported = report.get("imported")
     if isinstance(imported, list):
         sane["imported"] = list(dict.fromkeys(
@@ -1828,11 +1845,14 @@ def result_frame(msg, run, artifacts):
     returned = report.get("returned")
     if returned is not None:
         # As an artifact's content, at most max_artifact_bytes (ASCII, see
-        # sane_report: a character is a byte).
+        # sane_report: a character is a byte); the run's process sends only
+        # the size of a bigger one.
         if len(returned) > msg["max_artifact_bytes"]:
             frame["returned_size"] = len(returned)
         else:
             frame["returned"] = returned
+    elif "returned_size" in report:
+        frame["returned_size"] = report["returned_size"]
     return frame
 
 

@@ -527,7 +527,10 @@ async fn function_mode_says_why_no_value_came_back() {
                     if kind == 'exit':\n        sys.exit(0)\n    \
                     if kind == 'big':\n        return 'x' * (11 << 20)\n    \
                     if kind == 'raise':\n        raise KeyError(kind)\n    \
-                    return kind\n";
+                    return kind\n\
+                class Shown:\n    \
+                    def __repr__(self):\n        print('repr ran')\n        return 'shown'\n\
+                Shown()\n";
     let result = grade(
         &server,
         json!({"code": code, "entry": "f", "tests": [
@@ -593,5 +596,12 @@ async fn function_mode_says_why_no_value_came_back() {
         "{traceback}"
     );
     assert_eq!(cases[6]["returned"], "named");
+    // The submission's last expression runs; its repr is not made.
+    for case in cases.as_array().unwrap() {
+        assert!(
+            !case["stdout"].as_str().unwrap().contains("repr ran"),
+            "{result}"
+        );
+    }
     server.stop().await;
 }
