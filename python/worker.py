@@ -1060,6 +1060,16 @@ def call_entry(ns, call):
         raise TypeError("%s() returned a value that is not JSON: %s" % (entry, exc)) from None
 
 
+def returned_fields(returned, cap):
+    """The report's (and the result frame's) field for ``returned``, a
+    call's JSON: itself, or only its size when it is over ``cap`` bytes, as
+    an artifact's content would be (ASCII, see sane_report: a character is
+    a byte)."""
+    if len(returned) > cap:
+        return {"returned_size": len(returned)}
+    return {"returned": returned}
+
+
 def private_tmp(rundir):
     """The run's own temporary directory, beside (not inside) its run
     directory so that its files are not artifacts; removed with the run."""
@@ -1238,12 +1248,9 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         report = {"status": status, "result": outcome.result, "error": outcome.error,
                   **own_usage(begun)}
         if outcome.returned is not None:
-            # Over the artifact cap only its size goes: the report is not
-            # made bigger than the run's memory, nor the worker's, needs.
-            if len(outcome.returned) > returned_cap:
-                report["returned_size"] = len(outcome.returned)
-            else:
-                report["returned"] = outcome.returned
+            # The report is not made bigger than the run's memory, nor the
+            # worker's, needs.
+            report.update(returned_fields(outcome.returned, returned_cap))
         imported = imported_since_fork()
         if imported:
             report["imported"] = imported
@@ -1843,14 +1850,8 @@ def result_frame(msg, run, artifacts):
         **{k: report[k] for k in ("cpu_ms", "peak_rss_kb") if k in report},
     }
     returned = report.get("returned")
-    if returned is not None:
-        # As an artifact's content, at most max_artifact_bytes (ASCII, see
-        # sane_report: a character is a byte); the run's process sends only
-        # the size of a bigger one.
-        if len(returned) > msg["max_artifact_bytes"]:
-            frame["returned_size"] = len(returned)
-        else:
-            frame["returned"] = returned
+    if returned is not None:  # the run's process capped it, unless forged
+        frame.update(returned_fields(returned, msg["max_artifact_bytes"]))
     elif "returned_size" in report:
         frame["returned_size"] = report["returned_size"]
     return frame

@@ -558,10 +558,7 @@ impl Executor {
         if out.exit_code != 0 {
             return failed(result, format!("it exited with {}", out.exit_code));
         }
-        let answer = out
-            .returned
-            .take()
-            .and_then(|text| serde_json::from_str::<Value>(&text).ok());
+        let answer = take_returned(&mut out);
         let Some(score) = answer.as_ref().and_then(|a| a["score"].as_f64()) else {
             return failed(result, "it gave no answer".into());
         };
@@ -732,11 +729,7 @@ fn judge(
 /// failed an assertion (`wrong_answer`, with its line); without it the
 /// program exited before the tests ended.
 fn tests_verdict(out: &mut RunOutput) -> (Option<Verdict>, Option<String>, Option<String>) {
-    let answer = out
-        .returned
-        .take()
-        .and_then(|text| serde_json::from_str::<Value>(&text).ok());
-    let Some(answer) = answer else {
+    let Some(answer) = take_returned(out) else {
         return (
             Some(Verdict::RuntimeError),
             Some("the tests did not run to their end (the program exited first)".into()),
@@ -820,6 +813,13 @@ fn limit_verdict(
         None => message,
     };
     Some((Verdict::RuntimeError, message))
+}
+
+/// What a grading harness's function returned (the run's `call`), taken
+/// out of the run's output; `None` if it did not return or its JSON is
+/// unreadable.
+fn take_returned(out: &mut RunOutput) -> Option<Value> {
+    serde_json::from_str(&out.returned.take()?).ok()
 }
 
 /// `code`, then `trailer` on lines of its own: appended, so the line numbers
