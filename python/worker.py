@@ -132,6 +132,10 @@ RUN_FILENAME = "<code>"
 READ_CHUNK = 1 << 16
 MAX_ERROR_CHARS = 64 * 1024
 MAX_ARTIFACTS = 1000
+# Room in a report beyond its value's repr, a returned value and artifacts
+# (see report_cap): the error's message and traceback (MAX_ERROR_CHARS
+# each, up to 4 bytes a character), the imported names, the numbers.
+REPORT_ROOM = 1 << 20
 # A request like the server's, for warming up the request path ahead of time.
 # Its code ends in an expression, as many do: the value's path is warmed too.
 WARM_REQUEST = {"t": "exec", "id": 0, "code": "_ = [str(i) for i in range(8)]\nlen(_) + 1",
@@ -1476,9 +1480,20 @@ def exit_status(status):
     return os.WEXITSTATUS(status), None
 
 
-def read_report(fd, buf):
+def report_cap(msg):
+    """The most bytes a report on ``msg`` can need: its value's repr (up to
+    4 bytes a character, and the note that says it was cut), a returned
+    value, a session call's artifacts, and REPORT_ROOM."""
+    return (4 * (msg["max_result_chars"] + 64) + msg["max_artifact_bytes"]
+            + msg["max_artifacts_bytes"] + REPORT_ROOM)
+
+
+def read_report(fd, buf, cap):
     """Read the child's final report (a length-prefixed msgpack map) into
-    ``buf``; return (report or None, whether the pipe closed)."""
+    ``buf``; return (report or None, whether the pipe closed). User code
+    can write to the pipe too: a report announced longer than ``cap`` bytes
+    is none, and what comes after its length is read and dropped, so that
+    a run cannot make its worker hold what it writes there."""
     while True:
         try:
             data = os.read(fd, READ_CHUNK)
@@ -1487,18 +1502,22 @@ def read_report(fd, buf):
         except OSError:
             data = b""
         if not data:
-            return complete_report(buf), True
-        buf += data
-        report = complete_report(buf)
+            return complete_report(buf, cap), True
+        if len(buf) < 4 or struct.unpack_from("!I", buf)[0] <= cap:
+            buf += data
+        report = complete_report(buf, cap)
         if report is not None:
             return report, False
     return None, False
 
 
-def complete_report(buf):
+def complete_report(buf, cap):
     if len(buf) < 4:
         return None
     (n,) = struct.unpack_from("!I", buf)
+    if n > cap:
+        del buf[4:]  # its length stays: the mark that the rest is dropped
+        return None
     if len(buf) < 4 + n:
         return None
     try:
@@ -1758,6 +1777,7 @@ def supervise(worker, child, msg, start, disk=None, session=None, ended=None):
     poller.register(worker.rfd, 0 if persistent else select.POLLIN)
     report = None
     ctl = bytearray()
+    cap = report_cap(msg)
     deadline = start + timeout
     while run.ended is None:
         remaining = deadline - time.monotonic()
@@ -1783,7 +1803,7 @@ def supervise(worker, child, msg, start, disk=None, session=None, ended=None):
             if fd in streams:
                 worker.drain(fd, streams[fd], poller, stream_id)
             elif fd == child.ctl_r:
-                report, closed = read_report(fd, ctl)
+                report, closed = read_report(fd, ctl, cap)
                 if report is not None:
                     run.ended = "report"
                 elif closed:

@@ -255,6 +255,52 @@ async fn a_fake_report_on_the_control_pipe_cannot_forge_the_result() {
     arena.assert_recovered().await;
 }
 
+/// Writes a report's length announcing ~4 GiB, then 768 MiB, to every pipe
+/// the run holds open for writing besides stdout and stderr: its report pipe.
+const REPORT_FLOOD: &str = "import fcntl, os, stat
+chunk = bytes(1 << 20)
+flooded = 0
+for fd in range(3, 256):
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            continue
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_WRONLY:
+            continue
+    except OSError:
+        continue
+    os.write(fd, bytes([0xff, 0xff, 0xff, 0xf0]))
+    for _ in range(768):
+        os.write(fd, chunk)
+    flooded += 1
+print('flooded', flooded)";
+
+#[tokio::test]
+async fn a_flood_on_the_report_pipe_is_dropped_not_held_by_the_worker() {
+    let arena = Arena::start().await;
+    let base = arena.server.executor.base_dir().to_path_buf();
+    let body = arena.attack(run(REPORT_FLOOD, 60.0)).await;
+    // Read as no report, as garbage there is: the run ends by its exit.
+    assert_eq!(body["stdout"], "flooded 1\n", "{body}");
+    assert_eq!(body["exit_code"], 0, "{body}");
+    assert_eq!(body["timed_out"], false, "{body}");
+    // No process of the sandbox (the worker least of all) ever held the
+    // 768 MiB: each one's peak resident memory stays far below it.
+    for pid in super::sandbox_processes(&base) {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let peak_kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0);
+        assert!(
+            peak_kib < 256 << 10,
+            "{} peaked at {peak_kib} KiB",
+            super::lineage(pid)
+        );
+    }
+    arena.assert_recovered().await;
+}
+
 #[tokio::test]
 async fn a_detached_grandchild_is_killed_when_the_run_ends() {
     let arena = Arena::start().await;
