@@ -171,6 +171,38 @@ async fn health_load(url: &str, seconds: f64) -> (Vec<Duration>, Duration) {
     (latencies, started.elapsed())
 }
 
+/// A session call and `GET /health` in turns on one keep-alive connection
+/// (`body` names the session): what a session call costs against the HTTP
+/// round trip it rides on, with the client, its connection and the server's
+/// state the same for both. Returns both latencies and the time taken.
+async fn session_and_health_load(
+    url: &str,
+    body: &str,
+    seconds: f64,
+) -> (Vec<Duration>, Vec<Duration>, Duration) {
+    let client = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .build()
+        .unwrap();
+    let health = format!("{url}/health");
+    for _ in 0..50 {
+        send(&client, url, body).await;
+        get_health(&client, &health).await;
+    }
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(seconds);
+    let (mut calls, mut gets) = (Vec::new(), Vec::new());
+    while Instant::now() < deadline {
+        let t = Instant::now();
+        send(&client, url, body).await;
+        calls.push(t.elapsed());
+        let t = Instant::now();
+        get_health(&client, &health).await;
+        gets.push(t.elapsed());
+    }
+    (calls, gets, started.elapsed())
+}
+
 /// One `GET` of `url` (a `/health` URL), its answer read whole.
 async fn get_health(client: &reqwest::Client, url: &str) {
     let resp = client.get(url).send().await.unwrap();
@@ -186,6 +218,8 @@ async fn get_health(client: &reqwest::Client, url: &str) {
 const PACE: Duration = Duration::from_millis(50);
 const PACED_RUN: &str = "HTTP /execute print(2+2), 50 ms apart";
 const PACED_HEALTH: &str = "floor: HTTP GET /health, 50 ms apart";
+const SESSION_TURNS: &str = "HTTP session print(2+2), in turns with GET /health";
+const HEALTH_TURNS: &str = "floor: HTTP GET /health, in turns with a session call";
 
 /// A client that pauses between calls, as an agent's tool loop does: each
 /// call [`PACE`] after the last answer, `POST /execute` and `GET /health` in
@@ -660,6 +694,11 @@ async fn main() {
         }
         let (latencies, elapsed) = health_load(&server.url, seconds).await;
         rows.push(Stats::new("floor: HTTP GET /health", 1, latencies, elapsed));
+        let id = create_session(&server.url).await;
+        let body = json!({ "code": code, "session": id }).to_string();
+        let (calls, gets, elapsed) = session_and_health_load(&server.url, &body, seconds).await;
+        rows.push(Stats::new(SESSION_TURNS, 1, calls, elapsed));
+        rows.push(Stats::new(HEALTH_TURNS, 1, gets, elapsed));
         let (runs, gets, elapsed) = paced_load(&server.url, code, seconds).await;
         rows.push(Stats::new(PACED_RUN, 1, runs, elapsed));
         rows.push(Stats::new(PACED_HEALTH, 1, gets, elapsed));
@@ -831,13 +870,21 @@ async fn main() {
             println!("{line}");
         }
     }
+    if let (Some(session), Some(floor)) = (p50(SESSION_TURNS), p50(HEALTH_TURNS)) {
+        println!(
+            "session call c=1 p50 / GET /health p50: {:.2}x ({session:.3} ms / {floor:.3} ms; \
+             one keep-alive connection, in turns)",
+            session / floor
+        );
+    }
     let session = rows
         .iter()
         .find(|r| r.name == "HTTP session print(2+2)" && r.concurrency == 1)
         .map(Stats::p50_ms);
     if let (Some(session), Some(floor)) = (session, p50("floor: HTTP GET /health")) {
         println!(
-            "session call c=1 p50 / GET /health p50: {:.2}x ({session:.3} ms / {floor:.3} ms)",
+            "session call c=1 p50 / GET /health p50, each back to back on its own connection: \
+             {:.2}x ({session:.3} ms / {floor:.3} ms)",
             session / floor
         );
     }

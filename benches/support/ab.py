@@ -29,7 +29,9 @@ LINES = [
     *(("cpu per clean run c=%%s, %s (ms)" % role,
         re.compile(r"CPU per clean run at c=(\d+) .*by process:.*\b%s ([\d.]+)" % role))
       for role in ("server", "workers", "zygotes", "runs")),
-    ("session p50 / health p50", re.compile(r"session call c=1 p50 / GET /health p50: ([\d.]+)x")),
+    ("session p50 / health p50, in turns", re.compile(r"session call c=1 p50 / GET /health p50: ([\d.]+)x")),
+    ("session p50 / health p50, own connections",
+     re.compile(r"session call c=1 p50 / GET /health p50, each back to back on its own connection: ([\d.]+)x")),
     ("server start, 4 workers (ms)", re.compile(r"server start to ready \(4 workers\): (\d+) ms")),
     ("MCP stdio cold start (ms)", re.compile(r"MCP stdio cold start .*?: ([\d.]+) ms;")),
     ("python -c spawn (ms)", re.compile(r"python -c spawn: ([\d.]+) ms")),
