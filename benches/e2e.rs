@@ -171,38 +171,6 @@ async fn health_load(url: &str, seconds: f64) -> (Vec<Duration>, Duration) {
     (latencies, started.elapsed())
 }
 
-/// A session call and `GET /health` in turns on one keep-alive connection
-/// (`body` names the session): what a session call costs against the HTTP
-/// round trip it rides on, with the client, its connection and the server's
-/// state the same for both. Returns both latencies and the time taken.
-async fn session_and_health_load(
-    url: &str,
-    body: &str,
-    seconds: f64,
-) -> (Vec<Duration>, Vec<Duration>, Duration) {
-    let client = reqwest::Client::builder()
-        .tcp_nodelay(true)
-        .build()
-        .unwrap();
-    let health = format!("{url}/health");
-    for _ in 0..50 {
-        send(&client, url, body).await;
-        get_health(&client, &health).await;
-    }
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(seconds);
-    let (mut calls, mut gets) = (Vec::new(), Vec::new());
-    while Instant::now() < deadline {
-        let t = Instant::now();
-        send(&client, url, body).await;
-        calls.push(t.elapsed());
-        let t = Instant::now();
-        get_health(&client, &health).await;
-        gets.push(t.elapsed());
-    }
-    (calls, gets, started.elapsed())
-}
-
 /// One `GET` of `url` (a `/health` URL), its answer read whole.
 async fn get_health(client: &reqwest::Client, url: &str) {
     let resp = client.get(url).send().await.unwrap();
@@ -214,41 +182,51 @@ async fn get_health(client: &reqwest::Client, url: &str) {
     resp.bytes().await.unwrap();
 }
 
-/// How long a paced client waits after each answer (see [`paced_load`]).
+/// How long a paced client waits after each answer (see [`in_turns_with_health`]).
 const PACE: Duration = Duration::from_millis(50);
 const PACED_RUN: &str = "HTTP /execute print(2+2), 50 ms apart";
 const PACED_HEALTH: &str = "floor: HTTP GET /health, 50 ms apart";
 const SESSION_TURNS: &str = "HTTP session print(2+2), in turns with GET /health";
 const HEALTH_TURNS: &str = "floor: HTTP GET /health, in turns with a session call";
 
-/// A client that pauses between calls, as an agent's tool loop does: each
-/// call [`PACE`] after the last answer, `POST /execute` and `GET /health` in
-/// turns on one keep-alive connection. Meanwhile every process on a call's
-/// path goes idle, and so may the machine's CPUs. The latencies of the runs
-/// and of the `GET /health` calls, and the time it all took.
-async fn paced_load(
+/// `POST /execute` with `body` and `GET /health` in turns on one keep-alive
+/// connection from one client task, each call `pause` after the last answer
+/// (none: back to back), after `warm_up` turns. With a pause the client
+/// is an agent's tool loop: meanwhile every process on a call's path goes
+/// idle, and so may the machine's CPUs. Back to back with a session call,
+/// it shows what the call costs against the HTTP round trip it rides on,
+/// with the client, its connection and the server's state the same for
+/// both. The latencies of the `/execute` and of the `GET /health` calls,
+/// and the time it all took.
+async fn in_turns_with_health(
     url: &str,
-    code: &str,
+    body: &str,
+    pause: Duration,
+    warm_up: usize,
     seconds: f64,
 ) -> (Vec<Duration>, Vec<Duration>, Duration) {
     let client = reqwest::Client::builder()
         .tcp_nodelay(true)
         .build()
         .unwrap();
-    let body = json!({ "code": code }).to_string();
     let health = format!("{url}/health");
-    for _ in 0..5 {
-        send(&client, url, &body).await;
+    for _ in 0..warm_up {
+        send(&client, url, body).await;
+        get_health(&client, &health).await;
     }
     let started = Instant::now();
     let deadline = started + Duration::from_secs_f64(seconds);
     let (mut runs, mut gets) = (Vec::new(), Vec::new());
     while Instant::now() < deadline {
-        tokio::time::sleep(PACE).await;
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
         let t = Instant::now();
-        send(&client, url, &body).await;
+        send(&client, url, body).await;
         runs.push(t.elapsed());
-        tokio::time::sleep(PACE).await;
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
         let t = Instant::now();
         get_health(&client, &health).await;
         gets.push(t.elapsed());
@@ -696,10 +674,13 @@ async fn main() {
         rows.push(Stats::new("floor: HTTP GET /health", 1, latencies, elapsed));
         let id = create_session(&server.url).await;
         let body = json!({ "code": code, "session": id }).to_string();
-        let (calls, gets, elapsed) = session_and_health_load(&server.url, &body, seconds).await;
+        let (calls, gets, elapsed) =
+            in_turns_with_health(&server.url, &body, Duration::ZERO, 50, seconds).await;
         rows.push(Stats::new(SESSION_TURNS, 1, calls, elapsed));
         rows.push(Stats::new(HEALTH_TURNS, 1, gets, elapsed));
-        let (runs, gets, elapsed) = paced_load(&server.url, code, seconds).await;
+        let body = json!({ "code": code }).to_string();
+        let (runs, gets, elapsed) =
+            in_turns_with_health(&server.url, &body, PACE, 5, seconds).await;
         rows.push(Stats::new(PACED_RUN, 1, runs, elapsed));
         rows.push(Stats::new(PACED_HEALTH, 1, gets, elapsed));
     }
