@@ -261,6 +261,69 @@ async fn a_timeout_interrupts_and_keeps_the_state() {
 }
 
 #[tokio::test]
+async fn an_interrupt_shows_the_calls_line_and_a_calls_own_handler_lasts_one_call() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    let spin = "import time\nwhile True:\n    time.sleep(0.01)\n";
+    let (status, body) = server
+        .execute(json!({"session": id, "timeout": 0.5, "code": spin}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["error"]["type"], "KeyboardInterrupt", "{body}");
+    assert_eq!(body["error"]["line"], 3, "{body}");
+    let traceback = body["error"]["traceback"].as_str().unwrap();
+    assert!(
+        traceback.contains("line 3") && traceback.ends_with("KeyboardInterrupt\n"),
+        "{traceback}"
+    );
+    assert!(!traceback.contains("worker"), "{traceback}");
+    assert_eq!(body["stderr"].as_str().unwrap(), traceback, "{body}");
+    // A call that takes SIGINT for itself keeps it for that call only: the
+    // next call's timeout interrupts it as usual, and the session lives.
+    let own = "import signal\nseen = []\nsignal.signal(signal.SIGINT, lambda *a: seen.append(1))\n";
+    ok(&server, &id, own).await;
+    let (status, body) = server
+        .execute(json!({"session": id, "timeout": 0.5, "code": spin}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["timed_out"], true, "{body}");
+    assert_eq!(body["error"]["type"], "KeyboardInterrupt", "{body}");
+    assert!(body.get("session_lost").is_none(), "{body}");
+    assert_eq!(ok(&server, &id, "seen").await["result"], "[]");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_same_code_sent_again_runs_again_with_its_warnings() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    let count = "n = globals().get('n', 0) + 1\nprint(n)\nn";
+    for n in 1..=3 {
+        let body = ok(&server, &id, count).await;
+        assert_eq!(body["stdout"], format!("{n}\n"), "{body}");
+        assert_eq!(body["result"], n.to_string(), "{body}");
+    }
+    // A warning of the compiler's belongs on every call's stderr.
+    let warns = "x = 1\nx is 1";
+    for _ in 0..2 {
+        let body = ok(&server, &id, warns).await;
+        assert!(
+            body["stderr"].as_str().unwrap().contains("SyntaxWarning"),
+            "{body}"
+        );
+        assert_eq!(body["result"], "True", "{body}");
+    }
+    // So does an error, and a fixed call after it runs.
+    for _ in 0..2 {
+        let body = ok(&server, &id, "def f(:\n    pass").await;
+        assert_eq!(body["error"]["type"], "SyntaxError", "{body}");
+        assert_eq!(body["error"]["line"], 1, "{body}");
+    }
+    assert_eq!(ok(&server, &id, "n").await["result"], "3");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn an_uninterruptible_run_loses_the_session() {
     let mut config = common::config();
     config.sessions.interrupt_grace = Duration::from_millis(300);
