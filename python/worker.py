@@ -914,7 +914,7 @@ PRECOMPILE_MAX_CHARS = 1 << 16
 PRECOMPILED_KEPT = 8
 
 
-def precompile(code, digits, path=None):
+def precompile(code, digits, path=None, here=False):
     """``code`` compiled by the worker for the child that runs it, as
     ``(body, last)`` code objects (see compile_body), or as the module file
     ``path`` (see compile_module), or None when the child
@@ -928,7 +928,10 @@ def precompile(code, digits, path=None):
     ~0.3 ms compiled here, in a warm process that keeps its pages. The last
     PRECOMPILED_KEPT results are kept, so the many runs of one program (the
     cases of a ``/grade`` call) compile it once. ``digits`` is the run's
-    ``int_max_str_digits``, which bounds the integer literals that compile."""
+    ``int_max_str_digits``, which bounds the integer literals that compile.
+    ``here``: the code runs in this very process (a session's), whose own
+    warning filters then decide what a compile shows, and stay untouched
+    (see quiet_warnings)."""
     if len(code) > PRECOMPILE_MAX_CHARS:
         return None
     key = (code, digits, path)
@@ -946,9 +949,13 @@ def precompile(code, digits, path=None):
     try:
         if before is not None:
             set_digits(digits)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            compiled = compile_run(code) if path is None else compile_module(code, path)
+        if here:
+            with quiet_warnings(warnings) as caught:
+                compiled = compile_run(code) if path is None else compile_module(code, path)
+        else:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                compiled = compile_run(code) if path is None else compile_module(code, path)
         if caught:
             compiled = None
     except Exception:
@@ -960,6 +967,30 @@ def precompile(code, digits, path=None):
         del _precompiled[next(iter(_precompiled))]
     _precompiled[key] = compiled
     return compiled
+
+
+class quiet_warnings:
+    """The warnings a compile would show, kept instead of shown (a list),
+    with the filters left as they are. ``catch_warnings`` changes them, and
+    any change makes every warning this process showed once per place show
+    again; a session's calls must see what one interpreter shows. A warning
+    kept here is shown by the compile that follows (precompile returns
+    None), so a "once" filter's record of it is taken back."""
+
+    def __init__(self, warnings):
+        self.warnings = warnings
+        self.shown = []
+        self.show = None
+
+    def __enter__(self):
+        self.show = self.warnings._showwarnmsg
+        self.warnings._showwarnmsg = self.shown.append
+        return self.shown
+
+    def __exit__(self, *exc):
+        self.warnings._showwarnmsg = self.show
+        for msg in self.shown:
+            self.warnings.onceregistry.pop((str(msg.message), msg.category), None)
 
 
 def precompile_files(files, paths, digits):
@@ -2853,7 +2884,7 @@ def session_call(msg, main, rundir, devnull):
         # clean runs (see precompile): a call sent again (a harness, a
         # check) skips the ~50 us of parsing and compiling even a one-liner.
         digits = getattr(sys, "get_int_max_str_digits", None)
-        compiled = precompile(code, digits() if digits else None)
+        compiled = precompile(code, digits() if digits else None, here=True)
         if _signal.getsignal(_SIGINT) is not interrupt_call:  # the last call's code set its own
             _signal.signal(_SIGINT, interrupt_call)
         _in_call[0] = True

@@ -324,6 +324,36 @@ async fn the_same_code_sent_again_runs_again_with_its_warnings() {
 }
 
 #[tokio::test]
+async fn a_warning_shows_once_per_place_across_calls_as_in_one_interpreter() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    let body = ok(
+        &server,
+        &id,
+        "import warnings\ndef f():\n    warnings.warn('once per place')\nf()",
+    )
+    .await;
+    assert!(
+        body["stderr"].as_str().unwrap().contains("once per place"),
+        "{body}"
+    );
+    // Later calls, each a program not seen before, reach the same place.
+    for n in 0..3 {
+        let body = ok(&server, &id, &format!("f()\nprint({n})")).await;
+        assert_eq!(body["stdout"], format!("{n}\n"), "{body}");
+        assert_eq!(body["stderr"], "", "{body}");
+    }
+    // Under a "once" filter the compiler's warning shows the first time only.
+    ok(&server, &id, "warnings.simplefilter('once')").await;
+    for first in [true, false] {
+        let body = ok(&server, &id, "y = 1\ny is 1").await;
+        let stderr = body["stderr"].as_str().unwrap();
+        assert_eq!(stderr.contains("SyntaxWarning"), first, "{body}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn an_uninterruptible_run_loses_the_session() {
     let mut config = common::config();
     config.sessions.interrupt_grace = Duration::from_millis(300);
