@@ -42,13 +42,18 @@ const MAX_ERROR_CHARS: usize = 64 * 1024;
 /// the call left writing must not keep a runtime thread reading.
 const DRAIN_BYTES: usize = 1 << 20;
 
+/// How long a call runs before the runtime watches the child's stdout and
+/// stderr (see [`Output`]). A call that fills a pipe (64 KiB) sooner waits
+/// at most this long for it to be read.
+const QUIET: Duration = Duration::from_millis(2);
+
 /// The server's ends of a session child's pipes.
 #[derive(Debug)]
 pub(super) struct DirectSession {
     /// Calls (`exec` frames) are written here.
     request: pipe::Sender,
-    stdout: pipe::Receiver,
-    stderr: pipe::Receiver,
+    stdout: Output,
+    stderr: Output,
     /// One report per call (a length-prefixed msgpack map); user code can
     /// write here too, so nothing read from it is trusted.
     report: pipe::Receiver,
@@ -144,6 +149,75 @@ struct End<'a> {
     max_artifacts_bytes: u64,
 }
 
+/// A session child's stdout or stderr. The runtime watches it only while a
+/// call streams its output or has run for [`QUIET`]: a short call's output
+/// is read once its report has come, when all of it is in the pipe. Were
+/// the pipe watched, the call's first write would wake a runtime thread
+/// for the few bytes of a `print`, and its report wake it again.
+#[derive(Debug)]
+struct Output {
+    /// The pipe while the runtime does not watch it.
+    idle: Option<OwnedFd>,
+    /// The pipe while it does.
+    watched: Option<AsyncFd<OwnedFd>>,
+}
+
+impl Output {
+    fn new(fd: OwnedFd) -> std::io::Result<Output> {
+        let flags = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL)?;
+        let flags = nix::fcntl::OFlag::from_bits_retain(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(flags))?;
+        Ok(Output {
+            idle: Some(fd),
+            watched: None,
+        })
+    }
+
+    fn is_watched(&self) -> bool {
+        self.watched.is_some()
+    }
+
+    /// Have the runtime watch the pipe, so that [`Output::read`] can wait.
+    fn watch(&mut self) -> std::io::Result<()> {
+        if let Some(fd) = self.idle.take() {
+            self.watched = Some(crate::sys::watch_readable(fd)?);
+        }
+        Ok(())
+    }
+
+    /// Stop watching (a call is over).
+    fn unwatch(&mut self) {
+        if let Some(watched) = self.watched.take() {
+            self.idle = Some(watched.into_inner());
+        }
+    }
+
+    /// What the pipe holds now, without waiting (`WouldBlock`: nothing).
+    fn try_read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let fd = match (&self.idle, &self.watched) {
+            (Some(fd), _) => fd.as_fd(),
+            (None, Some(watched)) => watched.get_ref().as_fd(),
+            (None, None) => return Ok(0),
+        };
+        Ok(nix::unistd::read(fd, buf)?)
+    }
+
+    /// Wait for the pipe to hold something and read it; a pipe not watched
+    /// never does (see [`Output::watch`]).
+    async fn read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let Some(watched) = &self.watched else {
+            return std::future::pending().await;
+        };
+        loop {
+            let mut ready = watched.readable().await?;
+            match ready.try_io(|fd| Ok(nix::unistd::read(fd.get_ref(), buf)?)) {
+                Ok(read) => return read,
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
 /// One captured stream, keeping at most `cap` bytes.
 struct Capture {
     data: Vec<u8>,
@@ -196,7 +270,7 @@ impl Capture {
     /// (the call is over).
     fn drain(
         &mut self,
-        pipe: &pipe::Receiver,
+        pipe: &Output,
         buf: &mut [u8],
         stream: OutputStream,
         sink: Option<&OutputSink>,
@@ -273,8 +347,8 @@ impl Worker {
         };
         self.session = Some(DirectSession {
             request: pipe::Sender::from_owned_fd(request).map_err(WorkerError::Io)?,
-            stdout: pipe::Receiver::from_owned_fd(stdout).map_err(WorkerError::Io)?,
-            stderr: pipe::Receiver::from_owned_fd(stderr).map_err(WorkerError::Io)?,
+            stdout: Output::new(stdout).map_err(WorkerError::Io)?,
+            stderr: Output::new(stderr).map_err(WorkerError::Io)?,
             report: pipe::Receiver::from_owned_fd(report).map_err(WorkerError::Io)?,
             ended: pidfd
                 .map(crate::sys::watch_readable)
@@ -328,6 +402,11 @@ impl Worker {
                     .saturating_add(REPORT_ROOM)
                     .min(protocol::MAX_FRAME_BYTES as u64);
                 let interrupt_at = started + Duration::from_secs_f64(params.timeout.max(0.0));
+                let listen_at = if output.is_some() {
+                    started
+                } else {
+                    started + QUIET
+                };
                 let mut kill_at: Option<Instant> = None;
                 let mut report = Vec::new();
                 loop {
@@ -340,6 +419,7 @@ impl Worker {
                         &mut out,
                         &mut err,
                         output,
+                        listen_at,
                         kill_at.unwrap_or(interrupt_at).min(hard),
                     )
                     .await;
@@ -372,6 +452,8 @@ impl Worker {
                 let buf = &mut session.buffers[0];
                 out.drain(&session.stdout, buf, OutputStream::Stdout, output);
                 err.drain(&session.stderr, buf, OutputStream::Stderr, output);
+                session.stdout.unwatch();
+                session.stderr.unwatch();
                 report_output(*report, &params)
             }
             how => {
@@ -415,8 +497,9 @@ impl Worker {
 }
 
 /// Watch a call until it ends or `wake` comes (`Ended::Interrupt`):
-/// drain its output into `out` and `err` (streamed to `output`), gather
-/// its report in `report`, see the child end.
+/// drain its output into `out` and `err` (streamed to `output`) from
+/// `listen_at` on (see [`Output`]), gather its report in `report`, see the
+/// child end.
 #[allow(clippy::too_many_arguments)]
 async fn watch(
     session: &mut DirectSession,
@@ -426,9 +509,11 @@ async fn watch(
     out: &mut Capture,
     err: &mut Capture,
     output: Option<&OutputSink>,
+    listen_at: Instant,
     wake: Instant,
 ) -> Ended {
     let [obuf, ebuf, rbuf] = &mut session.buffers;
+    let mut listening = session.stdout.is_watched();
     let child_ended = async {
         match &session.ended {
             Some(pidfd) => drop(pidfd.readable().await),
@@ -457,7 +542,17 @@ async fn watch(
                 }
             }
             () = &mut child_ended => return Ended::Exit,
-            () = tokio::time::sleep_until(wake.into()) => return Ended::Interrupt,
+            () = tokio::time::sleep_until(if listening { wake } else { wake.min(listen_at) }.into()) => {
+                if listening || wake <= listen_at {
+                    return Ended::Interrupt;
+                }
+                listening = true;
+                let watched = session.stdout.watch().and_then(|()| session.stderr.watch());
+                if let Err(e) = watched {
+                    // The output is still read once the report has come.
+                    tracing::warn!(error = %e, "cannot watch a session's output");
+                }
+            }
         }
     }
 }

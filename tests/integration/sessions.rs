@@ -573,6 +573,53 @@ async fn a_session_calls_output_is_capped_and_the_rest_does_not_reach_the_next_c
 }
 
 #[tokio::test]
+async fn a_session_call_that_fills_both_pipes_in_turns_gets_all_its_output() {
+    // Each write is more than a pipe holds, and each stream waits on the
+    // other: the server must read both while the call runs.
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    let code = "import sys\n\
+                for i in range(4):\n    \
+                    sys.stderr.write(str(i) * 100000); sys.stderr.flush()\n    \
+                    sys.stdout.write(chr(97 + i) * 100000); sys.stdout.flush()\n\
+                'done'";
+    let started = Instant::now();
+    let (status, body) = server
+        .execute(json!({"code": code, "session": id, "timeout": 20}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["timed_out"], false, "{}", body["error"]);
+    assert_eq!(body["exit_code"], 0, "{}", body["error"]);
+    assert_eq!(body["result"], "'done'");
+    assert_eq!(body["truncated"], false);
+    let stdout: String = "abcd"
+        .chars()
+        .map(|c| c.to_string().repeat(100_000))
+        .collect();
+    let stderr: String = "0123"
+        .chars()
+        .map(|c| c.to_string().repeat(100_000))
+        .collect();
+    assert!(
+        body["stdout"] == stdout.as_str(),
+        "stdout is not the 4 x 100000 letters written"
+    );
+    assert!(
+        body["stderr"] == stderr.as_str(),
+        "stderr is not the 4 x 100000 digits written"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let next = ok(&server, &id, "print('next')").await;
+    assert_eq!(next["stdout"], "next\n", "{next}");
+    assert_eq!(next["stderr"], "", "{next}");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn a_forged_report_cannot_name_files_outside_the_session_directory() {
     // User code can write to the session process's report pipe: a report
     // without its call's id is skipped; one that found the id (in the
