@@ -32,6 +32,7 @@ use crate::config::{Config, ConnectionLimits};
 use crate::executor::Executor;
 use crate::http::guard::{self, BodyLimits};
 use crate::http::observe::observe;
+use crate::http::own_wakes::OwnWakes;
 use crate::http::{AppState, mcp_gate, router};
 use crate::mcp;
 
@@ -180,6 +181,9 @@ async fn serve_connections(
             },
         ));
         let conn = graceful.watch(http.serve_connection(TokioIo::new(tcp), service));
+        // A request body wakes the connection's own task twice (see
+        // `OwnWakes`): polled again at once, no other thread is woken.
+        let conn = OwnWakes::new(conn);
         tokio::spawn(async move {
             // Errors here are the client's (reset, timed out): not ours to log.
             let _ = conn.await;

@@ -5,6 +5,7 @@ mod gate;
 pub mod guard;
 pub mod observe;
 pub mod openapi;
+pub(crate) mod own_wakes;
 mod stream;
 
 use std::sync::Arc;
