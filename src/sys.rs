@@ -123,9 +123,18 @@ pub(crate) fn recv_fds(
 pub(crate) fn watch_readable(
     fd: std::os::fd::OwnedFd,
 ) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    watch(fd, tokio::io::Interest::READABLE)
+}
+
+/// Register `fd` with the tokio reactor for `interest`: an
+/// [`tokio::io::unix::AsyncFd`] that owns it.
+pub(crate) fn watch(
+    fd: std::os::fd::OwnedFd,
+    interest: tokio::io::Interest,
+) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
     // SAFETY: the `AsyncFd` owns `fd`, an `OwnedFd`: it stays open and
     // refers to the same file description until the `AsyncFd` is dropped,
     // and `as_raw_fd` always returns that descriptor.
-    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }
         .map_err(std::io::Error::from)
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 
 use super::{OutputChunk, OutputSink, OutputStream, RunOutput, Worker};
@@ -320,9 +320,7 @@ impl Worker {
         let received = tokio::time::timeout(within, async {
             loop {
                 channel.readable().await?;
-                match channel.try_io(Interest::READABLE, || {
-                    crate::sys::recv_fds(channel.as_fd(), 5)
-                }) {
+                match channel.try_read(|| crate::sys::recv_fds(channel.as_fd(), 5)) {
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                     other => return other,
                 }

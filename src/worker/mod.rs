@@ -4,6 +4,7 @@
 //! then runs one request at a time. Anything that goes wrong mid-request
 //! leaves it poisoned: the pool never hands it out again.
 
+mod channel;
 mod code_cache;
 mod direct;
 mod process;
@@ -20,8 +21,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use parking_lot::Mutex;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::UnixStream;
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::sync::mpsc;
 use tokio_util::codec::FramedRead;
@@ -219,7 +219,7 @@ pub struct Worker {
     /// Requests go here (the worker's stdin, one end of a Unix socket pair,
     /// over which the worker also hands over a direct session's pipes);
     /// dropping it tells the worker to exit.
-    stdin: Option<UnixStream>,
+    stdin: Option<channel::Channel>,
     /// Frames from the worker, with the protocol's maximum frame size.
     frames: Frames,
     /// The worker's private scratch root; removed when the worker is dropped.
@@ -285,7 +285,7 @@ impl Worker {
         // can also carry descriptors from the worker (a direct session's).
         let (channel, theirs) = std::os::unix::net::UnixStream::pair().map_err(WorkerError::Io)?;
         channel.set_nonblocking(true).map_err(WorkerError::Io)?;
-        let channel = UnixStream::from_std(channel).map_err(WorkerError::Io)?;
+        let channel = channel::Channel::new(channel).map_err(WorkerError::Io)?;
         let mut cgroup = None;
         let mut cmd = match &spec.sandbox {
             Some(plan) => {
@@ -605,12 +605,9 @@ impl Worker {
         let started = Instant::now();
         let stdin = self
             .stdin
-            .as_mut()
+            .as_ref()
             .ok_or(WorkerError::Crashed { exited: None })?;
-        let write = async {
-            stdin.write_all(frame).await?;
-            stdin.flush().await
-        };
+        let write = stdin.write_all(frame);
         match tokio::time::timeout(deadline, write).await {
             Err(_) => return Err(WorkerError::Unresponsive(deadline)),
             Ok(Err(_)) => return Err(self.died()),
@@ -697,7 +694,7 @@ impl Worker {
     pub async fn echo_raw(&mut self, frame: &[u8]) -> Result<bytes::BytesMut, WorkerError> {
         let stdin = self
             .stdin
-            .as_mut()
+            .as_ref()
             .ok_or(WorkerError::Crashed { exited: None })?;
         stdin.write_all(frame).await.map_err(WorkerError::Io)?;
         match self.frames.next().await {

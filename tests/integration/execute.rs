@@ -216,6 +216,37 @@ print(os.getcwd() == os.environ["PWD"])
 }
 
 #[tokio::test]
+async fn a_request_far_larger_than_the_workers_socket_buffer_arrives_whole() {
+    // The request (a 6 MB file and 3 MB of stdin) is written to the worker
+    // in many parts, each once the worker has read the last.
+    let server = TestServer::start().await;
+    let text: String = (0..6_000_000u32)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let stdin = "0123456789".repeat(300_000);
+    let code = r#"
+import sys
+data = open("big.txt").read()
+print(len(data), data == "".join(chr(97 + i % 26) for i in range(len(data))))
+given = sys.stdin.read()
+print(len(given), given == "0123456789" * 300000)
+"#;
+    for _ in 0..2 {
+        let (status, body) = server
+            .execute(json!({"code": code, "files": {"big.txt": text}, "stdin": stdin}))
+            .await;
+        assert_eq!(status, 200, "{}", body["error"]);
+        assert_eq!(
+            body["stdout"], "6000000 True\n3000000 True\n",
+            "{}",
+            body["error"]
+        );
+    }
+    assert_eq!(server.run("print(2 + 2)").await["stdout"], "4\n");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn each_run_gets_a_fresh_main_module() {
     let server = TestServer::start().await;
     let body = server
