@@ -153,62 +153,76 @@ mod tests {
         }
     }
 
-    fn script(
-        ready_at: usize,
-        self_wakes: usize,
-    ) -> (
-        OwnWakes<Script>,
-        Arc<AtomicUsize>,
-        Arc<Mutex<Option<Waker>>>,
-    ) {
-        let polls = Arc::new(AtomicUsize::new(0));
-        let outside = Arc::new(Mutex::new(None));
-        let future = OwnWakes::new(Script {
-            polls: polls.clone(),
-            ready_at,
-            self_wakes,
-            outside: outside.clone(),
-        });
-        (future, polls, outside)
+    /// A [`Script`] in [`OwnWakes`], polled by a task that counts its wakes.
+    struct Setup {
+        future: OwnWakes<Script>,
+        polls: Arc<AtomicUsize>,
+        outside: Arc<Mutex<Option<Waker>>>,
+        task: Arc<Count>,
+    }
+
+    impl Setup {
+        fn new(ready_at: usize, self_wakes: usize) -> Setup {
+            let polls = Arc::new(AtomicUsize::new(0));
+            let outside = Arc::new(Mutex::new(None));
+            let future = OwnWakes::new(Script {
+                polls: polls.clone(),
+                ready_at,
+                self_wakes,
+                outside: outside.clone(),
+            });
+            let task = Arc::new(Count(AtomicUsize::new(0)));
+            Setup {
+                future,
+                polls,
+                outside,
+                task,
+            }
+        }
+
+        fn poll(&mut self) -> Poll<usize> {
+            let waker = Waker::from(self.task.clone());
+            Pin::new(&mut self.future).poll(&mut Context::from_waker(&waker))
+        }
+
+        fn polls(&self) -> usize {
+            self.polls.load(Ordering::SeqCst)
+        }
+
+        fn wakes(&self) -> usize {
+            self.task.0.load(Ordering::SeqCst)
+        }
     }
 
     #[test]
     fn wakes_during_a_poll_poll_again_without_waking_the_task() {
-        let (mut future, polls, _) = script(3, 2);
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
-        let mut cx = Context::from_waker(&waker);
-        assert_eq!(Pin::new(&mut future).poll(&mut cx), Poll::Ready(3));
-        assert_eq!(polls.load(Ordering::SeqCst), 3);
-        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        let mut setup = Setup::new(3, 2);
+        assert_eq!(setup.poll(), Poll::Ready(3));
+        assert_eq!(setup.polls(), 3);
+        assert_eq!(setup.wakes(), 0);
     }
 
     #[test]
     fn a_wake_between_polls_reaches_the_task() {
-        let (mut future, polls, outside) = script(2, 0);
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
-        let mut cx = Context::from_waker(&waker);
-        assert_eq!(Pin::new(&mut future).poll(&mut cx), Poll::Pending);
-        assert_eq!(count.0.load(Ordering::SeqCst), 0);
-        outside.lock().take().expect("a waker handed out").wake();
-        assert_eq!(count.0.load(Ordering::SeqCst), 1);
-        assert_eq!(Pin::new(&mut future).poll(&mut cx), Poll::Ready(2));
-        assert_eq!(polls.load(Ordering::SeqCst), 2);
+        let mut setup = Setup::new(2, 0);
+        assert_eq!(setup.poll(), Poll::Pending);
+        assert_eq!(setup.wakes(), 0);
+        setup
+            .outside
+            .lock()
+            .take()
+            .expect("a waker handed out")
+            .wake();
+        assert_eq!(setup.wakes(), 1);
+        assert_eq!(setup.poll(), Poll::Ready(2));
+        assert_eq!(setup.polls(), 2);
     }
 
     #[test]
     fn a_future_that_keeps_waking_itself_goes_back_to_the_scheduler() {
-        let (mut future, polls, _) = script(usize::MAX, usize::MAX);
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
-        let mut cx = Context::from_waker(&waker);
-        assert_eq!(Pin::new(&mut future).poll(&mut cx), Poll::Pending);
-        assert_eq!(polls.load(Ordering::SeqCst), MAX_POLLS);
-        assert_eq!(
-            count.0.load(Ordering::SeqCst),
-            1,
-            "the task is woken to be polled later"
-        );
+        let mut setup = Setup::new(usize::MAX, usize::MAX);
+        assert_eq!(setup.poll(), Poll::Pending);
+        assert_eq!(setup.polls(), MAX_POLLS);
+        assert_eq!(setup.wakes(), 1, "the task is woken to be polled later");
     }
 }
