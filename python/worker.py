@@ -89,7 +89,11 @@ killed during the call.
 
 A direct session's calls bypass the worker: the server writes each `exec`
 frame to the session child's request pipe and reads its stdout and stderr
-itself; the child answers on its report pipe with a 4-byte length and a
+itself. On that pipe the frame's map is a pickle (protocol 3, after the
+4-byte length), not msgpack: the C unpickler reads it in a few microseconds,
+the pure-Python msgpack decoder in about twenty, on every call. Only the
+server writes that pipe (user code could write its own process's request
+pipe, but it runs in that process already); the child answers on its report pipe with a 4-byte length and a
 msgpack map of `id` (the call's), `status`, `result`, `error`, `artifacts`
 (as in `result`) and optional `cpu_ms` and `peak_rss_kb`. User code can
 write to that pipe too: the server skips reports of other calls and trusts
@@ -427,6 +431,53 @@ def read_frame(fileobj):
     if body is None and n:
         raise EOFError("channel closed inside a frame")
     return body or bytearray()
+
+
+class FrameReader:
+    """Frames read from the pipe ``fd``, each in one ``read`` when it holds
+    all of it (``read_frame`` reads the length, then the body: two). What a
+    read brings beyond a frame is kept for the next."""
+
+    __slots__ = ("fd", "rest")
+
+    CHUNK = 16 * 1024
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.rest = b""
+
+    def read(self):
+        """The next frame's body; ChannelClosed at the pipe's end between
+        frames, EOFError inside one."""
+        buf = self.rest
+        while len(buf) < 4:
+            more = os.read(self.fd, self.CHUNK)
+            if not more:
+                if buf:
+                    raise EOFError("channel closed inside a frame")
+                raise ChannelClosed()
+            buf += more
+        (n,) = _unpack_from("!I", buf)
+        if n > MAX_FRAME:
+            raise ValueError("frame of %d bytes exceeds the limit" % n)
+        end = 4 + n
+        if len(buf) >= end:
+            self.rest = buf[end:]
+            return buf[4:end]
+        # A large frame: read into one buffer of its size.
+        self.rest = b""
+        whole = bytearray(n)
+        have = len(buf) - 4
+        whole[:have] = memoryview(buf)[4:]
+        del buf
+        view = memoryview(whole)
+        while have < n:
+            k = os.readv(self.fd, [view[have:]])
+            if not k:
+                raise EOFError("channel closed inside a frame")
+            have += k
+        view.release()
+        return whole
 
 
 def write_all(fd, data):
@@ -1578,18 +1629,23 @@ def run_usage(child):
     return {"cpu_ms": usage[0] * 1000.0, "peak_rss_kb": int(usage[1])}
 
 
-def own_usage(begun=0.0):
+def own_usage(begun=0.0, rusage=None):
     """The report's ``cpu_ms`` and ``peak_rss_kb``, as the run's own process
     measures them just before it reports (subprocesses it waited for
     included): CPU time since ``begun`` (its ``cpu_ms`` at the request's
-    start), and the process's peak RSS in KiB."""
+    start), and the process's peak RSS in KiB. ``rusage``: the process's
+    own and its children's, read just now (see own_rusage)."""
     if resource is None:
         return {}
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    me, kids = rusage or own_rusage()
     cpu_ms = (me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime) * 1000.0
     return {"cpu_ms": max(0.0, cpu_ms - begun),
             "peak_rss_kb": max(me.ru_maxrss, kids.ru_maxrss)}
+
+
+def own_rusage():
+    """This process's rusage and that of the children it waited for."""
+    return resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
 
 
 def sane_report(report):
@@ -2787,7 +2843,7 @@ class Learning:
 def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, limits, base_tmp,
                  run_dir, scope, direct=False):
     """Body of a session child: serve calls until the request pipe closes.
-    ``direct``: the server writes the calls (``exec`` frames, msgpack) and
+    ``direct``: the server writes the calls (``exec`` frames, pickled) and
     reads the pipes itself, so the report carries the call's artifacts too
     (see "Sessions")."""
     status = 70
@@ -2803,20 +2859,21 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
         apply_limits(fixed)
         main = fresh_main()
         devnull = os.open(os.devnull, os.O_RDONLY)
-        req = open(req_r, "rb", buffering=0)
+        req = FrameReader(req_r)
         files = None  # the directory as the last call left it (see Session)
         if direct:
             # What collecting artifacts imports, imported before user code
             # runs: a call's own ``mimetypes.py`` (the session directory is
             # on sys.path) is then never the one it gets.
             import fnmatch, mimetypes  # noqa: F401,E401
+            from pickle import loads as load_call
         while True:
             try:
-                frame = read_frame(req)
+                frame = req.read()
             except (ChannelClosed, EOFError):
                 status = 0
                 break
-            msg = unpackb(frame) if direct else marshal.loads(frame)
+            msg = load_call(frame) if direct else marshal.loads(frame)
             del frame
             select_ = msg["artifacts"] if direct else False
             if select_ is not False:
@@ -2825,7 +2882,7 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
                 caps = (msg["max_artifact_bytes"], msg["max_artifacts_bytes"])
             files = None
             call = msg["id"]
-            report = session_call(msg, main, rundir, devnull)
+            report, used = session_call(msg, main, rundir, devnull)
             del msg
             if direct:
                 report["id"] = call  # the server skips reports of other calls
@@ -2833,7 +2890,7 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
                 # The walk is the session machinery's, not the call's: it
                 # gets CPU of its own, and a failure loses the artifacts of
                 # this call, never the session.
-                set_cpu_budget(CLEAN_SECONDS + 1)
+                set_cpu_budget(CLEAN_SECONDS + 1, used, at_least=True)
                 try:
                     report["artifacts"], files = changed_artifacts(
                         rundir, before, inputs, artifact_globs(select_), *caps)
@@ -2866,8 +2923,10 @@ def interrupt_call(signum, frame):
 
 
 def session_call(msg, main, rundir, devnull):
-    """Run one call's code in the session's ``main``; its report."""
-    begun = own_usage().get("cpu_ms", 0.0)
+    """Run one call's code in the session's ``main``; its report, and the
+    CPU seconds the session's process has used (see set_cpu_budget)."""
+    rusage = own_rusage() if resource is not None else None
+    begun = own_usage(rusage=rusage).get("cpu_ms", 0.0)
     outcome = RunOutcome()
     try:
         os.dup2(devnull, 0)
@@ -2875,7 +2934,7 @@ def session_call(msg, main, rundir, devnull):
         if msg["stdin"]:
             set_stdin(msg["stdin"])
             sys.stdin = open(0, "r", closefd=False)
-        set_cpu_budget(msg["limits"].get("cpu_seconds"))
+        set_cpu_budget(msg["limits"].get("cpu_seconds"), cpu_used(rusage))
         code = msg["code"]
         argv = msg["argv"]
         cap = msg["max_result_chars"]
@@ -2902,29 +2961,61 @@ def session_call(msg, main, rundir, devnull):
             stream.flush()
         except BaseException:
             pass
-    return {"status": outcome.status, "result": outcome.result, "error": outcome.error,
-            **own_usage(begun)}
+    rusage = own_rusage() if resource is not None else None
+    return ({"status": outcome.status, "result": outcome.result, "error": outcome.error,
+             **own_usage(begun, rusage)}, cpu_used(rusage))
 
 
-def set_cpu_budget(seconds):
-    """Let this call use ``seconds`` of CPU beyond what the session used so
-    far (RLIMIT_CPU counts the life of the process)."""
-    if not seconds or resource is None:
+def cpu_used(rusage):
+    """The CPU seconds this process has used (what RLIMIT_CPU counts), from
+    ``own_rusage()``; None without the resource module."""
+    if rusage is None:
+        return None
+    return rusage[0].ru_utime + rusage[0].ru_stime
+
+
+def set_cpu_budget(seconds, used, at_least=False):
+    """Let this call use ``seconds`` of CPU beyond the ``used`` seconds the
+    session's process has used so far (RLIMIT_CPU counts the life of the
+    process). ``at_least``: a soft limit that allows as much already stays."""
+    if not seconds or used is None:
         return
     try:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        soft = int(usage.ru_utime + usage.ru_stime) + int(seconds)
-        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        soft = int(used) + int(seconds)
+        current, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        if at_least and (current == resource.RLIM_INFINITY or current >= soft):
+            return
         if hard != resource.RLIM_INFINITY:
             soft = min(soft, hard)
-        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+        if soft != current:
+            resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
     except (ValueError, OSError):
         pass
 
 
 def snapshot(root):
-    """(size, mtime_ns, inode) of every regular file under ``root``."""
-    return {rel: (st.st_size, st.st_mtime_ns, st.st_ino) for rel, _, st in walk_files(root)}
+    """(size, mtime_ns, inode) of every regular file under ``root``, by
+    relative path; symlinks are never followed. Taken after every session
+    call, so it is walk_files without the sorting and the generator: a
+    session directory that holds nothing costs one ``scandir``."""
+    found = {}
+    pending = [(root, "")]
+    while pending:
+        path, prefix = pending.pop()
+        try:
+            with os.scandir(path) as entries:
+                for entry in entries:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            pending.append((entry.path, prefix + entry.name + "/"))
+                        elif entry.is_file(follow_symlinks=False):
+                            st = entry.stat(follow_symlinks=False)
+                            found[prefix + entry.name] = (st.st_size, st.st_mtime_ns, st.st_ino)
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return found
 
 
 def written_since(root, since, inputs, select, max_each, max_total):
@@ -2942,9 +3033,11 @@ def changed_artifacts(root, before, inputs, select, max_each, max_total):
     snapshot ``before``), except input files left as they were sent; and
     the snapshot taken now."""
     after = snapshot(root)
-    changed = ((rel, os.path.join(root, rel), after[rel][0])
-               for rel in sorted(r for r, st in after.items() if before.get(r) != st))
-    return pick_artifacts(changed, inputs, select, max_each, max_total), after
+    changed = sorted(rel for rel, st in after.items() if before.get(rel) != st)
+    if not changed:
+        return [], after
+    found = ((rel, os.path.join(root, rel), after[rel][0]) for rel in changed)
+    return pick_artifacts(found, inputs, select, max_each, max_total), after
 
 
 class Session:

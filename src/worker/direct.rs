@@ -1,5 +1,5 @@
 //! Session calls the server answers itself: it writes a call's `exec` frame
-//! to the session child, drains the child's stdout and stderr and reads its
+//! to the session child (pickled, see [`protocol::pickle_frame`]), drains the child's stdout and stderr and reads its
 //! report, so that the worker is not on the call's path. The worker forked
 //! the child and handed over its ends of the child's pipes when the session
 //! started; it still interrupts a call at its timeout, and kills the child
@@ -47,6 +47,10 @@ const DRAIN_BYTES: usize = 1 << 20;
 /// at most this long for it to be read.
 const QUIET: Duration = Duration::from_millis(2);
 
+/// A session keeps the buffer its calls are pickled into while it is no
+/// larger than this (a call with megabytes of files does not pin them).
+const CALL_KEPT: usize = 64 * 1024;
+
 /// The server's ends of a session child's pipes.
 #[derive(Debug)]
 pub(super) struct DirectSession {
@@ -66,6 +70,8 @@ pub(super) struct DirectSession {
     ended: Option<AsyncFd<OwnedFd>>,
     /// Read buffers for the three pipes, made once for the session's life.
     buffers: [Vec<u8>; 3],
+    /// The call being sent, pickled (see [`protocol::pickle_frame`]).
+    call: Vec<u8>,
 }
 
 /// What the server needs to know of a call, read from its `exec` frame.
@@ -358,6 +364,7 @@ impl Worker {
                 vec![0; READ_CHUNK],
                 vec![0; READ_CHUNK],
             ],
+            call: Vec::new(),
         });
         Ok(())
     }
@@ -390,7 +397,12 @@ impl Worker {
                 break;
             }
         }
-        let write = tokio::time::timeout_at(hard.into(), session.request.write_all(frame)).await;
+        protocol::pickle_frame(frame, &mut session.call).map_err(WorkerError::Protocol)?;
+        let write =
+            tokio::time::timeout_at(hard.into(), session.request.write_all(&session.call)).await;
+        if session.call.capacity() > CALL_KEPT {
+            session.call = Vec::new();
+        }
         let ended = match write {
             Err(_) => return Err(WorkerError::Unresponsive(deadline)),
             Ok(Err(_)) => Ended::Unsent,
