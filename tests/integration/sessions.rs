@@ -858,3 +858,98 @@ fn answered_promptly(started: Instant) {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn a_session_call_gets_every_file_change_since_the_last_call_and_only_those() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    let paths = |body: &Value| -> Vec<String> {
+        artifact_paths(body).iter().map(|p| p.to_string()).collect()
+    };
+    let body = ok(
+        &server,
+        &id,
+        "import os\nos.makedirs('sub/deep')\nopen('sub/deep/a.txt', 'w').write('A' * 10)",
+    )
+    .await;
+    assert_eq!(paths(&body), ["sub/deep/a.txt"], "{body}");
+    // A call that touches no file.
+    let body = ok(&server, &id, "x = 1").await;
+    assert_eq!(paths(&body), Vec::<String>::new(), "{body}");
+    // Rewritten in place, same size, deep in the tree.
+    let body = ok(
+        &server,
+        &id,
+        "f = open('sub/deep/a.txt', 'r+')\nf.write('B')\nf.close()",
+    )
+    .await;
+    assert_eq!(paths(&body), ["sub/deep/a.txt"], "{body}");
+    assert_eq!(body["artifacts"][0]["base64"], "QkFBQUFBQUFBQQ==", "{body}");
+    // Only its times changed.
+    let body = ok(
+        &server,
+        &id,
+        "import os\nos.utime('sub/deep/a.txt', (1, 1))",
+    )
+    .await;
+    assert_eq!(paths(&body), ["sub/deep/a.txt"], "{body}");
+    // Moved in from outside the session directory, into a new directory.
+    let body = ok(
+        &server,
+        &id,
+        "import os, shutil, tempfile\nfd, path = tempfile.mkstemp()\nos.write(fd, b'moved')\nos.close(fd)\nos.mkdir('new')\nshutil.move(path, 'new/m.txt')",
+    )
+    .await;
+    assert_eq!(paths(&body), ["new/m.txt"], "{body}");
+    // Written by a thread after its call ended: it comes back with the next.
+    let body = ok(
+        &server,
+        &id,
+        "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.3), open('new/late.txt', 'w').write('late'))).start()",
+    )
+    .await;
+    assert_eq!(paths(&body), Vec::<String>::new(), "{body}");
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let body = ok(&server, &id, "x = 2").await;
+    assert_eq!(paths(&body), ["new/late.txt"], "{body}");
+    let body = ok(&server, &id, "x = 3").await;
+    assert_eq!(paths(&body), Vec::<String>::new(), "{body}");
+    // Changed through a shared mapping the call before made (and closed the
+    // file): a write that raises no file event.
+    ok(
+        &server,
+        &id,
+        "import mmap\nwith open('sub/deep/a.txt', 'r+b') as f:\n    m = mmap.mmap(f.fileno(), 0)",
+    )
+    .await;
+    let body = ok(&server, &id, "m[1:2] = b'C'\nm.flush()").await;
+    assert_eq!(paths(&body), ["sub/deep/a.txt"], "{body}");
+    assert_eq!(body["artifacts"][0]["base64"], "QkNBQUFBQUFBQQ==", "{body}");
+    let body = ok(&server, &id, "import shutil\nshutil.rmtree('new')\nx = 4").await;
+    assert_eq!(paths(&body), Vec::<String>::new(), "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_session_whose_code_closes_the_harness_file_watch_still_gets_its_files() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    ok(&server, &id, "open('first.txt', 'w').write('1')").await;
+    // What a call that closes every descriptor it does not know does.
+    let body = ok(
+        &server,
+        &id,
+        "import os\nclosed = 0\nfor fd in os.listdir('/proc/self/fd'):\n    try:\n        if os.readlink('/proc/self/fd/' + fd) == 'anon_inode:inotify':\n            os.close(int(fd))\n            closed += 1\n    except OSError:\n        pass\nprint(closed)",
+    )
+    .await;
+    assert_eq!(body["stdout"], "1\n", "{body}");
+    for (code, expected) in [
+        ("open('second.txt', 'w').write('2')", vec!["second.txt"]),
+        ("x = 1", vec![]),
+        ("open('first.txt', 'a').write('1')", vec!["first.txt"]),
+    ] {
+        let body = ok(&server, &id, code).await;
+        assert_eq!(artifact_paths(&body), expected, "{code}: {body}");
+    }
+    server.stop().await;
+}
