@@ -93,11 +93,11 @@ itself. On that pipe the frame's map is a pickle (protocol 3, after the
 4-byte length), not msgpack: the C unpickler reads it in a few microseconds,
 the pure-Python msgpack decoder in about twenty, on every call. Only the
 server writes that pipe (user code could write its own process's request
-pipe, but it runs in that process already); the child answers on its report pipe with a 4-byte length and a
-msgpack map of `id` (the call's), `status`, `result`, `error`, `artifacts`
-(as in `result`) and optional `cpu_ms` and `peak_rss_kb`. User code can
-write to that pipe too: the server skips reports of other calls and trusts
-no field.
+pipe, but it runs in that process already). The child answers on its
+report pipe with a 4-byte length and a msgpack map of `id` (the call's),
+`status`, `result`, `error`, `artifacts` (as in `result`) and optional
+`cpu_ms` and `peak_rss_kb`. User code can write to that pipe too: the
+server skips reports of other calls and trusts no field.
 
 The protocol channel lives on private duplicates of the original stdin and
 stdout.  Descriptors 0 and 1 of the worker are then pointed at /dev/null and
@@ -2891,11 +2891,11 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
                 # The walk is the session machinery's, not the call's: it
                 # gets CPU of its own, and a failure loses the artifacts of
                 # this call, never the session.
+                set_cpu_budget(CLEAN_SECONDS + 1, used, at_least=True)
                 try:
                     if tree is not None and tree.quiet():
                         report["artifacts"], files = [], before
                     else:
-                        set_cpu_budget(CLEAN_SECONDS + 1, used, at_least=True)
                         report["artifacts"], files = changed_artifacts(
                             rundir, before, inputs, artifact_globs(select_), *caps, tree=tree)
                 except Exception:
@@ -3079,7 +3079,10 @@ class TreeWatch:
         """True when nothing under the tree changed since the last walk
         (then the last snapshot stands); False when something may have,
         with the events read."""
-        if self.fd is None or "mmap" in sys.modules:
+        if self.fd is None:
+            return False
+        if "mmap" in sys.modules:
+            self.stop()
             return False
         changed = False
         while True:
@@ -3099,16 +3102,19 @@ class TreeWatch:
         already is kept)."""
         if self.failed:
             return
-        if self.fd is None:
-            self.fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-            if self.fd < 0:
-                self.fd = None
-                self.failed = True
-                return
-        if _libc.inotify_add_watch(self.fd, os.fsencode(path),
-                                   IN_CHANGES | IN_ONLYDIR | IN_DONT_FOLLOW) < 0:
-            if _ctypes.get_errno() not in (errno.ENOENT, errno.ENOTDIR):  # not gone since
-                self.stop()
+        try:
+            if self.fd is None:
+                fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+                if fd < 0:
+                    raise _failed("inotify_init1")
+                self.fd = fd
+            if _libc.inotify_add_watch(self.fd, os.fsencode(path),
+                                       IN_CHANGES | IN_ONLYDIR | IN_DONT_FOLLOW) < 0:
+                error = _failed("inotify_add_watch")
+                if error.errno not in (errno.ENOENT, errno.ENOTDIR):  # not gone since read
+                    raise error
+        except Exception:  # no inotify here, the user's limits
+            self.stop()
 
     def stop(self):
         """Walk every call from now on."""

@@ -86,11 +86,11 @@
 //! 4-byte length), not msgpack: the C unpickler reads it in a few microseconds,
 //! the pure-Python msgpack decoder in about twenty, on every call. Only the
 //! server writes that pipe (user code could write its own process's request
-//! pipe, but it runs in that process already); the child answers on its report pipe with a 4-byte length and a
-//! msgpack map of `id` (the call's), `status`, `result`, `error`, `artifacts`
-//! (as in `result`) and optional `cpu_ms` and `peak_rss_kb`. User code can
-//! write to that pipe too: the server skips reports of other calls and trusts
-//! no field.
+//! pipe, but it runs in that process already). The child answers on its
+//! report pipe with a 4-byte length and a msgpack map of `id` (the call's),
+//! `status`, `result`, `error`, `artifacts` (as in `result`) and optional
+//! `cpu_ms` and `peak_rss_kb`. User code can write to that pipe too: the
+//! server skips reports of other calls and trusts no field.
 //!
 //! The worker speaks on private duplicates of its original stdin and stdout;
 //! user code never writes to them (see the header of `python/worker.py`).
