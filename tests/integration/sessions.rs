@@ -863,71 +863,48 @@ fn answered_promptly(started: Instant) {
 async fn a_session_call_gets_every_file_change_since_the_last_call_and_only_those() {
     let server = TestServer::start().await;
     let id = create(&server, json!({})).await;
-    let paths = |body: &Value| -> Vec<String> {
-        artifact_paths(body).iter().map(|p| p.to_string()).collect()
-    };
-    let body = ok(
-        &server,
-        &id,
-        "import os\nos.makedirs('sub/deep')\nopen('sub/deep/a.txt', 'w').write('A' * 10)",
-    )
-    .await;
-    assert_eq!(paths(&body), ["sub/deep/a.txt"], "{body}");
+    let mkdir = "import os\nos.makedirs('sub/deep')\nopen('sub/deep/a.txt', 'w').write('A' * 10)";
+    changes(&server, &id, mkdir, &["sub/deep/a.txt"]).await;
     // A call that touches no file.
-    let body = ok(&server, &id, "x = 1").await;
-    assert_eq!(paths(&body), Vec::<String>::new(), "{body}");
+    changes(&server, &id, "x = 1", &[]).await;
     // Rewritten in place, same size, deep in the tree.
-    let body = ok(
-        &server,
-        &id,
-        "f = open('sub/deep/a.txt', 'r+')\nf.write('B')\nf.close()",
-    )
-    .await;
-    assert_eq!(paths(&body), ["sub/deep/a.txt"], "{body}");
+    let rewrite = "f = open('sub/deep/a.txt', 'r+')\nf.write('B')\nf.close()";
+    let body = changes(&server, &id, rewrite, &["sub/deep/a.txt"]).await;
     assert_eq!(body["artifacts"][0]["base64"], "QkFBQUFBQUFBQQ==", "{body}");
     // Only its times changed.
-    let body = ok(
-        &server,
-        &id,
-        "import os\nos.utime('sub/deep/a.txt', (1, 1))",
-    )
-    .await;
-    assert_eq!(paths(&body), ["sub/deep/a.txt"], "{body}");
+    let touch = "import os\nos.utime('sub/deep/a.txt', (1, 1))";
+    changes(&server, &id, touch, &["sub/deep/a.txt"]).await;
     // Moved in from outside the session directory, into a new directory.
-    let body = ok(
-        &server,
-        &id,
-        "import os, shutil, tempfile\nfd, path = tempfile.mkstemp()\nos.write(fd, b'moved')\nos.close(fd)\nos.mkdir('new')\nshutil.move(path, 'new/m.txt')",
-    )
-    .await;
-    assert_eq!(paths(&body), ["new/m.txt"], "{body}");
+    let move_in = "import os, shutil, tempfile\nfd, path = tempfile.mkstemp()\nos.write(fd, b'moved')\nos.close(fd)\nos.mkdir('new')\nshutil.move(path, 'new/m.txt')";
+    changes(&server, &id, move_in, &["new/m.txt"]).await;
     // Written by a thread after its call ended: it comes back with the next.
-    let body = ok(
-        &server,
-        &id,
-        "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.3), open('new/late.txt', 'w').write('late'))).start()",
-    )
-    .await;
-    assert_eq!(paths(&body), Vec::<String>::new(), "{body}");
+    let later = "import threading, time\nthreading.Thread(target=lambda: (time.sleep(0.3), open('new/late.txt', 'w').write('late'))).start()";
+    changes(&server, &id, later, &[]).await;
     tokio::time::sleep(Duration::from_millis(900)).await;
-    let body = ok(&server, &id, "x = 2").await;
-    assert_eq!(paths(&body), ["new/late.txt"], "{body}");
-    let body = ok(&server, &id, "x = 3").await;
-    assert_eq!(paths(&body), Vec::<String>::new(), "{body}");
+    changes(&server, &id, "x = 2", &["new/late.txt"]).await;
+    changes(&server, &id, "x = 3", &[]).await;
     // Changed through a shared mapping the call before made (and closed the
     // file): a write that raises no file event.
-    ok(
+    let map =
+        "import mmap\nwith open('sub/deep/a.txt', 'r+b') as f:\n    m = mmap.mmap(f.fileno(), 0)";
+    changes(&server, &id, map, &[]).await;
+    let body = changes(
         &server,
         &id,
-        "import mmap\nwith open('sub/deep/a.txt', 'r+b') as f:\n    m = mmap.mmap(f.fileno(), 0)",
+        "m[1:2] = b'C'\nm.flush()",
+        &["sub/deep/a.txt"],
     )
     .await;
-    let body = ok(&server, &id, "m[1:2] = b'C'\nm.flush()").await;
-    assert_eq!(paths(&body), ["sub/deep/a.txt"], "{body}");
     assert_eq!(body["artifacts"][0]["base64"], "QkNBQUFBQUFBQQ==", "{body}");
-    let body = ok(&server, &id, "import shutil\nshutil.rmtree('new')\nx = 4").await;
-    assert_eq!(paths(&body), Vec::<String>::new(), "{body}");
+    changes(&server, &id, "import shutil\nshutil.rmtree('new')", &[]).await;
     server.stop().await;
+}
+
+/// Run `code` in session `id` and check the paths of its artifacts.
+async fn changes(server: &TestServer, id: &str, code: &str, expected: &[&str]) -> Value {
+    let body = ok(server, id, code).await;
+    assert_eq!(artifact_paths(&body), expected, "{code}: {body}");
+    body
 }
 
 #[tokio::test]
@@ -943,13 +920,20 @@ async fn a_session_whose_code_closes_the_harness_file_watch_still_gets_its_files
     )
     .await;
     assert_eq!(body["stdout"], "1\n", "{body}");
-    for (code, expected) in [
-        ("open('second.txt', 'w').write('2')", vec!["second.txt"]),
-        ("x = 1", vec![]),
-        ("open('first.txt', 'a').write('1')", vec!["first.txt"]),
-    ] {
-        let body = ok(&server, &id, code).await;
-        assert_eq!(artifact_paths(&body), expected, "{code}: {body}");
-    }
+    changes(
+        &server,
+        &id,
+        "open('second.txt', 'w').write('2')",
+        &["second.txt"],
+    )
+    .await;
+    changes(&server, &id, "x = 1", &[]).await;
+    changes(
+        &server,
+        &id,
+        "open('first.txt', 'a').write('1')",
+        &["first.txt"],
+    )
+    .await;
     server.stop().await;
 }
