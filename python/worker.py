@@ -1493,14 +1493,18 @@ def collect_artifacts(rundir, inputs, select, max_each, max_total):
     return pick_artifacts(files, inputs, select, max_each, max_total)
 
 
-def walk_files(root):
+def walk_files(root, tree=None):
     """(relative path, path, stat) of the regular files under ``root``, in
-    name order per directory; symlinks are never followed."""
+    name order per directory; symlinks are never followed. ``tree``: a
+    TreeWatch, told of each directory before it is read."""
     pending = [""]
     while pending:
         rel_dir = pending.pop()
+        path = os.path.join(root, rel_dir)
+        if tree is not None:
+            tree.add(path)
         try:
-            entries = sorted(os.scandir(os.path.join(root, rel_dir)), key=lambda e: e.name)
+            entries = sorted(os.scandir(path), key=lambda e: e.name)
         except OSError:
             continue
         for entry in entries:
@@ -2998,31 +3002,10 @@ def set_cpu_budget(seconds, used, at_least=False):
 
 
 def snapshot(root, tree=None):
-    """(size, mtime_ns, inode) of every regular file under ``root``, by
-    relative path; symlinks are never followed. Taken after a session call
-    that may have changed files, so it is walk_files without the sorting and
-    the generator. ``tree``: a TreeWatch, told of each directory before it
-    is read."""
-    found = {}
-    pending = [(root, "")]
-    while pending:
-        path, prefix = pending.pop()
-        if tree is not None:
-            tree.add(path)
-        try:
-            with os.scandir(path) as entries:
-                for entry in entries:
-                    try:
-                        if entry.is_dir(follow_symlinks=False):
-                            pending.append((entry.path, prefix + entry.name + "/"))
-                        elif entry.is_file(follow_symlinks=False):
-                            st = entry.stat(follow_symlinks=False)
-                            found[prefix + entry.name] = (st.st_size, st.st_mtime_ns, st.st_ino)
-                    except OSError:
-                        continue
-        except OSError:
-            continue
-    return found
+    """(size, mtime_ns, inode) of every regular file under ``root`` (see
+    walk_files for ``tree``)."""
+    return {rel: (st.st_size, st.st_mtime_ns, st.st_ino)
+            for rel, _, st in walk_files(root, tree)}
 
 
 def written_since(root, since, inputs, select, max_each, max_total):
@@ -3038,7 +3021,7 @@ def written_since(root, since, inputs, select, max_each, max_total):
 def changed_artifacts(root, before, inputs, select, max_each, max_total, tree=None):
     """Files under ``root`` a call created or changed (compared with the
     snapshot ``before``), except input files left as they were sent; and
-    the snapshot taken now (see snapshot for ``tree``)."""
+    the snapshot taken now (see walk_files for ``tree``)."""
     after = snapshot(root, tree)
     changed = sorted(rel for rel, st in after.items() if before.get(rel) != st)
     if not changed:
@@ -3061,7 +3044,7 @@ class TreeWatch:
     stats every file (~10 us for an empty directory, ~5 us more a file), on
     every call however little it did; this costs one ``read``.
 
-    Every directory is watched before it is read (see snapshot), so what
+    Every directory is watched before it is read (see walk_files), so what
     changes after its read raises an event, and what changed before is in
     the snapshot. Any event means "walk": the snapshot's comparison, not
     the events, still says which files changed. inotify does not see writes

@@ -1,10 +1,10 @@
 //! Session calls the server answers itself: it writes a call's `exec` frame
-//! to the session child (pickled, see [`protocol::pickle_frame`]), drains the child's stdout and stderr and reads its
-//! report, so that the worker is not on the call's path. The worker forked
-//! the child and handed over its ends of the child's pipes when the session
-//! started; it still interrupts a call at its timeout, and kills the child
-//! and says how the session was lost when a call cannot end by a report
-//! (see "Sessions" in `python/worker.py`).
+//! to the session child (pickled, see [`protocol::pickle_frame`]), drains the
+//! child's stdout and stderr and reads its report, so that the worker is not
+//! on the call's path. The worker forked the child and handed over its ends
+//! of the child's pipes when the session started; it still interrupts a call
+//! at its timeout, and kills the child and says how the session was lost
+//! when a call cannot end by a report (see "Sessions" in `python/worker.py`).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant, SystemTime};
