@@ -57,6 +57,116 @@ async fn a_50_mb_body_is_a_413_naming_the_limit() {
     arena.assert_recovered().await;
 }
 
+/// One HTTP/1.1 exchange on `stream`: writes `head` and `body`, then
+/// reads the answer's status line and body (by its `Content-Length`).
+fn exchange(stream: &mut std::net::TcpStream, head: &str, body: &[u8]) -> (u16, String) {
+    use std::io::{Read, Write};
+    stream.write_all(head.as_bytes()).expect("head written");
+    for chunk in body.chunks(1 << 20) {
+        stream.write_all(chunk).expect("body written whole");
+    }
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        let n = stream.read(&mut byte).expect("answer read");
+        assert_eq!(
+            n,
+            1,
+            "connection closed after {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        got.push(byte[0]);
+    }
+    let head = String::from_utf8(got).unwrap().to_ascii_lowercase();
+    let status = head[9..12].parse().unwrap();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .expect("content-length")
+        .trim()
+        .parse()
+        .unwrap();
+    let mut answer = vec![0u8; length];
+    stream.read_exact(&mut answer).expect("answer body");
+    (status, String::from_utf8(answer).unwrap())
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_read_to_its_end_so_its_client_gets_the_413_and_keeps_its_connection()
+ {
+    let arena = Arena::start().await;
+    let address = arena.server.url.trim_start_matches("http://").to_string();
+    let task = tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(&address).unwrap();
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        // 40 MiB against the default 32 MiB limit, by its Content-Length.
+        let body = vec![b'x'; 40 << 20];
+        let head = format!(
+            "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let (status, answer) = exchange(&mut stream, &head, &body);
+        assert_eq!(status, 413, "{answer}");
+        assert!(answer.contains("max_body_bytes"), "{answer}");
+        // The same, chunked: no length up front.
+        let mut chunked = Vec::new();
+        for chunk in body.chunks(1 << 20) {
+            chunked.extend(format!("{:x}\r\n", chunk.len()).as_bytes());
+            chunked.extend(chunk);
+            chunked.extend(b"\r\n");
+        }
+        chunked.extend(b"0\r\n\r\n");
+        let head = "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let (status, answer) = exchange(&mut stream, head, &chunked);
+        assert_eq!(status, 413, "{answer}");
+        // The connection still serves.
+        let code = br#"{"code": "print(6*7)"}"#;
+        let head = format!(
+            "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            code.len()
+        );
+        let (status, answer) = exchange(&mut stream, &head, code);
+        assert_eq!(status, 200, "{answer}");
+        assert!(answer.contains(r#""stdout":"42\n""#), "{answer}");
+    });
+    task.await.expect("client thread");
+    arena.assert_recovered().await;
+}
+
+#[tokio::test]
+async fn a_body_declared_far_over_the_limit_is_refused_before_it_is_sent() {
+    let arena = Arena::start().await;
+    let address = arena.server.url.trim_start_matches("http://").to_string();
+    let task = tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(&address).unwrap();
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        // 1 GiB declared, nothing of it sent: the answer comes at once.
+        let head = format!(
+            "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            1u64 << 30
+        );
+        let started = std::time::Instant::now();
+        let (status, answer) = exchange(&mut stream, &head, b"");
+        assert_eq!(status, 413, "{answer}");
+        assert!(answer.contains("max_body_bytes"), "{answer}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "answered after {:?}",
+            started.elapsed()
+        );
+        // And the connection is closed: the rest of that body never comes.
+        let mut rest = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stream, &mut rest);
+        assert!(rest.is_empty(), "{:?}", String::from_utf8_lossy(&rest));
+    });
+    task.await.expect("client thread");
+    arena.assert_recovered().await;
+}
+
 #[tokio::test]
 async fn code_and_files_over_their_limits_are_413s_naming_the_limit() {
     let arena = Arena::with_config(code_executor::Config {
