@@ -1079,7 +1079,9 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000, compile
     if linecache is not None:
         linecache.cache[RUN_FILENAME] = entry
     else:
-        on_import("linecache", lambda module: module.cache.__setitem__(RUN_FILENAME, entry))
+        _run_source[0] = entry
+        if _on_import.get("linecache") is not _cache_run_source:  # once, not every call
+            on_import("linecache", _cache_run_source)
     outcome = RunOutcome()
     ns = main.__dict__
     try:
@@ -1126,6 +1128,16 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000, compile
         except BaseException:
             pass
     return outcome
+
+
+# The linecache entry of the code run last, while linecache is not imported
+# (see run_user_code).
+_run_source = [None]
+
+
+def _cache_run_source(linecache):
+    if _run_source[0] is not None:
+        linecache.cache[RUN_FILENAME] = _run_source[0]
 
 
 def call_entry(ns, call):
@@ -2866,6 +2878,7 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
         req = FrameReader(req_r)
         files = None  # the directory as the last call left it (see Session)
         tree = TreeWatch() if direct else None
+        clock = SessionClock()
         if direct:
             # What collecting artifacts imports, imported before user code
             # runs: a call's own ``mimetypes.py`` (the session directory is
@@ -2887,7 +2900,7 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
                 caps = (msg["max_artifact_bytes"], msg["max_artifacts_bytes"])
             files = None
             call = msg["id"]
-            report, used = session_call(msg, main, rundir, devnull)
+            report = session_call(msg, main, rundir, devnull, clock)
             del msg
             if direct:
                 report["id"] = call  # the server skips reports of other calls
@@ -2895,7 +2908,7 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
                 # The walk is the session machinery's, not the call's: it
                 # gets CPU of its own, and a failure loses the artifacts of
                 # this call, never the session.
-                set_cpu_budget(CLEAN_SECONDS + 1, used, at_least=True)
+                clock.at_least(CLEAN_SECONDS + 1)
                 try:
                     if tree is not None and tree.quiet():
                         report["artifacts"], files = [], before
@@ -2930,19 +2943,18 @@ def interrupt_call(signum, frame):
         raise KeyboardInterrupt
 
 
-def session_call(msg, main, rundir, devnull):
-    """Run one call's code in the session's ``main``; its report, and the
-    CPU seconds the session's process has used (see set_cpu_budget)."""
-    rusage = own_rusage() if resource is not None else None
-    begun = own_usage(rusage=rusage).get("cpu_ms", 0.0)
+def session_call(msg, main, rundir, devnull, clock):
+    """Run one call's code in the session's ``main``; its report, with the
+    call's CPU time and peak RSS as ``clock`` measures them."""
+    begun = clock.start(msg["limits"].get("cpu_seconds"))
     outcome = RunOutcome()
     try:
         os.dup2(devnull, 0)
-        write_files(rundir, msg["files"], replace=True)
+        if msg["files"]:
+            write_files(rundir, msg["files"], replace=True)
         if msg["stdin"]:
             set_stdin(msg["stdin"])
             sys.stdin = open(0, "r", closefd=False)
-        set_cpu_budget(msg["limits"].get("cpu_seconds"), cpu_used(rusage))
         code = msg["code"]
         argv = msg["argv"]
         cap = msg["max_result_chars"]
@@ -2969,36 +2981,83 @@ def session_call(msg, main, rundir, devnull):
             stream.flush()
         except BaseException:
             pass
-    rusage = own_rusage() if resource is not None else None
-    return ({"status": outcome.status, "result": outcome.result, "error": outcome.error,
-             **own_usage(begun, rusage)}, cpu_used(rusage))
+    report = {"status": outcome.status, "result": outcome.result, "error": outcome.error}
+    clock.stop(begun, report)
+    return report
 
 
-def cpu_used(rusage):
-    """The CPU seconds this process has used (what RLIMIT_CPU counts), from
-    ``own_rusage()``; None without the resource module."""
-    if rusage is None:
-        return None
-    return rusage[0].ru_utime + rusage[0].ru_stime
+class SessionClock:
+    """A session process's CPU, call by call: each call's ``cpu_ms`` and
+    ``peak_rss_kb``, and its CPU budget (RLIMIT_CPU counts the life of the
+    process, so each call's limit is set above what the process has used).
 
+    A call's start reads only the process's own CPU clock; its rusage, and
+    that of the children it waited for, are read once, as it ends. So the
+    CPU of children reaped between two calls (by a thread the code left
+    running) counts in the next call."""
 
-def set_cpu_budget(seconds, used, at_least=False):
-    """Let this call use ``seconds`` of CPU beyond the ``used`` seconds the
-    session's process has used so far (RLIMIT_CPU counts the life of the
-    process). ``at_least``: a soft limit that allows as much already stays."""
-    if not seconds or used is None:
-        return
-    try:
-        soft = int(used) + int(seconds)
-        current, hard = resource.getrlimit(resource.RLIMIT_CPU)
-        if at_least and (current == resource.RLIM_INFINITY or current >= soft):
+    def __init__(self):
+        self.used = None  # the process's own CPU seconds as the last call ended
+        self.kids = 0.0  # those of the children it had waited for
+        self.soft = None  # RLIMIT_CPU's soft limit as this object last saw it
+        if resource is not None:
+            waited = resource.getrusage(resource.RUSAGE_CHILDREN)
+            self.kids = waited.ru_utime + waited.ru_stime
+
+    def start(self, seconds):
+        """A call begins that may use ``seconds`` of CPU: the process's CPU
+        seconds now, for ``stop``."""
+        begun = time.process_time()
+        self.budget(seconds, begun)
+        return begun
+
+    def stop(self, begun, report):
+        """The call that began at ``begun`` has ended: its CPU time (its
+        children's included) and peak RSS go into ``report``."""
+        if resource is None:
             return
-        if hard != resource.RLIM_INFINITY:
-            soft = min(soft, hard)
-        if soft != current:
-            resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
-    except (ValueError, OSError):
-        pass
+        me, children = own_rusage()
+        self.used = me.ru_utime + me.ru_stime
+        waited = children.ru_utime + children.ru_stime
+        report["cpu_ms"] = max(0.0, self.used - begun + waited - self.kids) * 1000.0
+        report["peak_rss_kb"] = max(me.ru_maxrss, children.ru_maxrss)
+        self.kids = waited
+
+    def budget(self, seconds, used):
+        """Let the process use ``seconds`` of CPU beyond the ``used`` seconds
+        it has used so far."""
+        if not seconds or resource is None:
+            return
+        try:
+            soft = int(used) + int(seconds)
+            current, hard = resource.getrlimit(resource.RLIMIT_CPU)
+            if hard != resource.RLIM_INFINITY:
+                soft = min(soft, hard)
+            if soft != current:
+                resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+            self.soft = soft
+        except (ValueError, OSError):
+            self.soft = None
+
+    def at_least(self, seconds):
+        """Let the harness use ``seconds`` of CPU after a call, whatever the
+        call left of its budget: the soft limit rises if it allows less.
+        The limit the call began with is trusted here without asking the
+        OS again: code that lowered it since harms only its own session."""
+        if self.used is None:
+            return
+        soft = self.soft
+        if soft is not None and (soft == resource.RLIM_INFINITY
+                                 or soft >= int(self.used) + int(seconds)):
+            return
+        try:
+            current, hard = resource.getrlimit(resource.RLIMIT_CPU)
+            if current == resource.RLIM_INFINITY or current >= int(self.used) + int(seconds):
+                self.soft = current
+                return
+        except (ValueError, OSError):
+            return
+        self.budget(seconds, self.used)
 
 
 def snapshot(root, tree=None):

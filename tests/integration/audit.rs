@@ -606,6 +606,32 @@ async fn every_run_records_its_cpu_time_and_peak_rss_without_asking_for_rusage()
         call["peak_rss_kb"].as_u64().expect("peak_rss_kb") > 1000,
         "{call}"
     );
+    // A session call counts the CPU of the processes it waited for, and the
+    // next call counts only its own.
+    let spawn = format!(
+        "import subprocess, sys\nsubprocess.run([sys.executable, '-c', {burn:?}], check=True)"
+    );
+    for (id, code) in [("child-call", spawn.as_str()), ("quiet-call", "pass")] {
+        let (status, _, body) = post_as(
+            &server,
+            "/execute",
+            None,
+            Some(id),
+            json!({"code": code, "session": session["id"]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["exit_code"], 0, "{body}");
+    }
+    let child = wait_for_record(&log, "child-call", |r| r["request_id"] == "child-call").await;
+    let child_ms = child["cpu_ms"].as_f64().expect("cpu_ms");
+    assert!(child_ms >= 30.0, "{child}");
+    assert!(
+        child_ms <= child["wall_ms"].as_f64().unwrap() + 20.0,
+        "{child}"
+    );
+    let quiet = wait_for_record(&log, "quiet-call", |r| r["request_id"] == "quiet-call").await;
+    assert!(quiet["cpu_ms"].as_f64().expect("cpu_ms") < 20.0, "{quiet}");
 
     // A run killed at its timeout never reported: nothing measured.
     let (status, _, body) = post_as(
