@@ -88,7 +88,7 @@ pub async fn read_body_within(limits: BodyLimits, req: Request, next: Next) -> R
 
 /// How much of a body over `max_bytes` is read and discarded so its
 /// client sees the 413: as much again as the limit, and at least 64 MiB.
-pub fn drain_allowance(max_bytes: usize) -> usize {
+fn drain_allowance(max_bytes: usize) -> usize {
     max_bytes.max(64 << 20)
 }
 
