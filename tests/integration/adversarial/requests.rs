@@ -57,6 +57,23 @@ async fn a_50_mb_body_is_a_413_naming_the_limit() {
     arena.assert_recovered().await;
 }
 
+/// A plain TCP connection to the arena's server, reads bounded by `secs`.
+fn connect(arena: &Arena, secs: u64) -> std::net::TcpStream {
+    let address = arena.server.url.trim_start_matches("http://");
+    let stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(secs)))
+        .unwrap();
+    stream
+}
+
+/// The head of a `POST /execute` with a JSON body of `length` bytes.
+fn post_head(length: u64) -> String {
+    format!(
+        "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    )
+}
+
 /// One HTTP/1.1 exchange on `stream`: writes `head` and `body`, then
 /// reads the answer's status line and body (by its `Content-Length`).
 fn exchange(stream: &mut std::net::TcpStream, head: &str, body: &[u8]) -> (u16, String) {
@@ -92,22 +109,13 @@ fn exchange(stream: &mut std::net::TcpStream, head: &str, body: &[u8]) -> (u16, 
 }
 
 #[tokio::test]
-async fn a_body_over_the_limit_is_read_to_its_end_so_its_client_gets_the_413_and_keeps_its_connection()
- {
+async fn an_over_limit_body_is_drained_then_answered_413_on_a_live_connection() {
     let arena = Arena::start().await;
-    let address = arena.server.url.trim_start_matches("http://").to_string();
+    let mut stream = connect(&arena, 30);
     let task = tokio::task::spawn_blocking(move || {
-        let mut stream = std::net::TcpStream::connect(&address).unwrap();
-        stream
-            .set_read_timeout(Some(std::time::Duration::from_secs(30)))
-            .unwrap();
         // 40 MiB against the default 32 MiB limit, by its Content-Length.
         let body = vec![b'x'; 40 << 20];
-        let head = format!(
-            "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        let (status, answer) = exchange(&mut stream, &head, &body);
+        let (status, answer) = exchange(&mut stream, &post_head(body.len() as u64), &body);
         assert_eq!(status, 413, "{answer}");
         assert!(answer.contains("max_body_bytes"), "{answer}");
         // The same, chunked: no length up front.
@@ -123,11 +131,7 @@ async fn a_body_over_the_limit_is_read_to_its_end_so_its_client_gets_the_413_and
         assert_eq!(status, 413, "{answer}");
         // The connection still serves.
         let code = br#"{"code": "print(6*7)"}"#;
-        let head = format!(
-            "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            code.len()
-        );
-        let (status, answer) = exchange(&mut stream, &head, code);
+        let (status, answer) = exchange(&mut stream, &post_head(code.len() as u64), code);
         assert_eq!(status, 200, "{answer}");
         assert!(answer.contains(r#""stdout":"42\n""#), "{answer}");
     });
@@ -138,19 +142,11 @@ async fn a_body_over_the_limit_is_read_to_its_end_so_its_client_gets_the_413_and
 #[tokio::test]
 async fn a_body_declared_far_over_the_limit_is_refused_before_it_is_sent() {
     let arena = Arena::start().await;
-    let address = arena.server.url.trim_start_matches("http://").to_string();
+    let mut stream = connect(&arena, 10);
     let task = tokio::task::spawn_blocking(move || {
-        let mut stream = std::net::TcpStream::connect(&address).unwrap();
-        stream
-            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
-            .unwrap();
         // 1 GiB declared, nothing of it sent: the answer comes at once.
-        let head = format!(
-            "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            1u64 << 30
-        );
         let started = std::time::Instant::now();
-        let (status, answer) = exchange(&mut stream, &head, b"");
+        let (status, answer) = exchange(&mut stream, &post_head(1 << 30), b"");
         assert_eq!(status, 413, "{answer}");
         assert!(answer.contains("max_body_bytes"), "{answer}");
         assert!(
