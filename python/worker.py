@@ -1645,15 +1645,14 @@ def run_usage(child):
     return {"cpu_ms": usage[0] * 1000.0, "peak_rss_kb": int(usage[1])}
 
 
-def own_usage(begun=0.0, rusage=None):
+def own_usage(begun=0.0):
     """The report's ``cpu_ms`` and ``peak_rss_kb``, as the run's own process
     measures them just before it reports (subprocesses it waited for
     included): CPU time since ``begun`` (its ``cpu_ms`` at the request's
-    start), and the process's peak RSS in KiB. ``rusage``: the process's
-    own and its children's, read just now (see own_rusage)."""
+    start), and the process's peak RSS in KiB."""
     if resource is None:
         return {}
-    me, kids = rusage or own_rusage()
+    me, kids = own_rusage()
     cpu_ms = (me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime) * 1000.0
     return {"cpu_ms": max(0.0, cpu_ms - begun),
             "peak_rss_kb": max(me.ru_maxrss, kids.ru_maxrss)}
@@ -3023,15 +3022,18 @@ class SessionClock:
         report["peak_rss_kb"] = max(me.ru_maxrss, children.ru_maxrss)
         self.kids = waited
 
-    def budget(self, seconds, used):
+    def budget(self, seconds, used, keep_higher=False):
         """Let the process use ``seconds`` of CPU beyond the ``used`` seconds
-        it has used so far."""
+        it has used so far. ``keep_higher``: a soft limit that allows as
+        much already stays."""
         if not seconds or resource is None:
             return
         try:
             soft = int(used) + int(seconds)
             current, hard = resource.getrlimit(resource.RLIMIT_CPU)
-            if hard != resource.RLIM_INFINITY:
+            if keep_higher and (current == resource.RLIM_INFINITY or current >= soft):
+                soft = current
+            elif hard != resource.RLIM_INFINITY:
                 soft = min(soft, hard)
             if soft != current:
                 resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
@@ -3050,14 +3052,7 @@ class SessionClock:
         if soft is not None and (soft == resource.RLIM_INFINITY
                                  or soft >= int(self.used) + int(seconds)):
             return
-        try:
-            current, hard = resource.getrlimit(resource.RLIMIT_CPU)
-            if current == resource.RLIM_INFINITY or current >= int(self.used) + int(seconds):
-                self.soft = current
-                return
-        except (ValueError, OSError):
-            return
-        self.budget(seconds, self.used)
+        self.budget(seconds, self.used, keep_higher=True)
 
 
 def snapshot(root, tree=None):
