@@ -243,6 +243,7 @@ impl CgroupRoot {
             pids_events: None,
             oom_events: None,
             seen: LimitCounters::default(),
+            due: false,
             pids_max: None,
             run_processes: limits.run_processes,
             own_tasks: None,
@@ -420,6 +421,9 @@ pub struct WorkerCgroup {
     oom_events: Option<CounterFile>,
     /// The counters at the last look, to tell what is new.
     seen: LimitCounters,
+    /// A run that went well has ended since the last look: the counters
+    /// are read before the next run (see [`WorkerCgroup::defer`]).
+    due: bool,
     /// `pids.max`, with a pids cgroup.
     pids_max: Option<PathBuf>,
     /// Tasks a run may have as configured (its main thread included).
@@ -488,7 +492,23 @@ impl WorkerCgroup {
             oom_kill: now.oom_kill > self.seen.oom_kill,
         };
         self.seen = now;
+        self.due = false;
         events
+    }
+
+    /// A run went well, so nothing it made the counters add is told: they
+    /// may be read later ([`WorkerCgroup::settle`]), out of its answer's
+    /// way, but always before the next run starts.
+    pub fn defer(&mut self) {
+        self.due = true;
+    }
+
+    /// Read the counters if a run left them unread, so that what it
+    /// caused is never laid at the next run's door.
+    pub fn settle(&mut self) {
+        if self.due {
+            self.take_events();
+        }
     }
 }
 

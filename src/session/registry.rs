@@ -262,6 +262,15 @@ impl Sessions {
                 if let Some(reason) = &out.session_lost {
                     let worker = slot.take();
                     self.lose(&session, worker, reason.clone());
+                } else {
+                    // Runs once this task yields, as a rule after the answer
+                    // is written; a call that comes first settles itself.
+                    drop(slot);
+                    tokio::spawn(async move {
+                        if let Some(worker) = session.worker.lock().await.as_mut() {
+                            worker.settle();
+                        }
+                    });
                 }
                 Ok(out)
             }

@@ -287,6 +287,10 @@ impl Capture {
                 Ok(n) => {
                     taken += n;
                     self.take(buf, n, stream, sink);
+                    // A pipe reads short only once it is empty.
+                    if n < buf.len() {
+                        return;
+                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(_) => self.open = false,

@@ -528,6 +528,7 @@ impl Worker {
         if self.is_poisoned() {
             return Err(WorkerError::Poisoned);
         }
+        self.settle();
         self.in_flight = true;
         self.sent = false;
         let guard = KillOnDrop {
@@ -547,21 +548,31 @@ impl Worker {
         if let Ok(out) = &mut result {
             out.network = network;
             self.finish_run();
-            // The counters are read after every run, so that what a run
-            // caused is never laid at the next one's door; only a run that
-            // failed can have been stopped by a cgroup.
+            // Only a run that failed can have been stopped by a cgroup: its
+            // counters are read now. After one that went well they are
+            // read before the next run, or sooner (see [`Worker::settle`]).
             if let Some(cgroup) = &mut self.cgroup {
-                let events = cgroup.take_events();
                 let failed = out.timed_out
                     || out.exit_code != 0
                     || out.signal.is_some()
                     || out.error.is_some();
                 if failed {
-                    out.cgroup = events;
+                    out.cgroup = cgroup.take_events();
+                } else {
+                    cgroup.defer();
                 }
             }
         }
         result
+    }
+
+    /// Read the cgroup counters a run that went well left unread. Every
+    /// run does this first; an owner that has answered the last run can do
+    /// it meanwhile, out of the next run's way.
+    pub fn settle(&mut self) {
+        if let Some(cgroup) = &mut self.cgroup {
+            cgroup.settle();
+        }
     }
 
     /// A run is over: the worker may take the next request.

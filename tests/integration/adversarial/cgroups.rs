@@ -192,6 +192,58 @@ async fn a_request_lowers_the_process_cap_for_its_run_only() {
     server.stop().await;
 }
 
+/// A run that meets the process cap, catches the refusal and succeeds is
+/// not a limit, and neither is the failure of the next run on the same
+/// worker or in the same session: the refusal was the earlier run's.
+#[tokio::test]
+async fn a_refusal_a_run_survived_is_not_laid_at_the_next_run() {
+    let server = TestServer::with_config(code_executor::Config {
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    require_cgroups(&server).await;
+    let capped = json!({"code": THREADS, "limits": {"processes": 10}});
+    let fails = json!({"code": "raise ValueError('mine')"});
+    for _ in 0..2 {
+        let (_, body) = server.post("/execute", capped.clone()).await;
+        assert_eq!(body["stdout"], "9\n", "{body}");
+        assert_eq!(body["limit"], Value::Null, "{body}");
+        let (_, body) = server.post("/execute", fails.clone()).await;
+        assert_eq!(body["exit_code"], 1, "{body}");
+        assert_eq!(body["limit"], Value::Null, "{body}");
+    }
+    let (status, session) = server
+        .post("/sessions", json!({"limits": {"processes": 10}}))
+        .await;
+    assert_eq!(status, 201, "{session}");
+    let id = &session["id"];
+    for _ in 0..2 {
+        let (_, body) = server
+            .post("/execute", json!({"code": THREADS, "session": id}))
+            .await;
+        assert_eq!(body["stdout"], "9\n", "{body}");
+        let (_, body) = server
+            .post(
+                "/execute",
+                json!({"code": "raise ValueError('mine')", "session": id}),
+            )
+            .await;
+        assert_eq!(body["exit_code"], 1, "{body}");
+        assert_eq!(body["limit"], Value::Null, "{body}");
+    }
+    // What the cap does refuse in a run that fails is still told.
+    let (_, body) = server
+        .post(
+            "/execute",
+            json!({"code": format!("{THREADS}\nraise SystemExit(3)"), "session": id}),
+        )
+        .await;
+    assert_eq!(body["exit_code"], 3, "{body}");
+    assert_eq!(body["limit"], "processes", "{body}");
+    server.stop().await;
+}
+
 /// A preload that starts threads (as numpy's BLAS pool can) does not eat
 /// into a run's `processes`: the worker's own tasks are counted once it is
 /// ready.
