@@ -80,17 +80,20 @@
 //! `result` frame carries `session_lost` when the session child died or was
 //! killed during the call.
 //!
-//! A direct session's calls bypass the worker: the server writes each `exec`
-//! frame to the session child's request pipe and reads its stdout and stderr
-//! itself. On that pipe the frame's map is a pickle (protocol 3, after the
-//! 4-byte length), not msgpack: the C unpickler reads it in a few microseconds,
-//! the pure-Python msgpack decoder in about twenty, on every call. Only the
-//! server writes that pipe (user code could write its own process's request
-//! pipe, but it runs in that process already). The child answers on its
-//! report pipe with a 4-byte length and a msgpack map of `id` (the call's),
-//! `status`, `result`, `error`, `artifacts` (as in `result`) and optional
-//! `cpu_ms` and `peak_rss_kb`. User code can write to that pipe too: the
-//! server skips reports of other calls and trusts no field.
+//! A direct session's calls bypass the worker: the server writes each call to
+//! the session child's request pipe and reads its stdout and stderr itself. On
+//! that pipe a call is a pickle (protocol 3, after the 4-byte length) of what
+//! the child needs of its `exec` frame, as a tuple: `id`, `code`, `stdin`,
+//! `files` (a list of (path, bytes) tuples), `argv`, `limits.cpu_seconds`,
+//! `artifacts`, `max_artifact_bytes`, `max_artifacts_bytes` and
+//! `max_result_chars`. The C unpickler reads it in about a microsecond, where
+//! the frame's map takes several and the pure-Python msgpack decoder about
+//! twenty. Only the server writes that pipe (user code could write its own
+//! process's request pipe, but it runs in that process already). The child
+//! answers on its report pipe with a 4-byte length and a msgpack map of `id`
+//! (the call's), `status`, `result`, `error`, `artifacts` (as in `result`) and
+//! optional `cpu_ms` and `peak_rss_kb`. User code can write to that pipe too:
+//! the server skips reports of other calls and trusts no field.
 //!
 //! The worker speaks on private duplicates of its original stdin and stdout;
 //! user code never writes to them (see the header of `python/worker.py`).
@@ -344,17 +347,12 @@ pub fn encode_frame<T: Serialize>(value: &T) -> Result<Vec<u8>, FrameError> {
     Ok(buf)
 }
 
-/// `frame` (as [`encode_frame`] made it) as a pickle, prefixed with its
-/// 4-byte length, into `out`: what a direct session's child reads, since
-/// Python's C unpickler reads an `exec` frame in ~4 us where the worker's
-/// pure-Python msgpack decoder takes ~20 (see "Sessions" in
-/// `python/worker.py`). Bytes stay bytes, strings strings, maps dicts.
-pub(crate) fn pickle_frame(frame: &[u8], out: &mut Vec<u8>) -> Result<(), FrameError> {
+/// `value` as a pickle (protocol 3), prefixed with its 4-byte length, into
+/// `out`: what a direct session's child reads (see the header).
+pub(crate) fn pickle_into<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), FrameError> {
     out.clear();
     out.extend_from_slice(&[0; 4]);
-    let mut msgpack = rmp_serde::Deserializer::from_read_ref(frame.get(4..).unwrap_or_default());
-    let value = serde_transcode::Transcoder::new(&mut msgpack);
-    serde_pickle::to_writer(out, &value, serde_pickle::SerOptions::new())
+    serde_pickle::to_writer(out, value, serde_pickle::SerOptions::new())
         .map_err(FrameError::Pickle)?;
     let len = out.len() - 4;
     if len > MAX_FRAME_BYTES {
@@ -431,72 +429,54 @@ mod tests {
     }
 
     #[test]
-    fn a_pickled_frame_keeps_every_value_and_its_type() {
-        use serde_pickle::{HashableValue as K, Value as V};
-        let frame = encode_frame(&serde_json::json!({
-            "t": "exec",
-            "id": 6002,
-            "code": "print('\u{e9}')",
-            "stdin": null,
-            "argv": ["a", "b"],
-            "timeout": 30.5,
-            "limits": {"memory_bytes": 1u64 << 40, "cpu_seconds": 31},
-            "big": u64::MAX,
-            "negative": -5,
-            "stream": false,
-            "artifacts": true,
-        }))
-        .unwrap();
-        // Input files are (path, bytes) pairs, the bytes a msgpack bin.
+    fn a_pickle_keeps_every_value_and_its_type() {
+        use serde_pickle::Value as V;
         #[derive(Serialize)]
-        struct Files<'a> {
-            files: Vec<FileEntry<'a>>,
-        }
-        let files = encode_frame(&Files {
-            files: vec![FileEntry("data.bin", b"\x00\xff")],
-        })
-        .unwrap();
+        struct Call<'a>(
+            &'a str,
+            Option<&'a serde_bytes::Bytes>,
+            &'a [FileEntry<'a>],
+            &'a [&'a str],
+            u64,
+            i64,
+            f64,
+            bool,
+            Option<u64>,
+        );
+        let files = [FileEntry("data.bin", b"\x00\xff")];
+        let call = Call(
+            "print('\u{e9}')",
+            Some(serde_bytes::Bytes::new(b"in")),
+            &files,
+            &["a", "b"],
+            u64::MAX,
+            -5,
+            30.5,
+            false,
+            None,
+        );
         let mut out = vec![1, 2, 3];
-        pickle_frame(&frame, &mut out).unwrap();
+        pickle_into(&call, &mut out).unwrap();
         let len = u32::from_be_bytes(out[..4].try_into().unwrap()) as usize;
         assert_eq!(len, out.len() - 4);
-        let V::Dict(map) = serde_pickle::value_from_slice(&out[4..], Default::default()).unwrap()
-        else {
-            panic!("not a dict");
-        };
-        let get = |key: &str| map[&K::String(key.into())].clone();
-        assert_eq!(get("t"), V::String("exec".into()));
-        assert_eq!(get("id"), V::I64(6002));
-        assert_eq!(get("code"), V::String("print('\u{e9}')".into()));
-        assert_eq!(get("stdin"), V::None);
+        let value = serde_pickle::value_from_slice(&out[4..], Default::default()).unwrap();
         assert_eq!(
-            get("argv"),
-            V::List(vec![V::String("a".into()), V::String("b".into())])
+            value,
+            V::Tuple(vec![
+                V::String("print('\u{e9}')".into()),
+                V::Bytes(b"in".to_vec()),
+                V::List(vec![V::Tuple(vec![
+                    V::String("data.bin".into()),
+                    V::Bytes(b"\x00\xff".to_vec())
+                ])]),
+                V::List(vec![V::String("a".into()), V::String("b".into())]),
+                V::Int(u64::MAX.into()),
+                V::I64(-5),
+                V::F64(30.5),
+                V::Bool(false),
+                V::None,
+            ])
         );
-        assert_eq!(get("timeout"), V::F64(30.5));
-        assert_eq!(get("big"), V::Int(u64::MAX.into()));
-        assert_eq!(get("negative"), V::I64(-5));
-        assert_eq!(get("stream"), V::Bool(false));
-        assert_eq!(get("artifacts"), V::Bool(true));
-        let V::Dict(limits) = get("limits") else {
-            panic!("limits not a dict");
-        };
-        assert_eq!(limits[&K::String("memory_bytes".into())], V::I64(1 << 40));
-        pickle_frame(&files, &mut out).unwrap();
-        let V::Dict(map) = serde_pickle::value_from_slice(&out[4..], Default::default()).unwrap()
-        else {
-            panic!("not a dict");
-        };
-        assert_eq!(
-            map[&K::String("files".into())],
-            V::List(vec![V::List(vec![
-                V::String("data.bin".into()),
-                V::Bytes(b"\x00\xff".to_vec())
-            ])])
-        );
-        // What is not a msgpack frame is an error, not a pickle.
-        let err = pickle_frame(b"\0\0\0\x02\xc1\xc1", &mut out).unwrap_err();
-        assert!(matches!(err, FrameError::Pickle(_)), "{err:?}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Session calls the server answers itself: it writes a call's `exec` frame
-//! to the session child (pickled, see [`protocol::pickle_frame`]), drains the
+//! Session calls the server answers itself: it writes a call to the session
+//! child (what the child needs of its `exec` frame, pickled: see
+//! [`SessionCall`]), drains the
 //! child's stdout and stderr and reads its report, so that the worker is not
 //! on the call's path. The worker forked the child and handed over its ends
 //! of the child's pipes when the session started; it still interrupts a call
@@ -9,8 +10,8 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant, SystemTime};
 
-use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
+use serde_bytes::Bytes;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
@@ -70,22 +71,71 @@ pub(super) struct DirectSession {
     ended: Option<AsyncFd<OwnedFd>>,
     /// Read buffers for the three pipes, made once for the session's life.
     buffers: [Vec<u8>; 3],
-    /// The call being sent, pickled (see [`protocol::pickle_frame`]).
+    /// The call being sent, pickled (see [`SessionCall`]).
     call: Vec<u8>,
 }
 
-/// What the server needs to know of a call, read from its `exec` frame.
+/// What the server and the session child need to know of a call, read
+/// from its `exec` frame (borrowing its code, input and files).
 #[derive(Deserialize)]
-struct CallParams {
+struct CallParams<'a> {
     id: u64,
+    code: &'a str,
+    #[serde(borrow)]
+    stdin: Option<&'a Bytes>,
+    #[serde(borrow)]
+    files: Vec<(&'a str, &'a Bytes)>,
+    #[serde(borrow)]
+    argv: Vec<&'a str>,
+    limits: CallLimits,
     timeout: f64,
     max_output: u64,
     max_artifact_bytes: u64,
     max_artifacts_bytes: u64,
     max_result_chars: u64,
     artifacts: Selection,
-    /// The input files; only their paths are read.
-    files: Vec<(String, IgnoredAny)>,
+}
+
+/// The one limit a session child applies per call (the others are the
+/// session's).
+#[derive(Deserialize)]
+struct CallLimits {
+    cpu_seconds: Option<u64>,
+}
+
+/// A call as the session child reads it: a pickled tuple (the C unpickler
+/// makes one in ~1 us; the `exec` frame's map, with its keys, took ~6 us
+/// of the child's time on every call). Its order is the one `session_main`
+/// in `python/worker.py` unpacks, and the protocol's header lists.
+#[derive(Serialize)]
+struct SessionCall<'a>(
+    u64,
+    &'a str,
+    Option<&'a Bytes>,
+    &'a [(&'a str, &'a Bytes)],
+    &'a [&'a str],
+    Option<u64>,
+    &'a Selection,
+    u64,
+    u64,
+    u64,
+);
+
+impl<'a> SessionCall<'a> {
+    fn of(params: &'a CallParams<'a>) -> SessionCall<'a> {
+        SessionCall(
+            params.id,
+            params.code,
+            params.stdin,
+            &params.files,
+            &params.argv,
+            params.limits.cpu_seconds,
+            &params.artifacts,
+            params.max_artifact_bytes,
+            params.max_artifacts_bytes,
+            params.max_result_chars,
+        )
+    }
 }
 
 /// The `artifacts` field of an `exec` frame.
@@ -401,7 +451,8 @@ impl Worker {
                 break;
             }
         }
-        protocol::pickle_frame(frame, &mut session.call).map_err(WorkerError::Protocol)?;
+        protocol::pickle_into(&SessionCall::of(&params), &mut session.call)
+            .map_err(WorkerError::Protocol)?;
         let write =
             tokio::time::timeout_at(hard.into(), session.request.write_all(&session.call)).await;
         if session.call.capacity() > CALL_KEPT {
@@ -484,7 +535,7 @@ impl Worker {
                     timeout: params.timeout,
                     artifacts: &params.artifacts,
                     since,
-                    inputs: params.files.iter().map(|(path, _)| path.as_str()).collect(),
+                    inputs: params.files.iter().map(|(path, _)| *path).collect(),
                     max_artifact_bytes: params.max_artifact_bytes,
                     max_artifacts_bytes: params.max_artifacts_bytes,
                 })
@@ -517,7 +568,7 @@ impl Worker {
 #[allow(clippy::too_many_arguments)]
 async fn watch(
     session: &mut DirectSession,
-    params: &CallParams,
+    params: &CallParams<'_>,
     cap: u64,
     report: &mut Vec<u8>,
     out: &mut Capture,
@@ -608,7 +659,7 @@ fn take_report(buf: &mut Vec<u8>, id: u64, cap: u64) -> Option<Result<Report, ()
 /// their ranges are dropped, artifacts with paths that are not plain
 /// relative paths are dropped, and contents past `max_total` bytes in all
 /// are omitted.
-fn report_output(report: Report, params: &CallParams) -> RunOutput {
+fn report_output(report: Report, params: &CallParams<'_>) -> RunOutput {
     let max_total = params.max_artifacts_bytes;
     let error = report.error.map(|e| WireError {
         kind: first_chars(e.kind, 1024),

@@ -74,6 +74,15 @@ async fn variables_imports_functions_and_files_persist() {
         .execute(json!({"code": "print(open('in.txt').read())", "session": id, "files": {"in.txt": "two"}}))
         .await;
     assert_eq!(body["stdout"], "two\n", "{body}");
+
+    // A call's stdin is its own: the next call reads nothing.
+    let read = "import sys\nprint(repr(sys.stdin.read()))";
+    let (_, body) = server
+        .execute(json!({"code": read, "session": id, "stdin": "typed\nlines \u{e9}\n"}))
+        .await;
+    assert_eq!(body["stdout"], "'typed\\nlines \u{e9}\\n'\n", "{body}");
+    let (_, body) = server.execute(json!({"code": read, "session": id})).await;
+    assert_eq!(body["stdout"], "''\n", "{body}");
     server.stop().await;
 }
 
@@ -631,7 +640,7 @@ async fn a_forged_report_cannot_name_files_outside_the_session_directory() {
         FORGE.replace(
             "CALL_ID",
             if with_id {
-                "[f.f_locals['msg']['id'] for f in frames() if isinstance(f.f_locals.get('msg'), dict)][0]"
+                "[f.f_locals['call'] for f in frames() if f.f_code.co_name == 'session_main'][0]"
             } else {
                 "None"
             },
