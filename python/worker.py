@@ -2895,7 +2895,7 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
                 break
             if direct:
                 # A tuple, not the exec frame's map: unpickling a map's keys
-                # cost each call ~6 us (see encode_call in src/worker/direct.rs).
+                # cost each call ~6 us (see SessionCall in src/worker/direct.rs).
                 (call, code, stdin, sent, argv, cpu_seconds, select_, max_each, max_total,
                  cap) = load_call(frame)
             else:

@@ -1,11 +1,11 @@
 //! Session calls the server answers itself: it writes a call to the session
 //! child (what the child needs of its `exec` frame, pickled: see
-//! [`SessionCall`]), drains the
-//! child's stdout and stderr and reads its report, so that the worker is not
-//! on the call's path. The worker forked the child and handed over its ends
-//! of the child's pipes when the session started; it still interrupts a call
-//! at its timeout, and kills the child and says how the session was lost
-//! when a call cannot end by a report (see "Sessions" in `python/worker.py`).
+//! [`SessionCall`]), drains the child's stdout and stderr and reads its
+//! report, so that the worker is not on the call's path. The worker forked the
+//! child and handed over its ends of the child's pipes when the session
+//! started; it still interrupts a call at its timeout, and kills the child and
+//! says how the session was lost when a call cannot end by a report (see
+//! "Sessions" in `python/worker.py`).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant, SystemTime};
