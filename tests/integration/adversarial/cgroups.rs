@@ -24,6 +24,18 @@ async fn require_cgroups(server: &TestServer) -> Value {
     sandbox
 }
 
+/// A server with one worker, so that runs follow each other on it, and
+/// both cgroups in use.
+async fn one_worker() -> TestServer {
+    let server = TestServer::with_config(code_executor::Config {
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    require_cgroups(&server).await;
+    server
+}
+
 /// Pids of the workers' launchers (direct children of this test process):
 /// a worker keeps its launcher for life.
 fn worker_pids(server: &TestServer) -> Vec<u32> {
@@ -155,12 +167,7 @@ const THREADS: &str = "import threading, time\ndef tasks():\n    return int(open
 /// run alone, then restored for the next.
 #[tokio::test]
 async fn a_request_lowers_the_process_cap_for_its_run_only() {
-    let server = TestServer::with_config(code_executor::Config {
-        pool_size: 1,
-        ..common::config()
-    })
-    .await;
-    require_cgroups(&server).await;
+    let server = one_worker().await;
     let threads = |processes: Option<u64>| {
         let mut body = json!({"code": THREADS});
         if let Some(p) = processes {
@@ -197,12 +204,7 @@ async fn a_request_lowers_the_process_cap_for_its_run_only() {
 /// worker or in the same session: the refusal was the earlier run's.
 #[tokio::test]
 async fn a_refusal_a_run_survived_is_not_laid_at_the_next_run() {
-    let server = TestServer::with_config(code_executor::Config {
-        pool_size: 1,
-        ..common::config()
-    })
-    .await;
-    require_cgroups(&server).await;
+    let server = one_worker().await;
     let capped = json!({"code": THREADS, "limits": {"processes": 10}});
     let fails = json!({"code": "raise ValueError('mine')"});
     for _ in 0..2 {
