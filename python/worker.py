@@ -490,17 +490,20 @@ def write_all(fd, data):
         view = view[k:]
 
 
+def framed(body):
+    """``body`` after its 4-byte length: one frame, for one ``write_all``."""
+    return struct.pack("!I", len(body)) + body
+
+
 def write_frame(fd, obj):
-    body = packb(obj)
-    write_all(fd, struct.pack("!I", len(body)) + body)
+    write_all(fd, framed(packb(obj)))
 
 
 def hand_off(msg):
     """A decoded request framed for a child: the worker wrote it, so it is
     trusted, and ``marshal`` (C, same interpreter on both ends) costs a child
     far less than decoding msgpack in Python."""
-    data = marshal.dumps(msg)
-    return struct.pack("!I", len(data)) + data
+    return framed(marshal.dumps(msg))
 
 
 def write_error(fd, request_id, message, exc=None):
@@ -1365,9 +1368,9 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         imported = imported_since_fork()
         if imported:
             report["imported"] = imported
-        report = packb(report)
+        report = framed(packb(report))
         try:
-            write_all(ctl_w, struct.pack("!I", len(report)) + report)
+            write_all(ctl_w, report)
         except OSError:
             pass
     except BaseException as exc:  # a fault before the user's code ran, or after it
@@ -2964,8 +2967,7 @@ def report_frame(report):
             a, b, c, d, e = _PLAIN_PARTS
             return _PLAIN_REPORT.pack(_PLAIN_REPORT.size - 4, a, status, b,
                                       float(report["cpu_ms"]), c, peak, d, call, e)
-    body = packb(report)
-    return struct.pack("!I", len(body)) + body
+    return framed(packb(report))
 
 
 # Whether a session child's call is running its code: what its SIGINT
