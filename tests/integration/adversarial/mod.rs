@@ -90,15 +90,27 @@ impl Arena {
         assert_eq!(workers.len() as u64, self.size, "worker scratch roots");
         for w in workers {
             // The next run's directory and its private tmp, nothing else, on
-            // the worker's scratch tmpfs (seen through its mount namespace).
-            let mut names: Vec<String> = std::fs::read_dir(scratch_seen_by_worker(&w.path()))
-                .unwrap()
-                .flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect();
-            names.sort();
-            assert_eq!(names.len(), 2, "left in {}: {names:?}", w.path().display());
-            assert!(names[1].ends_with(".tmp"), "{names:?}");
+            // the worker's scratch tmpfs (seen through its mount namespace),
+            // once the worker has made them: it does so after its last
+            // answer, as a request may come meanwhile.
+            let started = Instant::now();
+            loop {
+                let mut names: Vec<String> = std::fs::read_dir(scratch_seen_by_worker(&w.path()))
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect();
+                names.sort();
+                if names.len() == 2 && names[1] == format!("{}.tmp", names[0]) {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "left in {}: {names:?}",
+                    w.path().display()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
         self.server.stop().await;
         let started = Instant::now();
