@@ -120,7 +120,17 @@ process group), answers with ``result`` and then, off the request path, has
 the next child forked, which warms up while no client waits.  Children are
 forked by the worker's zygote (see "The zygote"), so that the worker's own
 pages are never shared copy-on-write with a child.  Session calls are
-supervised by the same loop (see "Sessions"). """
+supervised by the same loop (see "Sessions").
+
+Each wake-up of the worker costs CPU on the run's path, so a run wakes it as
+few times as it can: its output pipes are watched only once it has run
+``QUIET`` (or from the start when streamed), so that a short run's output is
+read after its report, not before; and the zygote's answer to a fork (the new
+child's pid) is read when the next request needs that child, by then long
+there, not waited for.  What a run leaves is found with as few calls: an
+empty run directory is removed rather than listed for artifacts, and on a
+tmpfs the scratch root's size tells that it holds nothing once the run's two
+directories are removed (``clear_scratch``). """
 
 import errno
 import gc
@@ -128,6 +138,7 @@ import marshal
 import os
 import select
 import _signal
+import stat
 import struct
 import sys
 import time
@@ -2101,6 +2112,10 @@ class Worker:
         self.scope = None  # a Landlock ruleset fd that scopes signals, if any
         self.dirty = None  # why the scratch root could not be cleared, if it could not
         self.learning = Learning()
+        # (device, size) of the scratch root while empty, where it is on a
+        # tmpfs (see clear_scratch); None elsewhere.
+        self.empty_root = empty_tmpfs_root(scratch)
+        self.empty_shm = empty_tmpfs_root("/dev/shm") if private_shm() else None
         # Whether a frame from the server is waiting (``queued``).
         self.incoming = select.poll()
         self.incoming.register(rfd, select.POLLIN)
@@ -2112,8 +2127,6 @@ class Worker:
     def passes_fds(self):
         """Whether the channel from the server is a socket, over which the
         worker can hand it descriptors (a pipe cannot carry them)."""
-        import stat
-
         return stat.S_ISSOCK(os.fstat(self.rfd).st_mode)
 
     def spawn(self, warm=True):
@@ -2187,12 +2200,29 @@ class Worker:
             kill_descendants()
         elif child.left:
             child.zygote.kill_leftovers()
-        self.cleaned(clear_private_shm())
+        self.cleaned(clear_private_shm(self.empty_shm))
         child.close()
         # Everything in the scratch root goes, not only the run's own
         # directories: what a run wrote beside them (``~`` is the scratch
         # root) must neither reach the next run nor hold its disk quota.
-        self.cleaned(clear_dir(self.scratch))
+        self.cleaned(self.clear_scratch())
+
+    def clear_scratch(self):
+        """``clear_dir`` of the scratch root. On a tmpfs, where a directory's
+        size counts its entries, a root that held no more than the run's two
+        directories, empty, is cleared by removing them: its size then says
+        it is empty, and there is nothing to list."""
+        if self.empty_root is not None:
+            for path in (private_tmp(self.rundir), self.rundir):
+                try:
+                    os.rmdir(path)
+                except FileNotFoundError:
+                    pass
+                except OSError:  # not empty, not a directory
+                    return clear_dir(self.scratch)
+            if still_empty(self.scratch, self.empty_root):
+                return None
+        return clear_dir(self.scratch)
 
     def cleaned(self, problem):
         """Note a clean-up that left something: the worker is then dirty and
@@ -3539,10 +3569,17 @@ def kill_descendants():
             break
 
 
-def clear_private_shm():
+def private_shm():
+    """Whether the launcher made /dev/shm this worker's alone."""
+    return os.environ.get("CODE_EXECUTOR_PRIVATE_SHM") == "1"
+
+
+def clear_private_shm(empty=None):
     """Empty /dev/shm between runs when the launcher made it ours alone;
-    return None, or why something stayed."""
-    if os.environ.get("CODE_EXECUTOR_PRIVATE_SHM") != "1":
+    return None, or why something stayed. ``empty``: what
+    ``empty_tmpfs_root`` found of it, to tell it is still empty without
+    listing it."""
+    if not private_shm() or still_empty("/dev/shm", empty):
         return None
     return clear_dir("/dev/shm")
 
@@ -3570,6 +3607,41 @@ def remove_tree(path):
     except OSError as exc:
         return why or "cannot remove %s: %s" % (path, exc)
     return why
+
+
+def empty_tmpfs_root(path):
+    """(device, size) of the directory ``path`` if it is empty and on a
+    tmpfs, where a directory's size grows with each entry and shrinks with
+    its removal (by a fixed 20 bytes): a later size equal to this one says
+    it is empty again. None otherwise, or when /proc says nothing."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or os.listdir(path):
+            return None
+        dev = "%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))
+        with open("/proc/self/mountinfo", "rb") as f:
+            for line in f.read().decode("utf-8", "replace").splitlines():
+                fields = line.split(" - ", 1)
+                if len(fields) == 2 and fields[0].split()[2:3] == [dev]:
+                    if fields[1].split()[:1] == ["tmpfs"]:
+                        return st.st_dev, st.st_size
+                    return None
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
+
+
+def still_empty(path, empty):
+    """Whether the directory ``path`` is as ``empty_tmpfs_root`` found it
+    (``empty``, None: not known) when it was empty: on the same tmpfs, of
+    the same size."""
+    if empty is None:
+        return False
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_size) == empty and stat.S_ISDIR(st.st_mode)
 
 
 def clear_dir(path, budget=CLEAN_SECONDS):

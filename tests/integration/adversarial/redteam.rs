@@ -158,6 +158,52 @@ print(out.stdout.strip())
 }
 
 #[tokio::test]
+async fn what_a_run_leaves_in_place_of_its_own_directories_is_cleared_too() {
+    // Between runs the worker removes the run's directories and tells an
+    // emptied scratch root by its size, not a listing. A run that leaves as
+    // many entries as it was given, or a file where its private tmp was,
+    // must not get past that.
+    let arena = Arena::with_config(code_executor::Config {
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    let check = "import os
+print(sorted(os.listdir(os.path.expanduser('~'))), os.listdir('/dev/shm'), \
+                 os.path.isdir(os.environ['TMPDIR']), os.listdir('.'))";
+    for plant in [
+        // The private tmp goes, a file of another name takes its place.
+        "import os
+os.rmdir(os.environ['TMPDIR'])
+open(os.path.expanduser('~/planted'), 'w').write('x')
+open('/dev/shm/planted', 'w').write('x')
+print('planted')",
+        // A file where the private tmp was, under its name.
+        "import os
+os.rmdir(os.environ['TMPDIR'])
+open(os.environ['TMPDIR'], 'w').write('x')
+print('planted')",
+        // The run's own directory moved aside, an empty one in its place.
+        "import os
+here = os.getcwd()
+os.chdir('/')
+os.rename(here, here + '.kept')
+os.mkdir(here)
+open(here + '.kept/f', 'w').write('x')
+print('planted')",
+    ] {
+        let body = arena.attack(run(plant, 10.0)).await;
+        assert_eq!(body["stdout"], "planted\n", "{body}");
+        let body = arena.attack(run(check, 10.0)).await;
+        assert_eq!(
+            body["stdout"], "['run', 'run.tmp'] [] True []\n",
+            "after {plant:?}: {body}"
+        );
+    }
+    arena.assert_recovered().await;
+}
+
+#[tokio::test]
 async fn a_scratch_root_that_cannot_be_cleared_retires_its_worker_first() {
     // Without the sandbox a root run keeps its capabilities: it can make a
     // file the worker cannot delete. The next request must not run there.
