@@ -8,8 +8,9 @@ worker's life.  Standard library only; runs on CPython 3.8 and later.
 Wire format (the same text heads ``src/protocol.rs``; a test keeps them equal)
 ------------------------------------------------------------------------------
 Every frame is a 4-byte big-endian unsigned length followed by that many
-bytes of one msgpack map. The map's `t` key names the frame type. Every
-field listed is in every frame of its type, except those marked optional.
+bytes of one msgpack map (a clean run's `exec` frame excepted: see below).
+The map's `t` key names the frame type. Every field listed is in every
+frame of its type, except those marked optional.
 
 | direction        | `t`       | fields                                                        |
 |------------------|-----------|---------------------------------------------------------------|
@@ -102,6 +103,15 @@ answers on its report pipe with a 4-byte length and a msgpack map of `id`
 optional `cpu_ms` and `peak_rss_kb`. User code can write to that pipe too:
 the server skips reports of other calls and trusts no field.
 
+The server sends a clean run's `exec` frame in Python's marshal format
+rather than msgpack: a `dict` (its first byte `{` 0x7b, or 0xfb as Python
+marks one, which begins no msgpack map) of the same fields, holding only
+`None`, booleans, `int`, `float`, `str`, `bytes`, `list`, `tuple` and
+`dict`. The worker reads it with the C reader every interpreter has
+loaded, in a few microseconds, where its pure-Python msgpack decoder
+takes twenty or more. A session call's `exec` frame stays msgpack: for
+a direct session the server reads it first.
+
 The protocol channel lives on private duplicates of the original stdin and
 stdout.  Descriptors 0 and 1 of the worker are then pointed at /dev/null and
 stderr, so a stray ``print`` can never corrupt a frame; each run's child gets
@@ -144,7 +154,7 @@ import sys
 import time
 import types
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 MAX_FRAME = 1 << 30
 RUN_FILENAME = "<code>"
 READ_CHUNK = 1 << 16
@@ -497,6 +507,14 @@ class FrameReader:
             have += k
         view.release()
         return whole
+
+
+def server_frame(body):
+    """A frame's body from the server, decoded: marshal (a clean run's
+    ``exec``) or msgpack (see the header)."""
+    if body[:1] in (b"{", b"\xfb"):
+        return marshal.loads(body)
+    return unpackb(body)
 
 
 def write_all(fd, data):
@@ -2021,7 +2039,7 @@ def supervise(worker, child, msg, start, disk=None, session=None, ended=None):
                     raise ChannelClosed()
                 # ChannelClosed when the server went away; nothing but
                 # ``cancel`` comes during a run.
-                if unpackb(read_frame(worker.rfile))["t"] != "cancel":
+                if server_frame(read_frame(worker.rfile))["t"] != "cancel":
                     raise ChannelClosed()
                 run.ended = "cancel"
     run.duration_ms = (time.monotonic() - start) * 1000.0
@@ -2353,7 +2371,7 @@ class Worker:
                 frame = read_frame(self.rfile)
             except ChannelClosed:
                 return
-            msg = unpackb(frame)
+            msg = server_frame(frame)
             del frame  # a large request is held once, decoded
             kind = msg["t"]
             if kind in ("session", "exec") and self.dirty is not None:

@@ -85,6 +85,7 @@ pub mod executor;
 pub(crate) mod grade;
 pub mod http;
 pub mod limits;
+pub(crate) mod marshal;
 pub mod mcp;
 pub(crate) mod metrics;
 pub mod outcome;
@@ -120,7 +121,7 @@ pub mod testing {
     pub use crate::pool::{EnvPool, PoolConfig};
     pub use crate::protocol::{
         ExecFrame, FileEntry, MAX_FRAME_BYTES, PROTOCOL_VERSION, WireLimits, WireSelection,
-        decode_frame, encode_frame,
+        decode_frame, encode_frame, encode_marshal_frame,
     };
     pub use crate::sandbox::launch::LaunchArgs;
     pub use crate::worker::{RunOutput, Worker, WorkerSpec};

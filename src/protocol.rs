@@ -1,8 +1,9 @@
 //! The wire protocol between the server and `python/worker.py`.
 //!
 //! Every frame is a 4-byte big-endian unsigned length followed by that many
-//! bytes of one msgpack map. The map's `t` key names the frame type. Every
-//! field listed is in every frame of its type, except those marked optional.
+//! bytes of one msgpack map (a clean run's `exec` frame excepted: see below).
+//! The map's `t` key names the frame type. Every field listed is in every
+//! frame of its type, except those marked optional.
 //!
 //! | direction        | `t`       | fields                                                        |
 //! |------------------|-----------|---------------------------------------------------------------|
@@ -95,6 +96,15 @@
 //! optional `cpu_ms` and `peak_rss_kb`. User code can write to that pipe too:
 //! the server skips reports of other calls and trusts no field.
 //!
+//! The server sends a clean run's `exec` frame in Python's marshal format
+//! rather than msgpack: a `dict` (its first byte `{` 0x7b, or 0xfb as Python
+//! marks one, which begins no msgpack map) of the same fields, holding only
+//! `None`, booleans, `int`, `float`, `str`, `bytes`, `list`, `tuple` and
+//! `dict`. The worker reads it with the C reader every interpreter has
+//! loaded, in a few microseconds, where its pure-Python msgpack decoder
+//! takes twenty or more. A session call's `exec` frame stays msgpack: for
+//! a direct session the server reads it first.
+//!
 //! The worker speaks on private duplicates of its original stdin and stdout;
 //! user code never writes to them (see the header of `python/worker.py`).
 //! A `ready` frame whose `protocol` differs from [`PROTOCOL_VERSION`] is a
@@ -105,7 +115,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
 
 /// Version carried in the `ready` handshake; bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Largest frame either side accepts: outputs are capped far below this.
 pub const MAX_FRAME_BYTES: usize = 1 << 30;
@@ -331,35 +341,54 @@ pub enum FrameError {
     TooLarge(usize),
     #[error("error pickling frame")]
     Pickle(#[source] serde_pickle::Error),
+    /// What cannot be written in marshal, said as [`crate::marshal`] says it.
+    #[error("error marshalling frame: {0}")]
+    Marshal(String),
 }
 
 /// Encode `value` as a msgpack map, prefixed with its 4-byte length: one
 /// buffer, ready for a single `write_all`.
 pub fn encode_frame<T: Serialize>(value: &T) -> Result<Vec<u8>, FrameError> {
     let mut buf = Vec::with_capacity(256);
-    buf.extend_from_slice(&[0; 4]);
-    rmp_serde::encode::write_named(&mut buf, value).map_err(FrameError::Encode)?;
-    let len = buf.len() - 4;
-    if len > MAX_FRAME_BYTES {
-        return Err(FrameError::TooLarge(len));
-    }
-    buf[..4].copy_from_slice(&(len as u32).to_be_bytes());
+    frame_into(&mut buf, |out| {
+        rmp_serde::encode::write_named(out, value).map_err(FrameError::Encode)
+    })?;
     Ok(buf)
 }
 
-/// `value` as a pickle (protocol 3), prefixed with its 4-byte length, into
-/// `out`: what a direct session's child reads (see the header).
-pub(crate) fn pickle_into<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), FrameError> {
+/// `out` emptied, then a body `write` appends, after its 4-byte length.
+fn frame_into(
+    out: &mut Vec<u8>,
+    write: impl FnOnce(&mut Vec<u8>) -> Result<(), FrameError>,
+) -> Result<(), FrameError> {
     out.clear();
     out.extend_from_slice(&[0; 4]);
-    serde_pickle::to_writer(out, value, serde_pickle::SerOptions::new())
-        .map_err(FrameError::Pickle)?;
+    write(out)?;
     let len = out.len() - 4;
     if len > MAX_FRAME_BYTES {
         return Err(FrameError::TooLarge(len));
     }
     out[..4].copy_from_slice(&(len as u32).to_be_bytes());
     Ok(())
+}
+
+/// `value` in Python's marshal format, prefixed with its 4-byte length: how
+/// a clean run's `exec` frame goes to the worker (see the header).
+pub fn encode_marshal_frame<T: Serialize>(value: &T) -> Result<Vec<u8>, FrameError> {
+    let mut buf = Vec::with_capacity(256);
+    frame_into(&mut buf, |out| {
+        crate::marshal::to_writer(out, value).map_err(|e| FrameError::Marshal(e.to_string()))
+    })?;
+    Ok(buf)
+}
+
+/// `value` as a pickle (protocol 3), prefixed with its 4-byte length, into
+/// `out`: what a direct session's child reads (see the header).
+pub(crate) fn pickle_into<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), FrameError> {
+    frame_into(out, |out| {
+        serde_pickle::to_writer(out, value, serde_pickle::SerOptions::new())
+            .map_err(FrameError::Pickle)
+    })
 }
 
 /// Decode one frame body (without its length prefix).

@@ -1,6 +1,7 @@
 """Where a clean run's CPU goes: python/worker.py driven directly, no server.
 
     python3 benches/support/worker_cost.py [--python PATH] [--runs N] [--worker FILE]
+                                           [--compare FILE [--rounds R]]
 
 Prints, for the interpreter given (default: this one):
 
@@ -18,10 +19,17 @@ Prints, for the interpreter given (default: this one):
   50 ms apart, every process idle in between.
 
 ``--worker`` drives another copy of the bootstrap (an edited one, to compare
-with). Linux only; the worker's pure-Python codec frames the requests.
+with). ``--compare FILE`` drives the two bootstraps (``--worker``'s and FILE)
+in turns instead, ``--rounds`` times each (in the order A B, then B A), with a
+scratch root on a tmpfs as the server gives each worker, and prints for each
+the medians over its rounds of the worker's, the zygote's and the children's
+CPU per clean run, the round trip, and how often the worker went to sleep
+per run (its voluntary context switches: each is a wake-up the run waits
+for). Linux only; the worker's pure-Python codec frames the requests.
 """
 
 import argparse
+import marshal
 import os
 import statistics
 import struct
@@ -174,9 +182,20 @@ class Worker:
         self.ready = ready = self.read()
         if ready.get("t") != "ready":
             raise SystemExit("worker did not start: %r" % (ready,))
+        # Clean runs' exec frames go in marshal, as the server sends them, to
+        # a bootstrap of protocol 6 or later (an older one reads msgpack
+        # only); until a session starts.
+        self.marshal_exec = ready.get("protocol", 0) >= 6
 
     def send(self, msg):
-        data = codec.pure_packb(msg)
+        # As the server sends them: a clean run's exec frame in marshal,
+        # anything else (a session's calls among them) in msgpack.
+        if msg["t"] == "session":
+            self.marshal_exec = False
+        if msg["t"] == "exec" and self.marshal_exec:
+            data = marshal.dumps(msg)
+        else:
+            data = codec.pure_packb(msg)
         self.proc.stdin.write(struct.pack("!I", len(data)) + data)
         self.proc.stdin.flush()
 
@@ -235,6 +254,52 @@ def timed(worker, runs, gap=0.0):
     return rts
 
 
+def sleeps(pid):
+    """The voluntary context switches of process ``pid`` so far."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    return 0
+
+
+def costs(worker, n):
+    """Clean runs of print(2+2) back to back on ``worker`` after 100 to warm
+    up: (worker, zygote, children) CPU in ms per run, the round trip's p50 in
+    ms, and the worker's sleeps per run."""
+    timed(worker, 100)
+    h0 = {pid: worker.stat(pid) for pid in worker.helpers()}
+    s0, v0 = worker.stat(), sleeps(worker.proc.pid)
+    rts = timed(worker, n)
+    s1, v1 = worker.stat(), sleeps(worker.proc.pid)
+    h1 = {pid: worker.stat(pid) for pid in worker.helpers()}
+    zygote = [(h0[pid], h1[pid]) for pid in h0 if pid in h1]
+    z_cpu = sum(b[2] - a[2] for a, b in zygote)
+    c_cpu = s1[3] - s0[3] + sum(b[3] - a[3] for a, b in zygote)
+    return ((s1[2] - s0[2]) / n * 1e3, z_cpu / n * 1e3, c_cpu / n * 1e3,
+            statistics.median(rts), (v1 - v0) / n)
+
+
+def compare(python, scripts, runs, rounds):
+    """``costs`` of each bootstrap in ``scripts``, in turns, ``rounds`` times."""
+    tmpfs = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    rows = {script: [] for script in scripts}
+    for r in range(rounds):
+        for script in (scripts if r % 2 == 0 else scripts[::-1]):
+            with tempfile.TemporaryDirectory(dir=tmpfs) as scratch:
+                worker = Worker(python, scratch, script)
+                rows[script].append(costs(worker, runs))
+                worker.close()
+    print("clean runs of print(2+2), %d back to back per round, %d rounds in turns "
+          "(medians; ms of CPU per run):" % (runs, rounds))
+    for script in scripts:
+        med = [statistics.median(row[i] for row in rows[script]) for i in range(5)]
+        print("  %s: worker %.3f, zygote %.3f, children %.3f, total %.3f; round trip p50 "
+              "%.3f ms; the worker slept %.2f times a run (worker per round: %s)"
+              % (script, med[0], med[1], med[2], sum(med[:3]), med[3], med[4],
+                 " ".join("%.3f" % row[0] for row in rows[script])))
+
+
 def clean_runs(worker, path, n, floor_us, bare_us, fault_us):
     """Clean runs of print(2+2) back to back on ``worker``: CPU and page
     faults per run of each process, and the round trip."""
@@ -274,11 +339,17 @@ def main():
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--worker", default=WORKER, help="the bootstrap to drive")
+    ap.add_argument("--compare", metavar="FILE",
+                    help="drive this bootstrap and --worker's in turns (see above) and exit")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds of each with --compare")
     ap.add_argument("--floors", action="store_true",
                     help="print only the two fork floors (us of CPU: a worker-sized process's, "
                          "the bare interpreter's) and exit")
     args = ap.parse_args()
     python = os.path.realpath(args.python)
+    if args.compare:
+        compare(python, [args.worker, args.compare], args.runs, args.rounds)
+        return
     floor = subprocess.run([python, "-I", "-c", FLOOR, str(args.runs)],
                            capture_output=True, text=True)
     if floor.returncode:
@@ -328,6 +399,7 @@ def main():
         with open(floor_script, "w") as f:
             f.write(SESSION_FLOOR % os.path.dirname(os.path.abspath(WORKER)))
         floor = Worker(python, scratch, floor_script)
+        floor.marshal_exec = False  # it reads the msgpack of session calls
         timed(floor, 100)
         s0 = floor.stat()
         rts = timed(floor, n)

@@ -204,7 +204,7 @@ pub(super) fn check(
     }
     let network = run_network(ctx.egress, req.network.as_ref())?;
     let results = options.artifacts.unwrap_or(ctx.results);
-    let frame = protocol::encode_frame(&ExecFrame {
+    let exec = ExecFrame {
         t: "exec",
         id,
         code: &req.code,
@@ -227,7 +227,14 @@ pub(super) fn check(
         int_max_str_digits: req.int_max_str_digits,
         call: options.call.as_ref(),
         compile: &options.compile,
-    })
+    };
+    // A clean run's frame goes to its worker in marshal, which the worker
+    // reads in C; a session call's (`session_timeout` set) in msgpack,
+    // which the server reads first (see `protocol`).
+    let frame = match ctx.session_timeout {
+        None => protocol::encode_marshal_frame(&exec),
+        Some(_) => protocol::encode_frame(&exec),
+    }
     .map_err(|e| ExecError::BadRequest(format!("request cannot be encoded: {e}")))?;
     Ok(Checked {
         frame,

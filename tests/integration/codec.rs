@@ -1,9 +1,11 @@
-//! The worker's own msgpack codec and rmp-serde agree, in both directions.
+//! The worker's own msgpack codec and rmp-serde agree, in both directions;
+//! and what the server sends in marshal (a clean run's `exec` frame) reaches
+//! the worker as the same values.
 
 use std::collections::BTreeMap;
 
 use code_executor::testing::Worker;
-use code_executor::testing::encode_frame;
+use code_executor::testing::{encode_frame, encode_marshal_frame};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
@@ -18,6 +20,7 @@ struct Sample {
     text: String,
     small: Vec<i64>,
     extremes: Vec<i64>,
+    edges: Vec<i64>,
     unsigned_max: u64,
     floats: Vec<f64>,
     flags: Vec<bool>,
@@ -46,11 +49,30 @@ async fn pure_codec_worker() -> (Worker, tempfile::TempDir) {
     common::bare_worker(&[("CODE_EXECUTOR_PURE_CODEC", "1")]).await
 }
 
+/// How a frame is encoded: msgpack, or marshal (a clean run's `exec`).
+#[derive(Clone, Copy)]
+enum Encoding {
+    Msgpack,
+    Marshal,
+}
+
 async fn echo<T: Serialize + for<'de> Deserialize<'de>>(
     worker: &mut Worker,
     value: &T,
 ) -> (T, String) {
-    let frame = encode_frame(&Echo { t: "echo", value }).unwrap();
+    echo_as(worker, value, Encoding::Msgpack).await
+}
+
+async fn echo_as<T: Serialize + for<'de> Deserialize<'de>>(
+    worker: &mut Worker,
+    value: &T,
+    encoding: Encoding,
+) -> (T, String) {
+    let echo = Echo { t: "echo", value };
+    let frame = match encoding {
+        Encoding::Msgpack => encode_frame(&echo).unwrap(),
+        Encoding::Marshal => encode_marshal_frame(&echo).unwrap(),
+    };
     let body = worker.echo_raw(&frame).await.unwrap();
     let reply: EchoReply<T> = rmp_serde::from_slice(&body).expect("worker's encoding decodes");
     assert_eq!(reply.t, "echo");
@@ -60,6 +82,19 @@ async fn echo<T: Serialize + for<'de> Deserialize<'de>>(
 #[tokio::test]
 async fn values_round_trip_through_the_worker_codec() {
     let (mut worker, _dir) = pure_codec_worker().await;
+    round_trip(&mut worker, Encoding::Msgpack).await;
+}
+
+#[tokio::test]
+async fn values_sent_in_marshal_reach_the_worker_as_they_were() {
+    let (mut worker, _dir) = pure_codec_worker().await;
+    round_trip(&mut worker, Encoding::Marshal).await;
+}
+
+/// Every kind of value a frame holds, sent to the worker `encoding` and
+/// echoed back in its msgpack: the same values, and Python saw them as
+/// expected.
+async fn round_trip(worker: &mut Worker, encoding: Encoding) {
     let mut nested = BTreeMap::new();
     nested.insert(
         "outer ключ".to_string(),
@@ -76,6 +111,14 @@ async fn values_round_trip_through_the_worker_codec() {
             0, 1, 127, 128, 255, 256, 65535, 65536, -1, -32, -33, -128, -129, -32768, -32769,
         ],
         extremes: vec![i64::MIN, i64::MAX, i32::MIN as i64, u32::MAX as i64],
+        edges: vec![
+            i32::MAX as i64,
+            i32::MAX as i64 + 1,
+            i32::MIN as i64 - 1,
+            1 << 45,
+            -(1 << 45),
+            0,
+        ],
         unsigned_max: u64::MAX,
         floats: vec![0.0, -1.5, 1e300, f64::MIN_POSITIVE],
         flags: vec![true, false],
@@ -84,13 +127,14 @@ async fn values_round_trip_through_the_worker_codec() {
         bin: ByteBuf::from((0..=255u8).collect::<Vec<_>>()),
         long_list: (0..70_000).collect(),
     };
-    let (back, repr) = echo(&mut worker, &sample).await;
+    let (back, repr) = echo_as(worker, &sample, encoding).await;
     assert_eq!(back, sample);
     // What Python decoded, seen through its repr.
     for part in [
         "'text': 'héllo wörld ✓ 日本'",
         "'empty_bin': b''",
         "'extremes': [-9223372036854775808, 9223372036854775807, -2147483648, 4294967295]",
+        "'edges': [2147483647, 2147483648, -2147483649, 35184372088832, -35184372088832, 0]",
         "'unsigned_max': 18446744073709551615",
         "'nothing': None",
         "'flags': [True, False]",
