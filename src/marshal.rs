@@ -299,38 +299,25 @@ impl<'w, 'a> ser::Serializer for &'w mut Writer<'a> {
     }
 }
 
-impl ser::SerializeSeq for Compound<'_, Writer<'_>> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.item(value)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.end_counted()
-    }
+/// The counted containers (list, tuple, tuple struct) take their items alike.
+macro_rules! counted {
+    ($trait:ident, $add:ident) => {
+        impl ser::$trait for Compound<'_, Writer<'_>> {
+            type Ok = ();
+            type Error = Error;
+            fn $add<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+                self.item(value)
+            }
+            fn end(self) -> Result<(), Error> {
+                self.end_counted()
+            }
+        }
+    };
 }
 
-impl ser::SerializeTuple for Compound<'_, Writer<'_>> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.item(value)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.end_counted()
-    }
-}
-
-impl ser::SerializeTupleStruct for Compound<'_, Writer<'_>> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.item(value)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.end_counted()
-    }
-}
+counted!(SerializeSeq, serialize_element);
+counted!(SerializeTuple, serialize_element);
+counted!(SerializeTupleStruct, serialize_field);
 
 impl ser::SerializeMap for Compound<'_, Writer<'_>> {
     type Ok = ();

@@ -36,6 +36,16 @@ impl Arena {
         Self::with_config(common::config()).await
     }
 
+    /// A server of one worker: every run follows the one before on the
+    /// same scratch root.
+    pub async fn one_worker() -> Arena {
+        Self::with_config(code_executor::Config {
+            pool_size: 1,
+            ..common::config()
+        })
+        .await
+    }
+
     pub async fn with_config(config: code_executor::Config) -> Arena {
         let size = config.pool_size as u64;
         Self::from_server(TestServer::with_config(config).await, size).await

@@ -94,12 +94,7 @@ with multiprocessing.Pool(2) as p:
 
 #[tokio::test]
 async fn state_planted_by_one_run_never_reaches_the_next() {
-    // One worker: every run follows the one before on the same scratch root.
-    let arena = Arena::with_config(code_executor::Config {
-        pool_size: 1,
-        ..common::config()
-    })
-    .await;
+    let arena = Arena::one_worker().await;
     let plant = r#"
 import fcntl, os, struct, sys
 home = os.path.expanduser("~")
@@ -163,11 +158,7 @@ async fn what_a_run_leaves_in_place_of_its_own_directories_is_cleared_too() {
     // emptied scratch root by its size, not a listing. A run that leaves as
     // many entries as it was given, or a file where its private tmp was,
     // must not get past that.
-    let arena = Arena::with_config(code_executor::Config {
-        pool_size: 1,
-        ..common::config()
-    })
-    .await;
+    let arena = Arena::one_worker().await;
     let check = "import os
 print(sorted(os.listdir(os.path.expanduser('~'))), os.listdir('/dev/shm'), \
                  os.path.isdir(os.environ['TMPDIR']), os.listdir('.'))";
@@ -442,11 +433,7 @@ async fn connections_past_the_cap_are_refused_clearly() {
 
 #[tokio::test]
 async fn a_deep_tree_left_behind_costs_no_other_request() {
-    let arena = Arena::with_config(code_executor::Config {
-        pool_size: 1,
-        ..common::config()
-    })
-    .await;
+    let arena = Arena::one_worker().await;
     let deep = r#"
 import os
 os.chdir(os.path.expanduser("~"))
