@@ -1818,16 +1818,16 @@ class Child:
         self.rusage = None  # (CPU seconds, peak RSS in KiB), once reaped
 
     def forked(self):
-        """Whether it exists: the zygote's answer to its fork is read now if
-        it was not yet (by then it is long there: see Zygote.fork). One whose
-        fork failed has its pipes closed, and raises the OSError."""
+        """Make sure it exists and its pid is known: the zygote's answer to
+        its fork is read now if it was not yet (by then it is long there:
+        see Zygote.fork). One whose fork failed has its pipes closed, and
+        raises the OSError."""
         if self.pid is None:
             try:
                 self.pid = self.zygote.forked()
             except OSError:
                 self.close()
                 raise
-        return True
 
     def reap(self, block):
         if self.status is None:
@@ -2205,7 +2205,7 @@ class Worker:
             pass
         return self.child_of(pid, rundir, req_w, out_r, err_r, ctl_r)
 
-    def retire(self, child):
+    def retire(self, child, rundir_removed=False):
         try:
             child.forked()
         except OSError:
@@ -2223,15 +2223,19 @@ class Worker:
         # Everything in the scratch root goes, not only the run's own
         # directories: what a run wrote beside them (``~`` is the scratch
         # root) must neither reach the next run nor hold its disk quota.
-        self.cleaned(self.clear_scratch())
+        self.cleaned(self.clear_scratch(rundir_removed))
 
-    def clear_scratch(self):
+    def clear_scratch(self, rundir_removed=False):
         """``clear_dir`` of the scratch root. On a tmpfs, where a directory's
         size counts its entries, a root that held no more than the run's two
-        directories, empty, is cleared by removing them: its size then says
-        it is empty, and there is nothing to list."""
+        directories, empty, is cleared by removing them (the run directory
+        only if not ``rundir_removed`` already): its size then says it is
+        empty, and there is nothing to list."""
         if self.empty_root is not None:
-            for path in (private_tmp(self.rundir), self.rundir):
+            dirs = (private_tmp(self.rundir),)
+            if not rundir_removed:
+                dirs += (self.rundir,)
+            for path in dirs:
                 try:
                     os.rmdir(path)
                 except FileNotFoundError:
@@ -2291,6 +2295,7 @@ class Worker:
         child = self.take_child(msg)
         gone = False  # the server went away: no next child
         imported = None
+        removed = False  # whether the run's directory was removed, empty
         try:
             run = supervise(self, child, msg, start, disk=disk)
             if run.report is not None:
@@ -2298,7 +2303,9 @@ class Worker:
             artifacts = []
             # Most runs leave their directory empty: it goes now, with one
             # call, and there is nothing to list (nor for the clean-up to).
-            if msg["artifacts"] is not False and not removed_if_empty(child.rundir):
+            if msg["artifacts"] is not False:
+                removed = removed_if_empty(child.rundir)
+            if msg["artifacts"] is not False and not removed:
                 artifacts = collect_artifacts(
                     child.rundir,
                     input_files(msg["files"]),
@@ -2323,7 +2330,7 @@ class Worker:
             # runs, which report the kernel's rusage: they come in bursts),
             # and when the next request came while this one was cleaned up
             # (the server has runs queued for this environment).
-            self.retire(child)
+            self.retire(child, removed)
             if not gone:
                 self.learn(imported)
                 self.spawn(warm=not msg.get("rusage") and not self.queued())

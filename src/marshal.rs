@@ -43,7 +43,7 @@ struct Writer<'a> {
     out: &'a mut Vec<u8>,
 }
 
-impl Writer<'_> {
+impl<'a> Writer<'a> {
     fn length(&mut self, n: usize) -> Result<(), Error> {
         let n = i32::try_from(n).map_err(|_| Error::TooLong(n))?;
         self.out.extend_from_slice(&n.to_le_bytes());
@@ -92,7 +92,7 @@ impl Writer<'_> {
 
     /// A container whose count follows its type code, written now when
     /// known, else patched in when it ends.
-    fn counted(&mut self, code: u8, len: Option<usize>) -> Result<Compound<'_, Self>, Error> {
+    fn counted(&mut self, code: u8, len: Option<usize>) -> Result<Compound<'_, 'a>, Error> {
         self.out.push(code);
         let at = self.out.len();
         self.length(len.unwrap_or(0))?;
@@ -102,7 +102,7 @@ impl Writer<'_> {
         })
     }
 
-    fn dict(&mut self) -> Compound<'_, Self> {
+    fn dict(&mut self) -> Compound<'_, 'a> {
         self.out.push(b'{');
         Compound {
             writer: self,
@@ -113,12 +113,12 @@ impl Writer<'_> {
 
 /// A container being written. `count`: where its count goes and how many
 /// items it has had, when that was not known at its start.
-struct Compound<'w, W> {
-    writer: &'w mut W,
+struct Compound<'w, 'a> {
+    writer: &'w mut Writer<'a>,
     count: Option<(usize, usize)>,
 }
 
-impl<'a> Compound<'_, Writer<'a>> {
+impl Compound<'_, '_> {
     fn item<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
         if let Some((_, n)) = &mut self.count {
             *n += 1;
@@ -143,12 +143,12 @@ impl<'a> Compound<'_, Writer<'a>> {
 impl<'w, 'a> ser::Serializer for &'w mut Writer<'a> {
     type Ok = ();
     type Error = Error;
-    type SerializeSeq = Compound<'w, Writer<'a>>;
-    type SerializeTuple = Compound<'w, Writer<'a>>;
-    type SerializeTupleStruct = Compound<'w, Writer<'a>>;
+    type SerializeSeq = Compound<'w, 'a>;
+    type SerializeTuple = Compound<'w, 'a>;
+    type SerializeTupleStruct = Compound<'w, 'a>;
     type SerializeTupleVariant = ser::Impossible<(), Error>;
-    type SerializeMap = Compound<'w, Writer<'a>>;
-    type SerializeStruct = Compound<'w, Writer<'a>>;
+    type SerializeMap = Compound<'w, 'a>;
+    type SerializeStruct = Compound<'w, 'a>;
     type SerializeStructVariant = ser::Impossible<(), Error>;
 
     fn serialize_bool(self, v: bool) -> Result<(), Error> {
@@ -302,7 +302,7 @@ impl<'w, 'a> ser::Serializer for &'w mut Writer<'a> {
 /// The counted containers (list, tuple, tuple struct) take their items alike.
 macro_rules! counted {
     ($trait:ident, $add:ident) => {
-        impl ser::$trait for Compound<'_, Writer<'_>> {
+        impl ser::$trait for Compound<'_, '_> {
             type Ok = ();
             type Error = Error;
             fn $add<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
@@ -319,7 +319,7 @@ counted!(SerializeSeq, serialize_element);
 counted!(SerializeTuple, serialize_element);
 counted!(SerializeTupleStruct, serialize_field);
 
-impl ser::SerializeMap for Compound<'_, Writer<'_>> {
+impl ser::SerializeMap for Compound<'_, '_> {
     type Ok = ();
     type Error = Error;
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), Error> {
@@ -333,7 +333,7 @@ impl ser::SerializeMap for Compound<'_, Writer<'_>> {
     }
 }
 
-impl ser::SerializeStruct for Compound<'_, Writer<'_>> {
+impl ser::SerializeStruct for Compound<'_, '_> {
     type Ok = ();
     type Error = Error;
     fn serialize_field<T: Serialize + ?Sized>(
