@@ -2206,24 +2206,35 @@ class Worker:
         return self.child_of(pid, rundir, req_w, out_r, err_r, ctl_r)
 
     def retire(self, child, rundir_removed=False):
+        """Kill ``child`` and what its run left, and clear the scratch root.
+        A ZygoteLost is raised once that is done all the same: the zygote is
+        then stopped, and what it left (the child among it) was handed to
+        the worker, a subreaper, which kills it."""
+        lost = None
         try:
-            child.forked()
-        except OSError:
-            return  # never forked: nothing ran
-        child.kill()
-        child.reap(True)
-        # What the run left running was handed to its parent (a subreaper)
-        # when the run's process died.
-        if child.zygote is None:
+            try:
+                child.forked()
+            except OSError:
+                return  # never forked: nothing ran
+            child.kill()
+            child.reap(True)
+            # What the run left running was handed to its parent (a
+            # subreaper) when the run's process died.
+            if child.zygote is not None and child.left:
+                child.zygote.kill_leftovers()
+        except ZygoteLost as exc:
+            lost = exc
+            child.zygote.stop()
+        if child.zygote is None or lost is not None:
             kill_descendants()
-        elif child.left:
-            child.zygote.kill_leftovers()
         self.cleaned(clear_private_shm(self.empty_shm))
         child.close()
         # Everything in the scratch root goes, not only the run's own
         # directories: what a run wrote beside them (``~`` is the scratch
         # root) must neither reach the next run nor hold its disk quota.
         self.cleaned(self.clear_scratch(rundir_removed))
+        if lost is not None:
+            raise lost
 
     def clear_scratch(self, rundir_removed=False):
         """``clear_dir`` of the scratch root. On a tmpfs, where a directory's
@@ -2292,8 +2303,13 @@ class Worker:
         disk_bytes = msg["limits"].get("disk_bytes")
         disk = DiskWatch(self.scratch, disk_bytes) if disk_bytes else None
         start = time.monotonic()
-        child = self.take_child(msg)
+        try:
+            child = self.take_child(msg)
+        except ZygoteLost as exc:
+            exc.when = "before"
+            raise
         gone = False  # the server went away: no next child
+        answered = False
         imported = None
         removed = False  # whether the run's directory was removed, empty
         try:
@@ -2319,6 +2335,7 @@ class Worker:
             if run.ended == "disk":
                 reply["disk_exceeded"] = True
             write_frame(self.wfd, reply)
+            answered = True
         except ChannelClosed:
             gone = True
             raise
@@ -2330,10 +2347,15 @@ class Worker:
             # runs, which report the kernel's rusage: they come in bursts),
             # and when the next request came while this one was cleaned up
             # (the server has runs queued for this environment).
-            self.retire(child, removed)
-            if not gone:
-                self.learn(imported)
-                self.spawn(warm=not msg.get("rusage") and not self.queued())
+            try:
+                self.retire(child, removed)
+                if not gone:
+                    self.learn(imported)
+                    self.spawn(warm=not msg.get("rusage") and not self.queued())
+            except ZygoteLost as exc:
+                if answered:
+                    exc.when = "after"
+                raise
 
     def learn(self, imported):
         """Tally a run's imports; have the zygote import the next few now
@@ -2411,7 +2433,21 @@ class Worker:
                 except ChannelClosed:
                     return
                 except ZygoteLost as exc:
-                    write_error(self.wfd, msg.get("id"), "", exc)
+                    # The server replaces this worker. A request it has run
+                    # nothing of runs on another worker (``retire``), as the
+                    # next one does when this one was answered already (the
+                    # worker is dirty); one whose run died with the zygote is
+                    # told so.
+                    sys.stderr.write("code-executor: %s\n" % exc)
+                    if exc.when == "after":
+                        self.dirty = self.dirty or "the zygote is gone: %s" % exc
+                        continue
+                    if exc.when == "before":
+                        write_frame(self.wfd, {"t": "error", "id": msg.get("id"), "retire": True,
+                                               "message": "worker retired: %s" % exc})
+                    else:
+                        write_frame(self.wfd, {"t": "error", "id": msg.get("id"),
+                                               "message": "the run's process was lost: %s" % exc})
                     return
                 except Exception as exc:
                     # ``get``: a frame that lacks a required field (KeyError)
@@ -2516,7 +2552,12 @@ def restore_thread_reset():
 
 
 class ZygoteLost(Exception):
-    """The zygote is gone: this worker cannot fork runs any more."""
+    """The zygote is gone: this worker cannot fork runs any more. ``when``
+    the request being served learned it: "before" its run was handed to a
+    child (it ran nothing), "during" it (its process died with the zygote),
+    or "after" it was answered."""
+
+    when = "during"
 
 
 class Zygote:
@@ -2618,8 +2659,10 @@ class Zygote:
 
     def stop(self):
         """Close the zygote's socket: it kills what children it has and
-        exits; one that does not within a second is killed."""
+        exits; one that does not within a second is killed. Its number is
+        no longer the zygote's (a child forked after must not close it)."""
         self.sock.close()
+        self.fd = -1
         deadline = time.monotonic() + 1.0
         try:
             while not os.waitpid(self.pid, os.WNOHANG)[0]:
@@ -3490,7 +3533,12 @@ def open_session(worker, msg):
     if direct and not worker.passes_fds():
         raise RuntimeError("a direct session needs a socket as the worker's channel")
     if worker.next is not None:
-        worker.retire(worker.next)
+        try:
+            worker.retire(worker.next)
+        except ZygoteLost as exc:
+            # The session's child is the worker's own: no zygote needed (the
+            # worker leaves with its session).
+            sys.stderr.write("code-executor: %s\n" % exc)
         worker.next = None
     rundir = os.path.join(worker.scratch, "session")
     os.mkdir(rundir, 0o700)

@@ -83,6 +83,189 @@ async fn a_worker_killed_from_outside_is_replaced() {
     server.stop().await;
 }
 
+/// The children of `pid` (of its main thread, which is every child of the
+/// single-threaded processes here).
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// The zygote of the worker under `worker` (a child of this test process:
+/// the sandbox's launcher, or the worker itself): the first process the
+/// Python worker forked. With no run in flight it is the worker's only child.
+fn zygote_of(worker: u32) -> u32 {
+    let python = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|comm| comm.starts_with("python"))
+            .unwrap_or(false)
+    };
+    let mut pid = worker;
+    while !python(pid) {
+        pid = *children_of(pid)
+            .first()
+            .unwrap_or_else(|| panic!("no Python worker under {worker}"));
+    }
+    let zygote = *children_of(pid)
+        .first()
+        .unwrap_or_else(|| panic!("the worker {pid} has no zygote"));
+    assert!(python(zygote), "{zygote} under {pid} is no Python process");
+    zygote
+}
+
+/// Kill the zygote of the worker under `worker`, and wait until it is gone
+/// (reaped by its worker, or a zombie its worker has not reaped yet).
+async fn kill_zygote(worker: u32) -> u32 {
+    let zygote = zygote_of(worker);
+    kill(Pid::from_raw(zygote as i32), Signal::SIGKILL).unwrap();
+    let started = Instant::now();
+    while std::fs::read_to_string(format!("/proc/{zygote}/stat"))
+        .map(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{zygote} lives on"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    zygote
+}
+
+#[tokio::test]
+async fn a_zygote_lost_between_runs_costs_no_request() {
+    // The worker learns of it from the next request, which it has run
+    // nothing of: that request runs on another worker, and the worker is
+    // replaced.
+    let server = TestServer::start().await;
+    server.run("print(0)").await;
+    let before = worker_pids(&server);
+    assert_eq!(before.len(), 2, "{before:?}");
+    kill_zygote(before[0]).await;
+    // Workers take turns: one of these goes to the worker without a zygote.
+    for i in 1..=4 {
+        let body = server.run(&format!("print({i})")).await;
+        assert_eq!(body["stdout"], format!("{i}\n"), "{body}");
+        assert_eq!(body["exit_code"], 0, "{body}");
+    }
+    wait_until_replaced(&server, &before[..1], Duration::from_secs(10)).await;
+    assert!(worker_pids(&server).contains(&before[1]));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_zygote_lost_mid_run_fails_that_run_clearly_and_the_worker_is_replaced() {
+    let server = TestServer::with_config(code_executor::Config {
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    server.run("print(0)").await;
+    let before = worker_pids(&server);
+    let worker = before[0];
+    let killer = tokio::spawn(async move {
+        // The run's process is the zygote's child once it runs.
+        let started = Instant::now();
+        while children_of(zygote_of(worker)).is_empty() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no run started"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        kill_zygote(worker).await
+    });
+    let started = Instant::now();
+    let (status, body) = server
+        .execute(json!({"code": "import time\nprint('begun', flush=True)\ntime.sleep(20)"}))
+        .await;
+    killer.await.unwrap();
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(body["error"]["code"], "internal", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("the run's process was lost") && message.contains("zygote"),
+        "{body}"
+    );
+    // Answered when the run died, not at its end nor at its timeout.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    wait_until_replaced_by(&server, worker, 1, Duration::from_secs(10)).await;
+    let body = server.run("print('after')").await;
+    assert_eq!(body["stdout"], "after\n", "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_session_opens_on_a_worker_whose_zygote_is_gone() {
+    // A session's process is forked by the worker itself.
+    let server = TestServer::with_config(code_executor::Config {
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    server.run("print(0)").await;
+    let worker = worker_pids(&server)[0];
+    kill_zygote(worker).await;
+    let (status, info) = server.post("/sessions", json!({})).await;
+    assert_eq!(status, 201, "{info}");
+    let id = info["id"].as_str().unwrap().to_string();
+    let (status, body) = server
+        .execute(json!({"code": "x = 41\nprint('set')", "session": id}))
+        .await;
+    assert_eq!((status, &body["stdout"]), (200, &json!("set\n")), "{body}");
+    // The session's directory holds nothing the pre-forked run left.
+    let (status, body) = server
+        .execute(json!({"code": "import os\nprint(x + 1, os.listdir('.'))", "session": id}))
+        .await;
+    assert_eq!(
+        (status, &body["stdout"]),
+        (200, &json!("42 []\n")),
+        "{body}"
+    );
+    let closed = server
+        .client
+        .delete(format!("{}/sessions/{id}", server.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(closed.status().as_u16(), 200);
+    // The pool refills and clean runs go on.
+    let body = server.run("print('clean')").await;
+    assert_eq!(body["stdout"], "clean\n", "{body}");
+    server.stop().await;
+}
+
+/// Wait until the worker `dead` is gone and `size` workers are idle.
+async fn wait_until_replaced_by(server: &TestServer, dead: u32, size: u64, within: Duration) {
+    let started = Instant::now();
+    loop {
+        let pids = worker_pids(server);
+        let pool = server.pool().await;
+        if pids.len() as u64 == size && !pids.contains(&dead) && pool["idle"] == size {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "not replaced within {within:?}: {pids:?} {pool}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Six runs in a row from one client go to both workers in turn: each
 /// prepares its next run (forks the process for it) while the other serves.
 /// The run directory tells the workers apart (each has its own).
