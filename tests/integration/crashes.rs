@@ -29,13 +29,14 @@ fn parent_of(pid: u32) -> Option<u32> {
         .ok()
 }
 
-/// Wait until none of the `dead` workers is left and two workers are idle.
-async fn wait_until_replaced(server: &TestServer, dead: &[u32], within: Duration) {
+/// Wait until none of the `dead` workers is left and `size` workers are
+/// idle.
+async fn wait_until_replaced(server: &TestServer, dead: &[u32], size: usize, within: Duration) {
     let started = Instant::now();
     loop {
         let pids = worker_pids(server);
         let pool = server.pool().await;
-        if pids.len() == 2 && pids.iter().all(|p| !dead.contains(p)) && pool["idle"] == 2 {
+        if pids.len() == size && pids.iter().all(|p| !dead.contains(p)) && pool["idle"] == size {
             return;
         }
         assert!(
@@ -75,7 +76,7 @@ async fn a_worker_killed_from_outside_is_replaced() {
     kill(Pid::from_raw(before[0] as i32), Signal::SIGKILL).unwrap();
 
     // Within a second the dead worker is gone and a new one stands in.
-    wait_until_replaced(&server, &before[..1], Duration::from_secs(1)).await;
+    wait_until_replaced(&server, &before[..1], 2, Duration::from_secs(1)).await;
     for i in 0..4 {
         let body = server.run(&format!("print({i})")).await;
         assert_eq!(body["stdout"], format!("{i}\n"));
@@ -121,17 +122,7 @@ async fn kill_zygote(worker: u32) -> u32 {
     let zygote = zygote_of(worker);
     kill(Pid::from_raw(zygote as i32), Signal::SIGKILL).unwrap();
     let started = Instant::now();
-    while std::fs::read_to_string(format!("/proc/{zygote}/stat"))
-        .map(|stat| {
-            !stat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-        .unwrap_or(false)
-    {
+    while common::alive(zygote) {
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "{zygote} lives on"
@@ -157,21 +148,26 @@ async fn a_zygote_lost_between_runs_costs_no_request() {
         assert_eq!(body["stdout"], format!("{i}\n"), "{body}");
         assert_eq!(body["exit_code"], 0, "{body}");
     }
-    wait_until_replaced(&server, &before[..1], Duration::from_secs(10)).await;
+    wait_until_replaced(&server, &before[..1], 2, Duration::from_secs(10)).await;
     assert!(worker_pids(&server).contains(&before[1]));
     server.stop().await;
 }
 
-#[tokio::test]
-async fn a_zygote_lost_mid_run_fails_that_run_clearly_and_the_worker_is_replaced() {
+/// A server of one worker that has served a run, and that worker.
+async fn one_worker() -> (TestServer, u32) {
     let server = TestServer::with_config(code_executor::Config {
         pool_size: 1,
         ..common::config()
     })
     .await;
     server.run("print(0)").await;
-    let before = worker_pids(&server);
-    let worker = before[0];
+    let worker = worker_pids(&server)[0];
+    (server, worker)
+}
+
+#[tokio::test]
+async fn a_zygote_lost_mid_run_fails_that_run_clearly_and_the_worker_is_replaced() {
+    let (server, worker) = one_worker().await;
     let killer = tokio::spawn(async move {
         // The run's process is the zygote's child once it runs.
         let started = Instant::now();
@@ -203,7 +199,7 @@ async fn a_zygote_lost_mid_run_fails_that_run_clearly_and_the_worker_is_replaced
         "{:?}",
         started.elapsed()
     );
-    wait_until_replaced_by(&server, worker, 1, Duration::from_secs(10)).await;
+    wait_until_replaced(&server, &[worker], 1, Duration::from_secs(10)).await;
     let body = server.run("print('after')").await;
     assert_eq!(body["stdout"], "after\n", "{body}");
     server.stop().await;
@@ -212,13 +208,7 @@ async fn a_zygote_lost_mid_run_fails_that_run_clearly_and_the_worker_is_replaced
 #[tokio::test]
 async fn a_session_opens_on_a_worker_whose_zygote_is_gone() {
     // A session's process is forked by the worker itself.
-    let server = TestServer::with_config(code_executor::Config {
-        pool_size: 1,
-        ..common::config()
-    })
-    .await;
-    server.run("print(0)").await;
-    let worker = worker_pids(&server)[0];
+    let (server, worker) = one_worker().await;
     kill_zygote(worker).await;
     let (status, info) = server.post("/sessions", json!({})).await;
     assert_eq!(status, 201, "{info}");
@@ -247,23 +237,6 @@ async fn a_session_opens_on_a_worker_whose_zygote_is_gone() {
     let body = server.run("print('clean')").await;
     assert_eq!(body["stdout"], "clean\n", "{body}");
     server.stop().await;
-}
-
-/// Wait until the worker `dead` is gone and `size` workers are idle.
-async fn wait_until_replaced_by(server: &TestServer, dead: u32, size: u64, within: Duration) {
-    let started = Instant::now();
-    loop {
-        let pids = worker_pids(server);
-        let pool = server.pool().await;
-        if pids.len() as u64 == size && !pids.contains(&dead) && pool["idle"] == size {
-            return;
-        }
-        assert!(
-            started.elapsed() < within,
-            "not replaced within {within:?}: {pids:?} {pool}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Six runs in a row from one client go to both workers in turn: each
@@ -295,7 +268,7 @@ async fn workers_take_turns_also_after_all_were_replaced() {
     for pid in &before {
         kill(Pid::from_raw(*pid as i32), Signal::SIGKILL).unwrap();
     }
-    wait_until_replaced(&server, &before, Duration::from_secs(5)).await;
+    wait_until_replaced(&server, &before, 2, Duration::from_secs(5)).await;
     assert_workers_take_turns(&server, "after replacement").await;
     server.stop().await;
 }

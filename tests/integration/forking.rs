@@ -56,19 +56,6 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|stat| {
-            !stat
-                .rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-        .unwrap_or(false)
-}
-
 #[tokio::test]
 async fn runs_forked_with_and_without_a_zygote_behave_alike() {
     for zygote in [true, false] {
@@ -97,7 +84,10 @@ async fn runs_forked_with_and_without_a_zygote_behave_alike() {
         let orphan: u32 = text(&out.stdout).trim().parse().unwrap();
         let out = run(&mut worker, "print('next')", 5.0).await;
         assert_eq!(text(&out.stdout), "next\n");
-        assert!(!alive(orphan), "zygote {zygote}: {orphan} outlived its run");
+        assert!(
+            !common::alive(orphan),
+            "zygote {zygote}: {orphan} outlived its run"
+        );
 
         // Exit statuses, signals and timeouts come through either way.
         let out = run(&mut worker, "import sys\nsys.exit(3)", 5.0).await;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::common::mcp::{McpClient, connect_stdio, execute_code, text};
-use crate::common::{processes_mentioning, python};
+use crate::common::{alive, processes_mentioning, python};
 use crate::mcp::{marked_sleeper, unique_marker, wait_for_process, wait_until_gone};
 
 fn binary() -> &'static Path {
@@ -106,16 +106,6 @@ async fn kill_server(socket: &Path) -> u32 {
     })
     .await;
     pid
-}
-
-fn alive(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    !stat
-        .rsplit(')')
-        .next()
-        .is_some_and(|rest| rest.trim_start().starts_with('Z'))
 }
 
 async fn wait_for(what: &str, within: Duration, done: impl Fn() -> bool) {

@@ -198,21 +198,13 @@ pub fn sandbox_processes(base: &Path) -> Vec<u32> {
         .collect();
     let mut pids: Vec<u32> = ns_of
         .iter()
-        .filter(|(pid, ns)| (named.contains(pid) || worker_ns.contains(*ns)) && !is_zombie(**pid))
+        .filter(|(pid, ns)| {
+            (named.contains(pid) || worker_ns.contains(*ns)) && common::alive(**pid)
+        })
         .map(|(pid, _)| *pid)
         .collect();
     pids.sort();
     pids
-}
-
-fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            s.rsplit(')')
-                .next()
-                .is_some_and(|r| r.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(true)
 }
 
 fn describe(pid: u32) -> String {
@@ -258,7 +250,7 @@ pub fn processes_running(cmdline: &str) -> Vec<u32> {
             continue;
         };
         let text = String::from_utf8_lossy(&raw).replace('\0', " ");
-        if text.trim_end() == cmdline && !is_zombie(pid) {
+        if text.trim_end() == cmdline && common::alive(pid) {
             out.push(pid);
         }
     }

@@ -253,17 +253,21 @@ pub fn processes_mentioning(needle: &Path) -> Vec<u32> {
             continue;
         };
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        let state = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        let zombie = state
-            .rsplit(')')
-            .next()
-            .map(|rest| rest.trim_start().starts_with('Z'))
-            .unwrap_or(false);
-        if cmdline.contains(&needle) && !zombie {
+        if cmdline.contains(&needle) && alive(pid) {
             pids.push(pid);
         }
     }
     pids
+}
+
+/// Whether process `pid` exists and has not ended (a zombie has).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+    })
 }
 
 /// `uv`, installed from PyPI into a venv under the temporary directory the
