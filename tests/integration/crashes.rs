@@ -226,13 +226,8 @@ async fn a_session_opens_on_a_worker_whose_zygote_is_gone() {
         (200, &json!("42 []\n")),
         "{body}"
     );
-    let closed = server
-        .client
-        .delete(format!("{}/sessions/{id}", server.url))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(closed.status().as_u16(), 200);
+    let (status, closed) = server.delete(&format!("/sessions/{id}")).await;
+    assert_eq!((status, &closed["closed"]), (200, &json!(true)), "{closed}");
     // The pool refills and clean runs go on.
     let body = server.run("print('clean')").await;
     assert_eq!(body["stdout"], "clean\n", "{body}");

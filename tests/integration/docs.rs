@@ -534,14 +534,7 @@ async fn the_grading_and_session_schemas_fit_real_answers() {
     answers.push(("post", "/sessions", status, body));
     let (status, body) = server.get("/sessions").await;
     answers.push(("get", "/sessions", status, body));
-    let closed = server
-        .client
-        .delete(format!("{}/sessions/{id}", server.url))
-        .send()
-        .await
-        .unwrap();
-    let status = closed.status().as_u16();
-    let body: Value = closed.json().await.unwrap();
+    let (status, body) = server.delete(&format!("/sessions/{id}")).await;
     assert_eq!(body["closed"], true, "{body}");
     answers.push(("delete", "/sessions/{id}", status, body));
     let (status, body) = server

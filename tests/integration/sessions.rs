@@ -136,14 +136,8 @@ async fn sessions_are_isolated_from_each_other_and_from_clean_runs() {
     assert_eq!(ids, [a.as_str(), b.as_str()], "{listing}");
     assert_eq!(listing["sessions"][0]["calls"], 2);
 
-    let resp = server
-        .client
-        .delete(format!("{}/sessions/{a}", server.url))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let closed: Value = resp.json().await.unwrap();
+    let (status, closed) = server.delete(&format!("/sessions/{a}")).await;
+    assert_eq!(status, 200);
     assert_eq!(
         (closed["id"].as_str(), closed["closed"].as_bool()),
         (Some(a.as_str()), Some(true))

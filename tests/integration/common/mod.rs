@@ -181,26 +181,16 @@ impl TestServer {
     }
 
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let resp = self
-            .client
-            .post(format!("{}{path}", self.url))
-            .json(&body)
-            .send()
-            .await
-            .expect("request is answered");
-        let status = resp.status().as_u16();
-        (status, resp.json().await.expect("JSON answer"))
+        let url = format!("{}{path}", self.url);
+        answer(self.client.post(url).json(&body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        answer(self.client.delete(format!("{}{path}", self.url))).await
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let resp = self
-            .client
-            .get(format!("{}{path}", self.url))
-            .send()
-            .await
-            .expect("request is answered");
-        let status = resp.status().as_u16();
-        (status, resp.json().await.expect("JSON answer"))
+        answer(self.client.get(format!("{}{path}", self.url))).await
     }
 
     /// Pool counts of the default environment from /health.
@@ -239,6 +229,13 @@ impl TestServer {
             task.await.unwrap().unwrap();
         }
     }
+}
+
+/// The status and JSON body of the answer to `request`.
+async fn answer(request: reqwest::RequestBuilder) -> (u16, Value) {
+    let resp = request.send().await.expect("request is answered");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.expect("JSON answer"))
 }
 
 /// Pids of live processes whose command line mentions `needle`.
