@@ -206,6 +206,44 @@ async fn a_zygote_lost_mid_run_fails_that_run_clearly_and_the_worker_is_replaced
 }
 
 #[tokio::test]
+async fn a_zygote_lost_after_its_run_answered_costs_the_next_request_nothing() {
+    // The zygote is stopped while the run goes on: the run answers, and the
+    // worker's clean-up waits for the zygote to report the run's end. The
+    // zygote dies then: the worker learns of it after the answer, and its
+    // next request runs on the worker that replaces it.
+    let (server, worker) = one_worker().await;
+    let zygote = zygote_of(worker);
+    let stopper = tokio::spawn(async move {
+        // Stopped once the run sleeps: the zygote has forked it and said so.
+        let sleeping = |pid: u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/wchan"))
+                .is_ok_and(|wchan| wchan.contains("nanosleep"))
+        };
+        let started = Instant::now();
+        while !children_of(zygote).into_iter().any(sleeping) {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no run started"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        kill(Pid::from_raw(zygote as i32), Signal::SIGSTOP).unwrap();
+    });
+    let body = server
+        .run("import time\ntime.sleep(0.5)\nprint('answered')")
+        .await;
+    stopper.await.unwrap();
+    assert_eq!(body["stdout"], "answered\n", "{body}");
+    kill(Pid::from_raw(zygote as i32), Signal::SIGKILL).unwrap();
+    for i in 0..3 {
+        let body = server.run(&format!("print({i})")).await;
+        assert_eq!(body["stdout"], format!("{i}\n"), "{body}");
+    }
+    wait_until_replaced(&server, &[worker], 1, Duration::from_secs(10)).await;
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn a_session_opens_on_a_worker_whose_zygote_is_gone() {
     // A session's process is forked by the worker itself.
     let (server, worker) = one_worker().await;
