@@ -83,6 +83,10 @@ impl<'a> Writer<'a> {
         self.int(v < 0, v.unsigned_abs());
     }
 
+    fn unsigned(&mut self, v: u128) {
+        self.int(false, v);
+    }
+
     fn text(&mut self, v: &str) -> Result<(), Error> {
         self.out.push(b'u');
         self.length(v.len())?;
@@ -140,6 +144,17 @@ impl Compound<'_, '_> {
     }
 }
 
+/// The serializer's integer methods: each widens its value for `signed`
+/// or `unsigned`, which write every width alike.
+macro_rules! ints {
+    ($($method:ident: $ty:ty => $write:ident,)*) => {$(
+        fn $method(self, v: $ty) -> Result<(), Error> {
+            self.$write(v.into());
+            Ok(())
+        }
+    )*};
+}
+
 impl<'w, 'a> ser::Serializer for &'w mut Writer<'a> {
     type Ok = ();
     type Error = Error;
@@ -155,45 +170,17 @@ impl<'w, 'a> ser::Serializer for &'w mut Writer<'a> {
         self.out.push(if v { b'T' } else { b'F' });
         Ok(())
     }
-    fn serialize_i8(self, v: i8) -> Result<(), Error> {
-        self.signed(v.into());
-        Ok(())
-    }
-    fn serialize_i16(self, v: i16) -> Result<(), Error> {
-        self.signed(v.into());
-        Ok(())
-    }
-    fn serialize_i32(self, v: i32) -> Result<(), Error> {
-        self.signed(v.into());
-        Ok(())
-    }
-    fn serialize_i64(self, v: i64) -> Result<(), Error> {
-        self.signed(v.into());
-        Ok(())
-    }
-    fn serialize_i128(self, v: i128) -> Result<(), Error> {
-        self.signed(v);
-        Ok(())
-    }
-    fn serialize_u8(self, v: u8) -> Result<(), Error> {
-        self.int(false, v.into());
-        Ok(())
-    }
-    fn serialize_u16(self, v: u16) -> Result<(), Error> {
-        self.int(false, v.into());
-        Ok(())
-    }
-    fn serialize_u32(self, v: u32) -> Result<(), Error> {
-        self.int(false, v.into());
-        Ok(())
-    }
-    fn serialize_u64(self, v: u64) -> Result<(), Error> {
-        self.int(false, v.into());
-        Ok(())
-    }
-    fn serialize_u128(self, v: u128) -> Result<(), Error> {
-        self.int(false, v);
-        Ok(())
+    ints! {
+        serialize_i8: i8 => signed,
+        serialize_i16: i16 => signed,
+        serialize_i32: i32 => signed,
+        serialize_i64: i64 => signed,
+        serialize_i128: i128 => signed,
+        serialize_u8: u8 => unsigned,
+        serialize_u16: u16 => unsigned,
+        serialize_u32: u32 => unsigned,
+        serialize_u64: u64 => unsigned,
+        serialize_u128: u128 => unsigned,
     }
     fn serialize_f32(self, v: f32) -> Result<(), Error> {
         self.serialize_f64(v.into())
