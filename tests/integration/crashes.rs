@@ -10,31 +10,12 @@ use serde_json::json;
 
 use crate::common::{self, TestServer};
 
-/// Pids of the worker processes (direct children of this test process).
-fn worker_pids(server: &TestServer) -> Vec<u32> {
-    let me = std::process::id();
-    common::processes_mentioning(server.executor.base_dir())
-        .into_iter()
-        .filter(|pid| parent_of(*pid) == Some(me))
-        .collect()
-}
-
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit(')')
-        .next()?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
 /// Wait until none of the `dead` workers is left and `size` workers are
 /// idle.
 async fn wait_until_replaced(server: &TestServer, dead: &[u32], size: usize, within: Duration) {
     let started = Instant::now();
     loop {
-        let pids = worker_pids(server);
+        let pids = common::worker_pids(server);
         let pool = server.pool().await;
         if pids.len() == size && pids.iter().all(|p| !dead.contains(p)) && pool["idle"] == size {
             return;
@@ -54,7 +35,7 @@ async fn a_run_cannot_kill_its_worker() {
     // A run's parent is the worker's zygote, which the run's Landlock domain
     // may not signal.
     let server = TestServer::start().await;
-    let before = worker_pids(&server);
+    let before = common::worker_pids(&server);
     let body = server
         .run("import os\nfor pid in (1, os.getppid()):\n    try:\n        os.kill(pid, 9)\n    except PermissionError:\n        pass\nprint('still here')")
         .await;
@@ -63,7 +44,7 @@ async fn a_run_cannot_kill_its_worker() {
     let body = server.run("print('still serving')").await;
     assert_eq!(body["stdout"], "still serving\n");
     server.wait_for_pool_size(2, Duration::from_secs(1)).await;
-    assert_eq!(worker_pids(&server), before);
+    assert_eq!(common::worker_pids(&server), before);
     server.stop().await;
 }
 
@@ -71,7 +52,7 @@ async fn a_run_cannot_kill_its_worker() {
 async fn a_worker_killed_from_outside_is_replaced() {
     let server = TestServer::start().await;
     server.run("print(1)").await;
-    let before = worker_pids(&server);
+    let before = common::worker_pids(&server);
     assert_eq!(before.len(), 2, "two workers: {before:?}");
     kill(Pid::from_raw(before[0] as i32), Signal::SIGKILL).unwrap();
 
@@ -86,40 +67,10 @@ async fn a_worker_killed_from_outside_is_replaced() {
 
 /// The children of `pid` (of its main thread, which is every child of the
 /// single-threaded processes here).
-fn children_of(pid: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
-}
-
-/// The zygote of the worker under `worker` (a child of this test process:
-/// the sandbox's launcher, or the worker itself): the first process the
-/// Python worker forked. With no run in flight it is the worker's only child.
-fn zygote_of(worker: u32) -> u32 {
-    let python = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .map(|comm| comm.starts_with("python"))
-            .unwrap_or(false)
-    };
-    let mut pid = worker;
-    while !python(pid) {
-        pid = *children_of(pid)
-            .first()
-            .unwrap_or_else(|| panic!("no Python worker under {worker}"));
-    }
-    let zygote = *children_of(pid)
-        .first()
-        .unwrap_or_else(|| panic!("the worker {pid} has no zygote"));
-    assert!(python(zygote), "{zygote} under {pid} is no Python process");
-    zygote
-}
-
 /// Kill the zygote of the worker under `worker`, and wait until it is gone
 /// (reaped by its worker, or a zombie its worker has not reaped yet).
 async fn kill_zygote(worker: u32) -> u32 {
-    let zygote = zygote_of(worker);
+    let zygote = common::zygote_of(worker);
     kill(Pid::from_raw(zygote as i32), Signal::SIGKILL).unwrap();
     let started = Instant::now();
     while common::alive(zygote) {
@@ -139,7 +90,7 @@ async fn a_zygote_lost_between_runs_costs_no_request() {
     // replaced.
     let server = TestServer::start().await;
     server.run("print(0)").await;
-    let before = worker_pids(&server);
+    let before = common::worker_pids(&server);
     assert_eq!(before.len(), 2, "{before:?}");
     kill_zygote(before[0]).await;
     // Workers take turns: one of these goes to the worker without a zygote.
@@ -149,7 +100,7 @@ async fn a_zygote_lost_between_runs_costs_no_request() {
         assert_eq!(body["exit_code"], 0, "{body}");
     }
     wait_until_replaced(&server, &before[..1], 2, Duration::from_secs(10)).await;
-    assert!(worker_pids(&server).contains(&before[1]));
+    assert!(common::worker_pids(&server).contains(&before[1]));
     server.stop().await;
 }
 
@@ -161,7 +112,7 @@ async fn one_worker() -> (TestServer, u32) {
     })
     .await;
     server.run("print(0)").await;
-    let worker = worker_pids(&server)[0];
+    let worker = common::worker_pids(&server)[0];
     (server, worker)
 }
 
@@ -171,7 +122,7 @@ async fn a_zygote_lost_mid_run_fails_that_run_clearly_and_the_worker_is_replaced
     let killer = tokio::spawn(async move {
         // The run's process is the zygote's child once it runs.
         let started = Instant::now();
-        while children_of(zygote_of(worker)).is_empty() {
+        while common::children_of(common::zygote_of(worker)).is_empty() {
             assert!(
                 started.elapsed() < Duration::from_secs(10),
                 "no run started"
@@ -212,7 +163,7 @@ async fn a_zygote_lost_after_its_run_answered_costs_the_next_request_nothing() {
     // zygote dies then: the worker learns of it after the answer, and its
     // next request runs on the worker that replaces it.
     let (server, worker) = one_worker().await;
-    let zygote = zygote_of(worker);
+    let zygote = common::zygote_of(worker);
     let stopper = tokio::spawn(async move {
         // Stopped once the run sleeps: the zygote has forked it and said so.
         let sleeping = |pid: u32| {
@@ -220,7 +171,7 @@ async fn a_zygote_lost_after_its_run_answered_costs_the_next_request_nothing() {
                 .is_ok_and(|wchan| wchan.contains("nanosleep"))
         };
         let started = Instant::now();
-        while !children_of(zygote).into_iter().any(sleeping) {
+        while !common::children_of(zygote).into_iter().any(sleeping) {
             assert!(
                 started.elapsed() < Duration::from_secs(10),
                 "no run started"
@@ -296,7 +247,7 @@ async fn workers_take_turns_also_after_all_were_replaced() {
     // worker serves everything.
     let server = TestServer::start().await;
     assert_workers_take_turns(&server, "a fresh pool").await;
-    let before = worker_pids(&server);
+    let before = common::worker_pids(&server);
     assert_eq!(before.len(), 2, "two workers: {before:?}");
     for pid in &before {
         kill(Pid::from_raw(*pid as i32), Signal::SIGKILL).unwrap();
@@ -325,7 +276,7 @@ async fn a_client_that_goes_away_mid_run_costs_the_run_not_its_worker() {
 
     let server = TestServer::start().await;
     server.run("print(1)").await;
-    let before = worker_pids(&server);
+    let before = common::worker_pids(&server);
     let marker = unique_marker("client-gone");
     let request = server
         .client
@@ -359,7 +310,7 @@ async fn a_client_that_goes_away_mid_run_costs_the_run_not_its_worker() {
         assert!(started.elapsed() < Duration::from_secs(3), "{pool}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(worker_pids(&server), before);
+    assert_eq!(common::worker_pids(&server), before);
     let (_, metrics) = crate::ops::scrape(&server, None).await;
     let env = server.executor.default_env();
     let cancelled =
@@ -379,7 +330,7 @@ async fn a_client_that_goes_away_mid_run_costs_the_run_not_its_worker() {
         let body = server.run(&format!("print({i})")).await;
         assert_eq!(body["stdout"], format!("{i}\n"), "{body}");
     }
-    assert_eq!(worker_pids(&server), before);
+    assert_eq!(common::worker_pids(&server), before);
     server.stop().await;
 }
 
@@ -502,7 +453,7 @@ async fn a_frame_over_the_size_limit_is_refused_by_its_length_at_once() {
         ready = READY.replace("PROTO", &PROTOCOL_VERSION.to_string())
     );
     let (server, _dir) = server_with_bootstrap(&fake, |_| {}).await.unwrap();
-    let before = worker_pids(&server);
+    let before = common::worker_pids(&server);
     let timeout = 20.0;
     let started = Instant::now();
     let (status, body) = server
@@ -523,7 +474,7 @@ async fn a_frame_over_the_size_limit_is_refused_by_its_length_at_once() {
     // The worker that sent it is discarded and replaced.
     let started = Instant::now();
     loop {
-        let after = worker_pids(&server);
+        let after = common::worker_pids(&server);
         let kept = before.iter().filter(|p| after.contains(p)).count();
         if kept == 1 && after.len() == 2 {
             break;
@@ -546,7 +497,7 @@ async fn a_worker_that_stops_answering_is_killed_after_the_hard_deadline() {
     let (server, _dir) = server_with_bootstrap(&fake, |c| c.timeout = 0.5)
         .await
         .unwrap();
-    let before = worker_pids(&server);
+    let before = common::worker_pids(&server);
     let started = Instant::now();
     let (status, body) = server.execute(json!({"code": "print(1)"})).await;
     assert_eq!(status, 500, "{body}");
@@ -557,7 +508,7 @@ async fn a_worker_that_stops_answering_is_killed_after_the_hard_deadline() {
     assert!(started.elapsed() < Duration::from_secs(6));
     server.wait_for_pool_size(2, Duration::from_secs(2)).await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let after = worker_pids(&server);
+    let after = common::worker_pids(&server);
     assert!(
         before.iter().filter(|p| after.contains(p)).count() == 1,
         "exactly one old worker killed: before {before:?} after {after:?}"

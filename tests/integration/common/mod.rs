@@ -257,6 +257,56 @@ pub fn processes_mentioning(needle: &Path) -> Vec<u32> {
     pids
 }
 
+/// Pids of the worker processes (direct children of this test process).
+pub fn worker_pids(server: &TestServer) -> Vec<u32> {
+    let me = std::process::id();
+    processes_mentioning(server.executor.base_dir())
+        .into_iter()
+        .filter(|pid| parent_of(*pid) == Some(me))
+        .collect()
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The children of `pid`.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// The zygote of the worker under `worker` (a child of this test process:
+/// the sandbox's launcher, or the worker itself): the first process the
+/// Python worker forked. With no run in flight it is the worker's only child.
+pub fn zygote_of(worker: u32) -> u32 {
+    let python = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|comm| comm.starts_with("python"))
+            .unwrap_or(false)
+    };
+    let mut pid = worker;
+    while !python(pid) {
+        pid = *children_of(pid)
+            .first()
+            .unwrap_or_else(|| panic!("no Python worker under {worker}"));
+    }
+    let zygote = *children_of(pid)
+        .first()
+        .unwrap_or_else(|| panic!("the worker {pid} has no zygote"));
+    assert!(python(zygote), "{zygote} under {pid} is no Python process");
+    zygote
+}
+
 /// Whether process `pid` exists and has not ended (a zombie has).
 pub fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
