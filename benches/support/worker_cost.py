@@ -1,7 +1,7 @@
 """Where a clean run's CPU goes: python/worker.py driven directly, no server.
 
     python3 benches/support/worker_cost.py [--python PATH] [--runs N] [--worker FILE]
-                                           [--compare FILE [--rounds R]]
+                                           [--compare FILE [--rounds R]] [--preload MODULES]
 
 Prints, for the interpreter given (default: this one):
 
@@ -17,6 +17,13 @@ Prints, for the interpreter given (default: this one):
   floor of a session call: the code run by the very process that answers
   over the pipes (no relay, no fork, no output pipes); both also with calls
   50 ms apart, every process idle in between.
+
+``--preload`` imports those modules (comma-separated, as the server's
+``--preload``) in the worker and in the worker-sized floor's process: what a
+clean run costs where an environment preloads numpy or matplotlib, whose
+memory every fork copies the page tables of and every exit tears down.
+``CODE_EXECUTOR_HUGE_PAGES=1`` in the environment measures the server's
+``huge_pages = true`` (the worker reads it as it does from the server).
 
 ``--worker`` drives another copy of the bootstrap (an edited one, to compare
 with). ``--compare FILE`` drives the two bootstraps (``--worker``'s and FILE)
@@ -49,6 +56,8 @@ FLOOR = r"""
 import gc, os, resource, sys, time, mmap
 import ast, linecache, traceback, atexit, shutil, fnmatch, mimetypes, ctypes, select, struct, types
 mimetypes.init()
+for name in filter(None, sys.argv[2].split(",")):
+    __import__(name)
 gc.collect(); gc.freeze()
 n = int(sys.argv[1])
 anon = [l.split()[1] for l in open("/proc/self/status") if l.startswith("RssAnon")][0]
@@ -175,9 +184,9 @@ LAUNCH = ("import io, sys; p = sys.argv.pop(1); sys.argv[0] = __file__ = p; "
 
 
 class Worker:
-    def __init__(self, python, scratch, script=WORKER, stdin=subprocess.PIPE):
+    def __init__(self, python, scratch, script=WORKER, stdin=subprocess.PIPE, preload=""):
         self.proc = subprocess.Popen(
-            [python, "-I", "-u", "-c", LAUNCH, script, scratch, ""],
+            [python, "-I", "-u", "-c", LAUNCH, script, scratch, preload],
             stdin=stdin, stdout=subprocess.PIPE)
         self.ready = ready = self.read()
         if ready.get("t") != "ready":
@@ -280,14 +289,14 @@ def costs(worker, n):
             statistics.median(rts), (v1 - v0) / n)
 
 
-def compare(python, scripts, runs, rounds):
+def compare(python, scripts, runs, rounds, preload=""):
     """``costs`` of each bootstrap in ``scripts``, in turns, ``rounds`` times."""
     tmpfs = "/dev/shm" if os.path.isdir("/dev/shm") else None
     rows = {script: [] for script in scripts}
     for r in range(rounds):
         for script in (scripts if r % 2 == 0 else scripts[::-1]):
             with tempfile.TemporaryDirectory(dir=tmpfs) as scratch:
-                worker = Worker(python, scratch, script)
+                worker = Worker(python, scratch, script, preload=preload)
                 rows[script].append(costs(worker, runs))
                 worker.close()
     print("clean runs of print(2+2), %d back to back per round, %d rounds in turns "
@@ -342,15 +351,18 @@ def main():
     ap.add_argument("--compare", metavar="FILE",
                     help="drive this bootstrap and --worker's in turns (see above) and exit")
     ap.add_argument("--rounds", type=int, default=6, help="rounds of each with --compare")
+    ap.add_argument("--preload", default="", metavar="MODULES",
+                    help="modules the worker (and the worker-sized floor) import first, "
+                         "comma-separated")
     ap.add_argument("--floors", action="store_true",
                     help="print only the two fork floors (us of CPU: a worker-sized process's, "
                          "the bare interpreter's) and exit")
     args = ap.parse_args()
-    python = os.path.realpath(args.python)
+    python = os.path.abspath(args.python)  # a venv's link, not resolved: its packages
     if args.compare:
-        compare(python, [args.worker, args.compare], args.runs, args.rounds)
+        compare(python, [args.worker, args.compare], args.runs, args.rounds, args.preload)
         return
-    floor = subprocess.run([python, "-I", "-c", FLOOR, str(args.runs)],
+    floor = subprocess.run([python, "-I", "-c", FLOOR, str(args.runs), args.preload],
                            capture_output=True, text=True)
     if floor.returncode:
         raise SystemExit("the floor measurement failed:\n" + floor.stderr)
@@ -365,7 +377,8 @@ def main():
     if args.floors:
         print("%.1f %.1f" % (parent_us + child_us, bare_us))
         return
-    print("interpreter: %s (worker's imports: %d KiB anonymous memory)" % (python, anon_kb))
+    print("interpreter: %s%s (worker's imports: %d KiB anonymous memory)"
+          % (python, args.preload and ", preloading " + args.preload, anon_kb))
     print("floor: fork() %.0f us; fork+exit+wait cycle %.0f us wall, %.0f us CPU "
           "(parent %.0f + child %.0f)" % (fork_us, cycle_us, parent_us + child_us,
                                            parent_us, child_us))
@@ -377,10 +390,10 @@ def main():
 
     n = args.runs
     with tempfile.TemporaryDirectory() as scratch:
-        clean_runs(Worker(python, scratch, args.worker), "relayed by the worker", args.runs,
+        clean_runs(Worker(python, scratch, args.worker, preload=args.preload), "relayed by the worker", args.runs,
                    parent_us + child_us, bare_us, fault_us)
 
-        worker = Worker(python, scratch, args.worker)
+        worker = Worker(python, scratch, args.worker, preload=args.preload)
         worker.send({"t": "session", "id": 0, "limits": {}, "grace": 1.0})
         child = worker.read()["pid"]
         timed(worker, 100)
