@@ -247,6 +247,9 @@ pub struct Config {
     /// Whether each worker's zygote imports ahead the standard-library
     /// modules its runs keep importing.
     pub learn_imports: bool,
+    /// Whether each worker's zygote maps its memory with transparent huge
+    /// pages where it fills whole ones (cheaper forks, more memory).
+    pub huge_pages: bool,
     /// Cap on live workers across all pools: keeps many environments from
     /// starting an interpreter each beyond what the machine can hold.
     pub max_workers: usize,
@@ -369,6 +372,7 @@ impl Default for Config {
             envs: Vec::new(),
             discover: true,
             learn_imports: true,
+            huge_pages: false,
             max_workers: 32,
             idle_timeout: Duration::from_secs(300),
             install_timeout: Duration::from_secs(600),
@@ -589,6 +593,7 @@ impl Config {
             envs,
             discover: o.discover.unwrap_or(d.discover),
             learn_imports: o.learn_imports.unwrap_or(d.learn_imports),
+            huge_pages: o.huge_pages.unwrap_or(d.huge_pages),
             max_workers: o.max_workers.unwrap_or(d.max_workers),
             idle_timeout: secs(o.idle_timeout_secs, d.idle_timeout),
             install_timeout: secs(o.install_timeout_secs, d.install_timeout),
@@ -920,6 +925,19 @@ mod tests {
             Some(PathBuf::from("/var/cache/ce"))
         );
         assert_eq!(dir("").cache_dir, crate::worker::default_cache_dir());
+    }
+
+    #[test]
+    fn huge_pages_are_off_unless_asked_for() {
+        let file = |text: &str| merge(&Options::default(), toml::from_str(text).unwrap()).unwrap();
+        assert!(!file("").huge_pages);
+        assert!(file("huge_pages = true").huge_pages);
+        let args = Options {
+            huge_pages: Some(false),
+            ..Default::default()
+        };
+        let c = merge(&args, toml::from_str("huge_pages = true").unwrap()).unwrap();
+        assert!(!c.huge_pages, "the flag wins over the file");
     }
 
     #[test]

@@ -159,6 +159,9 @@ impl PoolContext {
         if !config.learn_imports {
             env.push(("CODE_EXECUTOR_LEARN_IMPORTS".into(), "0".into()));
         }
+        if config.huge_pages {
+            env.push(("CODE_EXECUTOR_HUGE_PAGES".into(), "1".into()));
+        }
         if egress.is_some() {
             env.extend(super::start::proxy_env());
         }

@@ -7,7 +7,10 @@ use std::time::Duration;
 use code_executor::testing::{ExecFrame, WireLimits, WireSelection, encode_frame};
 use code_executor::testing::{RunOutput, Worker};
 
-use crate::common;
+use code_executor::config::{Config, EnvChoice};
+
+use crate::common::conda::{Interpreter, create_prefix, site_packages};
+use crate::common::{self, TestServer};
 
 /// The worker's environment: forking through its zygote or by itself.
 fn forking(zygote: bool) -> &'static [(&'static str, &'static str)] {
@@ -144,6 +147,94 @@ stop.set(); t.join()
                 "True True 1\n['helper'] False 1\n1 True 2\n",
                 "zygote {zygote}: {}",
                 text(&out.stderr)
+            );
+        }
+    }
+}
+
+/// A module whose import leaves a large heap behind (~30 MiB of small
+/// objects and the tables that hold them), as a heavy preload does.
+const BIG_HEAP: &str = "DATA = [str(i) * 3 for i in range(300_000)]\n\
+                        TABLE = {i: (i, str(i)) for i in range(100_000)}\n";
+
+/// This kernel's transparent-huge-page mode (`always`, `madvise` or
+/// `never`), and whether it has `MADV_COLLAPSE` (Linux 6.1).
+fn huge_page_support() -> (String, bool) {
+    let enabled =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let mode = enabled
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix('[')?.strip_suffix(']'))
+        .unwrap_or("never")
+        .to_string();
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let version = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    (mode, version >= (6, 1))
+}
+
+/// KiB of `pid`'s anonymous memory mapped with huge pages.
+fn anon_huge_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("AnonHugePages:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn with_huge_pages_a_large_preload_is_forked_from_huge_pages_and_runs_stay_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("heavy");
+    let python = Interpreter::primary();
+    create_prefix(&prefix, python);
+    std::fs::write(site_packages(&prefix, python).join("bigheap.py"), BIG_HEAP).unwrap();
+    let (mode, collapse) = huge_page_support();
+    // Each run reads the preloaded data, changes it all, and says how much
+    // of its own memory is mapped with huge pages.
+    let code = "import bigheap\n\
+                print(len(bigheap.DATA), bigheap.DATA[7], len(bigheap.TABLE), bigheap.TABLE[5])\n\
+                bigheap.DATA[7] = 'changed'\n\
+                bigheap.DATA.append(0)\n\
+                bigheap.TABLE.clear()\n\
+                print([l.split()[1] for l in open('/proc/self/smaps_rollup')\n\
+                       if l.startswith('AnonHugePages:')][0])";
+    for huge_pages in [true, false] {
+        let server = TestServer::with_config(Config {
+            env: EnvChoice::Python(prefix.join("bin/python")),
+            pool_size: 1,
+            preload: vec!["bigheap".into()],
+            huge_pages,
+            ..common::config()
+        })
+        .await;
+        // The zygote maps its memory once its first run has ended.
+        let mut run_kib = 0;
+        for _ in 0..4 {
+            let out = server.run(code).await;
+            let stdout = out["stdout"].as_str().unwrap_or_default();
+            let (seen, kib) = stdout.split_once('\n').unwrap_or_default();
+            assert_eq!(
+                seen, "300000 777 100000 (5, '5')",
+                "huge pages {huge_pages}: {out}"
+            );
+            run_kib = kib.trim().parse().unwrap();
+        }
+        let zygote_kib = anon_huge_kib(common::zygote_of(common::worker_pids(&server)[0]));
+        if huge_pages && mode != "never" && collapse {
+            assert!(
+                zygote_kib >= 4096 && run_kib >= 2048,
+                "zygote {zygote_kib} KiB, run {run_kib} KiB of huge pages ({mode})"
+            );
+        } else if mode != "always" {
+            // Where only what asks for huge pages gets them (or none does).
+            assert_eq!(
+                (zygote_kib, run_kib),
+                (0, 0),
+                "huge pages {huge_pages} ({mode}, MADV_COLLAPSE {collapse})"
             );
         }
     }
