@@ -394,8 +394,8 @@ impl Options {
     pub fn or(self, lower: Options) -> Options {
         layer!(self, lower;
             config, host, port, conda_env, conda_prefix, python, discover, timeout,
-            max_timeout, pool_size, preload, learn_imports, huge_pages, token, admin_token, metrics_token,
-            insecure_no_auth, queue_timeout_secs, max_runs, max_workers,
+            max_timeout, pool_size, preload, learn_imports, huge_pages, token, admin_token,
+            metrics_token, insecure_no_auth, queue_timeout_secs, max_runs, max_workers,
             idle_timeout_secs, worker_start_timeout_secs, grace_period_secs,
             shutdown_timeout_secs, activation_timeout_secs, install_timeout_secs,
             rescan_interval_secs, envs_dir, uv, create_timeout_secs,
