@@ -164,6 +164,8 @@ pub struct EnvTable {
     pub pool_size: Option<usize>,
     /// Modules its workers import before they serve.
     pub preload: Option<Vec<String>>,
+    /// Whether its workers' zygotes map their memory with huge pages.
+    pub huge_pages: Option<bool>,
     /// Default wall-clock timeout of a run, seconds.
     pub timeout: Option<Seconds>,
     /// Largest timeout a request may ask for, seconds.
@@ -473,6 +475,7 @@ impl Config {
         let max_timeout = o.max_timeout.map_or(d.max_timeout, Seconds::get);
         let pool_size = o.pool_size.unwrap_or(d.pool_size);
         let preload = o.preload.unwrap_or_default();
+        let huge_pages = o.huge_pages.unwrap_or(d.huge_pages);
         let run_limits = WireLimits {
             memory_bytes: o.memory_bytes.or(d.run_limits.memory_bytes),
             file_size_bytes: o.file_size_bytes.or(d.run_limits.file_size_bytes),
@@ -513,6 +516,7 @@ impl Config {
                     settings: EnvSettings {
                         pool_size: t.pool_size.unwrap_or(pool_size),
                         preload: t.preload.unwrap_or_else(|| preload.clone()),
+                        huge_pages: t.huge_pages.unwrap_or(huge_pages),
                         timeout: t.timeout.map_or(timeout, Seconds::get),
                         max_timeout: t.max_timeout.map_or(max_timeout, Seconds::get),
                         run_limits: WireLimits {
@@ -593,7 +597,7 @@ impl Config {
             envs,
             discover: o.discover.unwrap_or(d.discover),
             learn_imports: o.learn_imports.unwrap_or(d.learn_imports),
-            huge_pages: o.huge_pages.unwrap_or(d.huge_pages),
+            huge_pages,
             max_workers: o.max_workers.unwrap_or(d.max_workers),
             idle_timeout: secs(o.idle_timeout_secs, d.idle_timeout),
             install_timeout: secs(o.install_timeout_secs, d.install_timeout),
@@ -669,6 +673,7 @@ impl Config {
         EnvSettings {
             pool_size: self.pool_size,
             preload: self.preload.clone(),
+            huge_pages: self.huge_pages,
             timeout: self.timeout,
             max_timeout: self.max_timeout,
             run_limits: self.run_limits.clone(),
@@ -938,6 +943,16 @@ mod tests {
         };
         let c = merge(&args, toml::from_str("huge_pages = true").unwrap()).unwrap();
         assert!(!c.huge_pages, "the flag wins over the file");
+        // Per environment: an `[[envs]]` table's own, else the global one.
+        let c = file(
+            "huge_pages = true\n[[envs]]\nname = \"ml\"\n\
+             [[envs]]\nname = \"tools\"\nhuge_pages = false",
+        );
+        assert!(c.env_defaults().huge_pages);
+        assert!(c.envs[0].settings.huge_pages);
+        assert!(!c.envs[1].settings.huge_pages);
+        let c = file("[[envs]]\nname = \"ml\"\nhuge_pages = true");
+        assert!(!c.env_defaults().huge_pages && c.envs[0].settings.huge_pages);
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub struct EnvSettings {
     pub pool_size: usize,
     /// Modules every worker imports before it serves.
     pub preload: Vec<String>,
+    /// Whether each worker's zygote maps its memory with huge pages.
+    pub huge_pages: bool,
     /// Default wall-clock timeout of a run, seconds.
     pub timeout: f64,
     /// Largest timeout a request may ask for, seconds.

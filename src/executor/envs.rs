@@ -159,7 +159,7 @@ impl PoolContext {
         if !config.learn_imports {
             env.push(("CODE_EXECUTOR_LEARN_IMPORTS".into(), "0".into()));
         }
-        if config.huge_pages {
+        if plan.settings.huge_pages {
             env.push(("CODE_EXECUTOR_HUGE_PAGES".into(), "1".into()));
         }
         if egress.is_some() {

@@ -398,6 +398,7 @@ mod tests {
         EnvSettings {
             pool_size: 1,
             preload: Vec::new(),
+            huge_pages: false,
             timeout: 30.0,
             max_timeout: 60.0,
             run_limits: WireLimits {
