@@ -127,7 +127,8 @@ limits; its stdout and stderr are captured at the file-descriptor level.  The
 worker supervises it (``supervise``: it drains both pipes, keeping at most
 ``max_output`` bytes of each, and enforces the deadline by killing the child's
 process group), answers with ``result`` and then, off the request path, has
-the next child forked, which warms up while no client waits.  Children are
+the next child forked, which warms up if its request has not come within
+``WARM_AFTER_MS``, while no client waits.  Children are
 forked by the worker's zygote (see "The zygote"), so that the worker's own
 pages are never shared copy-on-write with a child.  Session calls are
 supervised by the same loop (see "Sessions").
@@ -169,6 +170,14 @@ REPORT_ROOM = 1 << 20
 # its print does not wake the worker first. A run that fills a pipe (64 KiB)
 # sooner waits at most this long for it to be read.
 QUIET = 0.002
+# How long a child waits for its request before it warms up (see rehearse).
+# A request that comes sooner comes from a client sending its runs back to
+# back, or nearly: the machine is busy and its CPU is what runs cost, so the
+# child spends none of it ahead of the request. With runs taken in turns by
+# a pool of four, a child's request comes three runs after its fork, ~5 ms
+# back to back; a client that pauses gets its request handled by a child
+# that warmed up while it waited.
+WARM_AFTER_MS = 20
 # A request like the server's, for warming up the request path ahead of time.
 # Its code ends in an expression, as many do: the value's path is warmed too.
 WARM_REQUEST = {"t": "exec", "id": 0, "code": "_ = [str(i) for i in range(8)]\nlen(_) + 1",
@@ -1338,13 +1347,15 @@ def enter_run(worker_pid, rundir, out_w, err_w, parent_fds, on_sigint):
 
 def rehearse(request_fd=None):
     """One pass over the request path with WARM_REQUEST, its output unused.
-    With ``request_fd``, it stops as soon as a request is readable there: a
-    rehearsal moves work ahead of a request, never in front of one (under
-    load, when requests come back to back, it would only add CPU)."""
+    With ``request_fd``, it first waits up to WARM_AFTER_MS for a request
+    there, and does nothing if one comes; it stops as soon as a request is
+    readable there: a rehearsal moves work ahead of a request, never in front
+    of one (under load, when requests come back to back, it would only add
+    CPU)."""
     if request_fd is not None:
         poller = select.poll()
         poller.register(request_fd, select.POLLIN)
-        if poller.poll(0):
+        if poller.poll(WARM_AFTER_MS):
             return
     rehearsal = marshal.loads(marshal.dumps(dict(WARM_REQUEST, compiled=WARM_COMPILED)))
     planned_limits(rehearsal["limits"])
@@ -1417,7 +1428,8 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         # no client waits: stdin on /dev/null (fd 0 already is), a fresh
         # __main__, and one pass over the request path so that its
         # copy-on-write page faults (refcounts written in pages shared with
-        # the worker) happen here, unless the request is already there.
+        # the worker) happen here, unless the request comes within
+        # WARM_AFTER_MS.
         if warm:
             rehearse(req_r)
         main = fresh_main()

@@ -12,7 +12,7 @@ Prints, for the interpreter given (default: this one):
 * the same cycle of the bare interpreter (``python -I -S``, nothing imported);
 * clean runs of ``print(2+2)`` sent back to back: CPU and minor page faults
   per run of the worker and of its forked children (from /proc/<pid>/stat),
-  and the round trip seen by this driver, back to back and with idle gaps;
+  and the round trip seen by this driver, back to back and 50 ms apart;
 * session calls of the same code: the same figures without a fork, and the
   floor of a session call: the code run by the very process that answers
   over the pipes (no relay, no fork, no output pipes); both also with calls
@@ -327,7 +327,8 @@ def clean_runs(worker, path, n, floor_us, bare_us, fault_us):
     z_flt = sum(b[0] - a[0] for a, b in zygote) / n
     c_cpu += sum(b[3] - a[3] for a, b in zygote) / n * 1e3
     c_flt += sum(b[1] - a[1] for a, b in zygote) / n
-    gapped = timed(worker, min(n, 300), gap=0.005)
+    # Each run PACE after the last answer: the next child has warmed up by then.
+    gapped = timed(worker, min(n, PACED_CALLS), gap=PACE)
     worker.close()
     print()
     print("clean run print(2+2), %s, %d back to back:" % (path, n))
@@ -339,8 +340,8 @@ def clean_runs(worker, path, n, floor_us, bare_us, fault_us):
     print("  total    %.2f ms CPU per run = %.1fx the fork floor, %.1fx the bare interpreter's; "
           "faults alone ~%.2f ms" % (total, total / (floor_us / 1e3), total / (bare_us / 1e3),
                                      (w_flt + z_flt + c_flt) * fault_us / 1e3))
-    print("  round trip p50 %.3f ms back to back, %.3f ms with 5 ms idle gaps"
-          % (statistics.median(rts), statistics.median(gapped)))
+    print("  round trip p50 %.3f ms back to back, %.3f ms %d ms apart"
+          % (statistics.median(rts), statistics.median(gapped), PACE * 1e3))
 
 
 def main():
