@@ -391,8 +391,8 @@ def main():
 
     n = args.runs
     with tempfile.TemporaryDirectory() as scratch:
-        clean_runs(Worker(python, scratch, args.worker, preload=args.preload), "relayed by the worker", args.runs,
-                   parent_us + child_us, bare_us, fault_us)
+        clean_runs(Worker(python, scratch, args.worker, preload=args.preload),
+                   "relayed by the worker", args.runs, parent_us + child_us, bare_us, fault_us)
 
         worker = Worker(python, scratch, args.worker, preload=args.preload)
         worker.send({"t": "session", "id": 0, "limits": {}, "grace": 1.0})

@@ -65,8 +65,6 @@ async fn a_worker_killed_from_outside_is_replaced() {
     server.stop().await;
 }
 
-/// The children of `pid` (of its main thread, which is every child of the
-/// single-threaded processes here).
 /// Kill the zygote of the worker under `worker`, and wait until it is gone
 /// (reaped by its worker, or a zombie its worker has not reaped yet).
 async fn kill_zygote(worker: u32) -> u32 {

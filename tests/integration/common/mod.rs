@@ -276,7 +276,8 @@ fn parent_of(pid: u32) -> Option<u32> {
         .ok()
 }
 
-/// The children of `pid`.
+/// The children of `pid` (of its main thread, which is every child of the
+/// single-threaded processes the tests look at).
 pub fn children_of(pid: u32) -> Vec<u32> {
     std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
         .unwrap_or_default()
