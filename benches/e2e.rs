@@ -103,49 +103,71 @@ async fn http_load(
     seconds: f64,
 ) -> (Vec<Duration>, Duration) {
     let body = json!({ "code": code }).to_string();
-    http_load_bodies(url, vec![body; concurrency], seconds).await
+    Load::warm(url, vec![body; concurrency])
+        .await
+        .run(seconds)
+        .await
 }
 
-/// One keep-alive client per body, each sending its body in a loop.
 async fn http_load_bodies(
     url: &str,
     bodies: Vec<String>,
     seconds: f64,
 ) -> (Vec<Duration>, Duration) {
-    let clients: Vec<reqwest::Client> = bodies
-        .iter()
-        .map(|_| {
-            reqwest::Client::builder()
+    Load::warm(url, bodies).await.run(seconds).await
+}
+
+/// One keep-alive client per body, each to send its body in a loop.
+struct Load {
+    url: String,
+    clients: Vec<(reqwest::Client, String)>,
+}
+
+impl Load {
+    /// The clients, each connection opened and used ten times, so that
+    /// every worker has run: what a measure taken after this (CPU from
+    /// `/proc`) counts is the timed runs alone.
+    async fn warm(url: &str, bodies: Vec<String>) -> Load {
+        let mut clients = Vec::new();
+        for body in bodies {
+            let client = reqwest::Client::builder()
                 .tcp_nodelay(true)
                 .build()
-                .unwrap()
-        })
-        .collect();
-    // Warm-up: every connection opened, every worker used.
-    for (client, body) in clients.iter().zip(&bodies) {
-        for _ in 0..10 {
-            send(client, url, body).await;
+                .unwrap();
+            for _ in 0..10 {
+                send(&client, url, &body).await;
+            }
+            clients.push((client, body));
+        }
+        Load {
+            url: url.to_string(),
+            clients,
         }
     }
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(seconds);
-    let tasks = clients.into_iter().zip(bodies).map(|(client, body)| {
-        let url = url.to_string();
-        tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            while Instant::now() < deadline {
-                let t = Instant::now();
-                send(&client, &url, &body).await;
-                latencies.push(t.elapsed());
-            }
-            latencies
-        })
-    });
-    let mut latencies = Vec::new();
-    for task in futures_util::future::join_all(tasks).await {
-        latencies.extend(task.unwrap());
+
+    /// Every client sends its body back to back for `seconds`; each run's
+    /// latency, and the time it all took.
+    async fn run(self, seconds: f64) -> (Vec<Duration>, Duration) {
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs_f64(seconds);
+        let tasks = self.clients.into_iter().map(|(client, body)| {
+            let url = self.url.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    send(&client, &url, &body).await;
+                    latencies.push(t.elapsed());
+                }
+                latencies
+            })
+        });
+        let mut latencies = Vec::new();
+        for task in futures_util::future::join_all(tasks).await {
+            latencies.extend(task.unwrap());
+        }
+        (latencies, started.elapsed())
     }
-    (latencies, started.elapsed())
 }
 
 /// `GET /health` back to back on one keep-alive connection: what an HTTP
@@ -632,6 +654,8 @@ async fn main() {
     let mut cpu_per_run: Vec<(usize, TreeCpu)> = Vec::new();
     if !mcp_only {
         for concurrency in [1, 8, 32] {
+            let body = json!({ "code": code }).to_string();
+            let load = Load::warm(&server.url, vec![body; concurrency]).await;
             let cpu_before = server.tree_cpu();
             let sampler = async {
                 let mut max = 0;
@@ -641,8 +665,7 @@ async fn main() {
                 }
                 max
             };
-            let ((latencies, elapsed), max) =
-                tokio::join!(http_load(&server.url, code, concurrency, seconds), sampler);
+            let ((latencies, elapsed), max) = tokio::join!(load.run(seconds), sampler);
             rss_load = rss_load.max(max);
             let cpu = server.tree_cpu().per_run(&cpu_before, latencies.len());
             cpu_per_run.push((concurrency, cpu));
