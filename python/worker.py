@@ -55,7 +55,9 @@ frame of its type, except those marked optional.
 |                  |           | `compile` (paths of `files`: Python modules the worker        |
 |                  |           | compiles, as it compiles the code, for the code to find in    |
 |                  |           | its global `__compiled__`: path -> (code object, the names    |
-|                  |           | of the functions its top-level expression statements call))   |
+|                  |           | of the functions its top-level expression statements call)),  |
+|                  |           | `paused` (true: the run came after a pause, with no other run |
+|                  |           | in flight; the next child forked warms up at once)            |
 | server -> worker | `session` | `id`, `limits`, `grace` (s): switch the worker to session     |
 |                  |           | mode; optional `direct` (true: before its answer the worker   |
 |                  |           | hands the server its ends of the session child's request,     |
@@ -127,8 +129,10 @@ limits; its stdout and stderr are captured at the file-descriptor level.  The
 worker supervises it (``supervise``: it drains both pipes, keeping at most
 ``max_output`` bytes of each, and enforces the deadline by killing the child's
 process group), answers with ``result`` and then, off the request path, has
-the next child forked, which warms up if its request has not come within
-``WARM_AFTER_MS``, while no client waits.  Children are
+the next child forked, which warms up while no client waits: at once when
+the server marked the run ``paused`` (it came after a pause, with nothing
+else in flight), else if its request has not come within ``WARM_AFTER_MS``.
+Children are
 forked by the worker's zygote (see "The zygote"), so that the worker's own
 pages are never shared copy-on-write with a child.  Session calls are
 supervised by the same loop (see "Sessions").
@@ -170,13 +174,14 @@ REPORT_ROOM = 1 << 20
 # its print does not wake the worker first. A run that fills a pipe (64 KiB)
 # sooner waits at most this long for it to be read.
 QUIET = 0.002
-# How long a child waits for its request before it warms up (see rehearse).
-# A request that comes sooner comes from a client sending its runs back to
-# back, or nearly: the machine is busy and its CPU is what runs cost, so the
-# child spends none of it ahead of the request. With runs taken in turns by
-# a pool of four, a child's request comes three runs after its fork, ~5 ms
-# back to back; a client that pauses gets its request handled by a child
-# that warmed up while it waited.
+# How long a child waits for its request before it warms up (see rehearse),
+# unless the server said its last run came after a pause (``paused``: then
+# at once). A request that comes sooner comes from a client sending its
+# runs back to back, or nearly: the machine is busy and its CPU is what runs
+# cost, so the child spends none of it ahead of the request. With runs taken
+# in turns by a pool of four, a child's request comes three runs after its
+# fork, ~5 ms back to back; a client that pauses gets its request handled by
+# a child that warmed up while it waited.
 WARM_AFTER_MS = 20
 # A request like the server's, for warming up the request path ahead of time.
 # Its code ends in an expression, as many do: the value's path is warmed too.
@@ -1345,9 +1350,9 @@ def enter_run(worker_pid, rundir, out_w, err_w, parent_fds, on_sigint):
     os.chdir(rundir)
 
 
-def rehearse(request_fd=None):
+def rehearse(request_fd=None, wait=0):
     """One pass over the request path with WARM_REQUEST, its output unused.
-    With ``request_fd``, it first waits up to WARM_AFTER_MS for a request
+    With ``request_fd``, it first waits up to ``wait`` ms for a request
     there, and does nothing if one comes; it stops as soon as a request is
     readable there: a rehearsal moves work ahead of a request, never in front
     of one (under load, when requests come back to back, it would only add
@@ -1355,7 +1360,7 @@ def rehearse(request_fd=None):
     if request_fd is not None:
         poller = select.poll()
         poller.register(request_fd, select.POLLIN)
-        if poller.poll(WARM_AFTER_MS):
+        if poller.poll(wait):
             return
     rehearsal = marshal.loads(marshal.dumps(dict(WARM_REQUEST, compiled=WARM_COMPILED)))
     planned_limits(rehearsal["limits"])
@@ -1409,9 +1414,10 @@ def prepare_later_runs():
 
 
 def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope=None,
-               warm=True):
-    """Body of a forked child; never returns. With ``warm`` it rehearses the
-    request path while it waits (see below)."""
+               warm=WARM_AFTER_MS):
+    """Body of a forked child; never returns. Unless ``warm`` is None, it
+    rehearses the request path while it waits, once it has waited ``warm``
+    ms for its request (see below)."""
     status = 70
     try:
         # PWD, TMPDIR, sys.path and the plot directory came set from the
@@ -1428,10 +1434,10 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         # no client waits: stdin on /dev/null (fd 0 already is), a fresh
         # __main__, and one pass over the request path so that its
         # copy-on-write page faults (refcounts written in pages shared with
-        # the worker) happen here, unless the request comes within
-        # WARM_AFTER_MS.
-        if warm:
-            rehearse(req_r)
+        # the worker) happen here, unless the request comes within ``warm``
+        # ms (see Worker.execute).
+        if warm is not None:
+            rehearse(req_r, warm)
         main = fresh_main()
         req = open(req_r, "rb", buffering=0)
         try:
@@ -2216,9 +2222,9 @@ class Worker:
         worker can hand it descriptors (a pipe cannot carry them)."""
         return stat.S_ISSOCK(os.fstat(self.rfd).st_mode)
 
-    def spawn(self, warm=True):
+    def spawn(self, warm=WARM_AFTER_MS):
         """Fork the next child; it waits for its request, rehearsing the
-        request path first if ``warm``."""
+        request path once it has waited ``warm`` ms (None: never)."""
         try:
             os.mkdir(self.rundir, 0o700)
         except FileExistsError:  # left by a run that was not retired
@@ -2352,7 +2358,7 @@ class Worker:
             if child is None or child.reap(False):
                 if child is not None:
                     self.retire(child)
-                self.spawn(warm=False)  # a client waits: no rehearsal
+                self.spawn(None)  # a client waits: no rehearsal
                 child = self.next
                 self.next = None
                 child.forked()
@@ -2415,12 +2421,20 @@ class Worker:
             # latency: after a run whose client waits for its exit (graded
             # runs, which report the kernel's rusage: they come in bursts),
             # and when the next request came while this one was cleaned up
-            # (the server has runs queued for this environment).
+            # (the server has runs queued for this environment). Where the
+            # server saw this run come after a pause, with nothing else in
+            # flight (``paused``), its client's next pause is the CPU's free
+            # time: the child warms up at once. Otherwise it does only if
+            # its request has not come within WARM_AFTER_MS.
             try:
                 self.retire(child, removed)
                 if not gone:
                     self.learn(imported)
-                    self.spawn(warm=not msg.get("rusage") and not self.queued())
+                    if msg.get("rusage") or self.queued():
+                        warm = None
+                    else:
+                        warm = 0 if msg.get("paused") else WARM_AFTER_MS
+                    self.spawn(warm)
             except ZygoteLost as exc:
                 if answered:
                     exc.when = "after"
@@ -2557,8 +2571,9 @@ class Worker:
 # request path runs warm.  Worker and zygote share a SOCK_SEQPACKET pair:
 #
 #   worker -> zygote  F + the child's 4 pipe ends (SCM_RIGHTS): fork a run
-#                       child; answered by  P + pid.  f: the same, for a
-#                       child that does not rehearse (see Worker.execute)
+#                       child; answered by  P + pid.  W: the same, for a
+#                       child that rehearses at once; f: for one that does
+#                       not rehearse (see Worker.execute)
 #                     K: kill and reap every child left (between runs these
 #                       are only what a run left running: the zygote is a
 #                       subreaper); answered by  k
@@ -2573,6 +2588,8 @@ class Worker:
 # with it; it exits when the worker closes its end.
 
 _EXIT = struct.Struct("!iidq?")
+# A fork request's kind: how long its child waits before it warms up.
+_FORK_WARM = {b"F": WARM_AFTER_MS, b"W": 0, b"f": None}
 # One descriptor of an SCM_RIGHTS message (a C int).
 _FD = struct.Struct("i")
 
@@ -2652,13 +2669,15 @@ class Zygote:
         # a pid, or -errno.
         self.pids = []
 
-    def fork(self, fds, warm=True):
+    def fork(self, fds, warm=WARM_AFTER_MS):
         """Ask for a new run child holding ``fds`` (req_r, out_w, err_w,
-        ctl_w), rehearsing the request path first if ``warm``. Its pid is
-        read later (``forked``): the worker does not wait while the zygote
-        forks, nor wake again when it has."""
+        ctl_w), rehearsing the request path once it has waited ``warm`` ms
+        (WARM_AFTER_MS or 0; None: never). Its pid is read later
+        (``forked``): the worker does not wait while the zygote forks, nor
+        wake again when it has."""
         rights = struct.pack("%di" % len(fds), *fds)
-        self.send([b"F" if warm else b"f"], [(self.socket.SOL_SOCKET, self.socket.SCM_RIGHTS, rights)])
+        kind = b"f" if warm is None else b"W" if warm == 0 else b"F"
+        self.send([kind], [(self.socket.SOL_SOCKET, self.socket.SCM_RIGHTS, rights)])
 
     def forked(self):
         """The pid of the child the oldest unanswered ``fork`` asked for."""
@@ -2788,7 +2807,7 @@ def zygote_main(sock, worker, worker_pid, scope):
                 msg, ancillary, _, _ = sock.recvmsg(LEARN_MESSAGE_BYTES, rights_size)
                 if not msg:
                     raise ChannelClosed()
-                if msg in (b"F", b"f"):
+                if msg in (b"F", b"W", b"f"):
                     note_zygote_modules()
                     fds = []
                     for level, kind, data in ancillary:
@@ -2803,7 +2822,7 @@ def zygote_main(sock, worker, worker_pid, scope):
                     if pid == 0:
                         sock.detach()
                         child_main(me, worker.rundir, fds[0], fds[1], fds[2], fds[3], own_fds,
-                                   scope, msg == b"F")
+                                   scope, _FORK_WARM[msg])
                     for fd in fds:
                         os.close(fd)
                     if pid > 0:

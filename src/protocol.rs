@@ -382,6 +382,25 @@ pub fn encode_marshal_frame<T: Serialize>(value: &T) -> Result<Vec<u8>, FrameErr
     Ok(buf)
 }
 
+/// Add `key: True` to a frame from [`encode_marshal_frame`] whose value is a
+/// map (a marshal dict, ended by `0`), in place: a fact known only when the
+/// run is handed to a worker (`paused`, see `executor/pace.rs`). Returns
+/// whether it could: a frame that is not a dict is left as it is.
+pub(crate) fn add_marshal_flag(frame: &mut Vec<u8>, key: &str) -> bool {
+    if frame.len() < 6 || frame[4] != b'{' || frame.last() != Some(&b'0') {
+        return false;
+    }
+    frame.pop();
+    if crate::marshal::to_writer(frame, key).is_err() {
+        frame.push(b'0');
+        return false;
+    }
+    frame.extend_from_slice(b"T0");
+    let len = (frame.len() - 4) as u32;
+    frame[..4].copy_from_slice(&len.to_be_bytes());
+    true
+}
+
 /// `value` as a pickle (protocol 3), prefixed with its 4-byte length, into
 /// `out`: what a direct session's child reads (see the header).
 pub(crate) fn pickle_into<T: Serialize>(value: &T, out: &mut Vec<u8>) -> Result<(), FrameError> {
@@ -399,6 +418,35 @@ pub fn decode_frame(body: &BytesMut) -> Result<WorkerFrame, FrameError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flag_added_to_a_marshal_frame_is_one_more_entry() {
+        #[derive(Serialize)]
+        struct Map {
+            t: &'static str,
+            n: u8,
+        }
+        #[derive(Serialize)]
+        struct Flagged {
+            t: &'static str,
+            n: u8,
+            paused: bool,
+        }
+        let mut frame = encode_marshal_frame(&Map { t: "exec", n: 1 }).unwrap();
+        assert!(add_marshal_flag(&mut frame, "paused"));
+        let expected = encode_marshal_frame(&Flagged {
+            t: "exec",
+            n: 1,
+            paused: true,
+        })
+        .unwrap();
+        assert_eq!(frame, expected);
+        // Not a dict: left alone.
+        let mut list = encode_marshal_frame(&[1u8, 2]).unwrap();
+        let before = list.clone();
+        assert!(!add_marshal_flag(&mut list, "paused"));
+        assert_eq!(list, before);
+    }
 
     #[test]
     fn frame_carries_big_endian_length() {

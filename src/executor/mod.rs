@@ -10,6 +10,7 @@
 
 mod envs;
 mod lifecycle;
+mod pace;
 mod prepare;
 mod run;
 mod sessions;
@@ -77,6 +78,8 @@ pub struct Executor {
     request_limits: RequestLimits,
     /// Live sessions, their caps and TTL reaper.
     sessions: Arc<Sessions>,
+    /// Runs in flight, and whether one came after a pause (see `pace.rs`).
+    pace: pace::Pace,
     /// The workers' cgroups, removed at shutdown.
     cgroups: Option<Arc<crate::sandbox::cgroup::CgroupRoot>>,
     /// This replica's id and whether it is draining (readiness off).

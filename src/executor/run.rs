@@ -16,6 +16,7 @@ use crate::error::{ExecError, PoolError, WorkerError};
 use crate::metrics::{ClientMetrics, RunOutcome};
 use crate::outcome::{Limit, Outcome};
 use crate::pool::{EnvPool, RestartCause};
+use crate::protocol;
 use crate::worker::{OutputSink, RunOutput};
 
 /// Extra time the server grants a worker beyond the run's own timeout before
@@ -242,6 +243,7 @@ impl Executor {
             audit,
         } = prepared;
         let entry = &*env;
+        let (_running, paused) = self.pace.begin();
         let caller = crate::auth::current();
         let client = caller.as_ref().map(|c| c.client.metrics());
         // The run's audit record, written however the run ends (a dropped
@@ -280,6 +282,10 @@ impl Executor {
             return ran;
         }
         let env_name = entry.spec.name.as_str();
+        let mut frame = frame;
+        if paused {
+            protocol::add_marshal_flag(&mut frame, "paused");
+        }
         // A worker that ran nothing because its scratch root stayed dirty
         // hands the request on: the next worker runs it.
         let mut attempts = 0;

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
-use super::Executor;
 use super::envs::{EnvEntry, EnvTable, LiveEnvs, PoolContext, entry, make_entries};
+use super::{Executor, pace};
 use crate::config::Config;
 use crate::egress::{PROXY_PORT, Policy, ProxyContext};
 use crate::env::Registry;
@@ -279,6 +279,7 @@ impl Executor {
             request_limits: config.request_limits,
             artifacts: Arc::new(crate::artifacts::ArtifactStore::new(config.artifacts)),
             sessions,
+            pace: pace::Pace::default(),
             cgroups,
             replica,
             audit,

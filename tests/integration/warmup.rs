@@ -1,6 +1,6 @@
 //! How workers start: the compiled bootstrap kept across server starts,
 //! and a pool that warms in the background without the first request
-//! starting a worker of its own.
+//! starting a worker of its own; and when a run's child warms up.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -183,4 +183,95 @@ async fn a_warming_pool_starts_one_worker_first_and_the_first_request_takes_it()
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     executor.shutdown().await;
+}
+
+/// A server of one pooled worker whose bootstrap writes, in each run's
+/// stderr, how long the run's child waited before warming up: what the
+/// worker chose for it after the run before.
+async fn server_telling_warm_ups() -> (TestServer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("worker.py"),
+        code_executor::executor::WORKER_SCRIPT,
+    )
+    .unwrap();
+    let script = dir.path().join("telling.py");
+    std::fs::write(
+        &script,
+        format!(
+            "import os, sys\n\
+             sys.path.insert(0, {:?})\n\
+             import worker as w\n\
+             rehearse = w.rehearse\n\
+             def telling(request_fd=None, wait=0):\n    \
+                 if request_fd is not None:\n        \
+                     os.write(2, b'[warm-up after %d ms]' % wait)\n    \
+                 return rehearse(request_fd, wait)\n\
+             w.rehearse = telling\n\
+             w.main()\n",
+            dir.path()
+        ),
+    )
+    .unwrap();
+    let mut config = common::config();
+    config.pool_size = 1;
+    config.worker_script = Some(script);
+    (TestServer::with_config(config).await, dir)
+}
+
+#[tokio::test]
+async fn a_run_after_a_pause_has_the_next_child_warm_up_at_once() {
+    let (server, _dir) = server_telling_warm_ups().await;
+    server.run("print(1)").await;
+    // Nothing else in flight, 50 ms apart: each run's child was forked
+    // after a run that came after a pause, and warmed up at once.
+    for i in 0..4 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let body = server.run(&format!("print({i})")).await;
+        assert_eq!(body["stdout"], format!("{i}\n"), "{body}");
+        if i > 0 {
+            assert_eq!(body["stderr"], "[warm-up after 0 ms]", "{body}");
+        }
+    }
+    // A session call in flight (its own worker): the runs beside it, as far
+    // apart, did not come after a pause; their children wait for their
+    // requests before they warm up.
+    let (status, info) = server.post("/sessions", serde_json::json!({})).await;
+    assert_eq!(status, 201, "{info}");
+    let id = info["id"].as_str().unwrap().to_string();
+    server.wait_for_pool_size(1, Duration::from_secs(30)).await;
+    let call = tokio::spawn({
+        let url = format!("{}/execute", server.url);
+        let body = serde_json::json!({"code": "import time; time.sleep(2); print('slept')", "session": id});
+        async move {
+            let answer = reqwest::Client::new()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            answer.json::<serde_json::Value>().await.unwrap()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut told = Vec::new();
+    for i in 0..4 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let body = server.run(&format!("print({i})")).await;
+        assert_eq!(body["stdout"], format!("{i}\n"), "{body}");
+        told.push(body["stderr"].as_str().unwrap().to_string());
+    }
+    assert!(
+        !call.is_finished(),
+        "the session call ended too soon: the runs were not beside it"
+    );
+    let slept = call.await.unwrap();
+    assert_eq!(slept["stdout"], "slept\n", "{slept}");
+    // The session took the pooled worker that ran the runs above; its
+    // replacement's first child waited as every new worker's does, and the
+    // others because of the call in flight.
+    for stderr in &told {
+        assert_eq!(stderr, "[warm-up after 20 ms]", "{told:?}");
+    }
+    server.stop().await;
 }
