@@ -48,7 +48,9 @@
 //! |                  |           | `compile` (paths of `files`: Python modules the worker        |
 //! |                  |           | compiles, as it compiles the code, for the code to find in    |
 //! |                  |           | its global `__compiled__`: path -> (code object, the names    |
-//! |                  |           | of the functions its top-level expression statements call))   |
+//! |                  |           | of the functions its top-level expression statements call)),  |
+//! |                  |           | `paused` (true: the run came after a pause, with no other run |
+//! |                  |           | in flight; the next child forked warms up at once)            |
 //! | server -> worker | `session` | `id`, `limits`, `grace` (s): switch the worker to session     |
 //! |                  |           | mode; optional `direct` (true: before its answer the worker   |
 //! |                  |           | hands the server its ends of the session child's request,     |
