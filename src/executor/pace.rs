@@ -8,10 +8,13 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// The shortest gap between runs that counts as a pause: a child's warm-up
-/// costs ~0.3–0.5 ms of CPU, and a client sending its runs back to back
-/// (reading one answer, sending the next request) leaves ~0.05–0.2 ms.
-pub(crate) const PAUSE: Duration = Duration::from_micros(500);
+/// The shortest gap between runs that counts as a pause. A child's warm-up
+/// costs ~0.3–0.5 ms of CPU. A client sending its runs back to back leaves
+/// gaps the server sees as ~0.1 ms (a Rust client) to 0.5–1 ms (Python's
+/// `http.client`, which reads an answer and sends the next request slowly):
+/// at 1 ms, a fifth of the latter's runs count as paused, and all of a
+/// client's that pauses 1 ms or more.
+pub(crate) const PAUSE: Duration = Duration::from_millis(1);
 
 /// Runs in flight and when the last one ended.
 pub(crate) struct Pace {
