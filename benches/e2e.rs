@@ -103,12 +103,12 @@ async fn http_load(
     seconds: f64,
 ) -> (Vec<Duration>, Duration) {
     let body = json!({ "code": code }).to_string();
-    Load::warm(url, vec![body; concurrency])
-        .await
-        .run(seconds)
-        .await
+    http_load_bodies(url, vec![body; concurrency], seconds).await
 }
 
+/// One keep-alive client per body, each sending its body back to back for
+/// `seconds` once warmed up (see [`Load`]): each run's latency, and the time
+/// it all took.
 async fn http_load_bodies(
     url: &str,
     bodies: Vec<String>,

@@ -57,7 +57,8 @@ frame of its type, except those marked optional.
 |                  |           | its global `__compiled__`: path -> (code object, the names    |
 |                  |           | of the functions its top-level expression statements call)),  |
 |                  |           | `paused` (true: the run came after a pause, with no other run |
-|                  |           | in flight; the next child forked warms up at once)            |
+|                  |           | in flight; the next child forked warms up at once, unless the |
+|                  |           | run has `rusage` or the next request is already waiting)      |
 | server -> worker | `session` | `id`, `limits`, `grace` (s): switch the worker to session     |
 |                  |           | mode; optional `direct` (true: before its answer the worker   |
 |                  |           | hands the server its ends of the session child's request,     |
@@ -1350,7 +1351,7 @@ def enter_run(worker_pid, rundir, out_w, err_w, parent_fds, on_sigint):
     os.chdir(rundir)
 
 
-def rehearse(request_fd=None, wait=0):
+def rehearse(request_fd=None, wait=WARM_AFTER_MS):
     """One pass over the request path with WARM_REQUEST, its output unused.
     With ``request_fd``, it first waits up to ``wait`` ms for a request
     there, and does nothing if one comes; it stops as soon as a request is
@@ -2571,9 +2572,10 @@ class Worker:
 # request path runs warm.  Worker and zygote share a SOCK_SEQPACKET pair:
 #
 #   worker -> zygote  F + the child's 4 pipe ends (SCM_RIGHTS): fork a run
-#                       child; answered by  P + pid.  W: the same, for a
-#                       child that rehearses at once; f: for one that does
-#                       not rehearse (see Worker.execute)
+#                       child that rehearses once it has waited
+#                       WARM_AFTER_MS; answered by  P + pid.  W: the same,
+#                       for a child that rehearses at once; f: for one that
+#                       does not rehearse (see Worker.execute)
 #                     K: kill and reap every child left (between runs these
 #                       are only what a run left running: the zygote is a
 #                       subreaper); answered by  k
@@ -2590,6 +2592,7 @@ class Worker:
 _EXIT = struct.Struct("!iidq?")
 # A fork request's kind: how long its child waits before it warms up.
 _FORK_WARM = {b"F": WARM_AFTER_MS, b"W": 0, b"f": None}
+_FORK_KIND = {wait: kind for kind, wait in _FORK_WARM.items()}
 # One descriptor of an SCM_RIGHTS message (a C int).
 _FD = struct.Struct("i")
 
@@ -2676,8 +2679,7 @@ class Zygote:
         (``forked``): the worker does not wait while the zygote forks, nor
         wake again when it has."""
         rights = struct.pack("%di" % len(fds), *fds)
-        kind = b"f" if warm is None else b"W" if warm == 0 else b"F"
-        self.send([kind], [(self.socket.SOL_SOCKET, self.socket.SCM_RIGHTS, rights)])
+        self.send([_FORK_KIND[warm]], [(self.socket.SOL_SOCKET, self.socket.SCM_RIGHTS, rights)])
 
     def forked(self):
         """The pid of the child the oldest unanswered ``fork`` asked for."""

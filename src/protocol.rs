@@ -50,7 +50,8 @@
 //! |                  |           | its global `__compiled__`: path -> (code object, the names    |
 //! |                  |           | of the functions its top-level expression statements call)),  |
 //! |                  |           | `paused` (true: the run came after a pause, with no other run |
-//! |                  |           | in flight; the next child forked warms up at once)            |
+//! |                  |           | in flight; the next child forked warms up at once, unless the |
+//! |                  |           | run has `rusage` or the next request is already waiting)      |
 //! | server -> worker | `session` | `id`, `limits`, `grace` (s): switch the worker to session     |
 //! |                  |           | mode; optional `direct` (true: before its answer the worker   |
 //! |                  |           | hands the server its ends of the session child's request,     |
@@ -387,7 +388,9 @@ pub fn encode_marshal_frame<T: Serialize>(value: &T) -> Result<Vec<u8>, FrameErr
 /// Add `key: True` to a frame from [`encode_marshal_frame`] whose value is a
 /// map (a marshal dict, ended by `0`), in place: a fact known only when the
 /// run is handed to a worker (`paused`, see `executor/pace.rs`). Returns
-/// whether it could: a frame that is not a dict is left as it is.
+/// whether it could: a frame that is not a dict is left as it is. (The
+/// entry's 12 bytes are not held to `MAX_FRAME_BYTES`: a request's own
+/// caps keep a frame far below it.)
 pub(crate) fn add_marshal_flag(frame: &mut Vec<u8>, key: &str) -> bool {
     if frame.len() < 6 || frame[4] != b'{' || frame.last() != Some(&b'0') {
         return false;

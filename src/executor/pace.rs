@@ -35,8 +35,8 @@ impl Default for Pace {
 }
 
 impl Pace {
-    /// A run starts: whether it came after a pause, and what ends it in the
-    /// count when dropped (however the run ends, a dropped future too).
+    /// A run starts: what ends it in the count when dropped (however the
+    /// run ends, a dropped future too), and whether it came after a pause.
     pub(crate) fn begin(&self) -> (Running<'_>, bool) {
         let paused = self.begin_at(self.origin.elapsed());
         (Running(self), paused)

@@ -234,7 +234,7 @@ impl Executor {
     ) -> Result<RunReport, ExecError> {
         let PreparedRun {
             env,
-            frame,
+            mut frame,
             timeout,
             session,
             processes,
@@ -282,9 +282,9 @@ impl Executor {
             return ran;
         }
         let env_name = entry.spec.name.as_str();
-        let mut frame = frame;
         if paused {
-            protocol::add_marshal_flag(&mut frame, "paused");
+            let added = protocol::add_marshal_flag(&mut frame, "paused");
+            debug_assert!(added, "a clean run's frame is a marshal dict");
         }
         // A worker that ran nothing because its scratch root stayed dirty
         // hands the request on: the next worker runs it.
