@@ -10,11 +10,14 @@
 //! (default 4), `BENCH_AUDIT_FAIL` (`open` or `closed`, default `open`),
 //! `BENCH_PYTHON` (default: the real interpreter behind `python3`).
 
+#[path = "support/load.rs"]
+mod load;
 #[path = "support/server.rs"]
 #[allow(dead_code)]
 mod server;
 
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::json;
 
@@ -28,51 +31,18 @@ async fn load(
     concurrency: usize,
     seconds: f64,
 ) -> (Vec<Duration>, Duration) {
-    let clients: Vec<reqwest::Client> = (0..concurrency)
-        .map(|_| {
-            reqwest::Client::builder()
-                .tcp_nodelay(true)
-                .build()
-                .unwrap()
-        })
-        .collect();
+    let clients = load::clients(concurrency);
     for client in &clients {
         for _ in 0..10 {
-            send(client, url, body).await;
+            load::execute(client, url, body).await;
         }
     }
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(seconds);
-    let tasks = clients.into_iter().map(|client| {
-        let (url, body) = (url.to_string(), body.to_string());
-        tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            while Instant::now() < deadline {
-                let t = Instant::now();
-                send(&client, &url, &body).await;
-                latencies.push(t.elapsed());
-            }
-            latencies
-        })
-    });
-    let mut latencies = Vec::new();
-    for task in futures_util::future::join_all(tasks).await {
-        latencies.extend(task.unwrap());
-    }
-    (latencies, started.elapsed())
-}
-
-async fn send(client: &reqwest::Client, url: &str, body: &str) {
-    let resp = client
-        .post(format!("{url}/execute"))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("request answered");
-    assert_eq!(resp.status(), 200);
-    let result: serde_json::Value = resp.json().await.unwrap();
-    assert_eq!(result["exit_code"], 0, "{result}");
+    let (url, body): (Arc<str>, Arc<str>) = (url.into(), body.into());
+    load::back_to_back(clients, seconds, move |client| {
+        let (url, body) = (url.clone(), body.clone());
+        async move { load::execute(&client, &url, &body).await }
+    })
+    .await
 }
 
 fn p50_ms(latencies: &mut [Duration]) -> f64 {

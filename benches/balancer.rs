@@ -12,11 +12,15 @@
 //! missing, as the tests do (tests/integration/common/cluster.rs).
 //! `BENCH_POOL_SIZE` (default 4) sets each replica's pool.
 
+#[path = "support/load.rs"]
+#[allow(dead_code)] // execute: the balancer sends its own requests
+mod load;
 #[allow(dead_code)] // the other benches use the rest of it
 #[path = "support/server.rs"]
 mod server;
 
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -52,52 +56,31 @@ async fn load(
     concurrency: usize,
     seconds: f64,
 ) -> (Vec<Duration>, Duration) {
-    let clients: Vec<reqwest::Client> = (0..concurrency)
-        .map(|_| {
-            reqwest::Client::builder()
-                .tcp_nodelay(true)
-                .build()
-                .unwrap()
-        })
-        .collect();
-    let send = |client: reqwest::Client, url: String, body: Option<String>| async move {
-        let req = match &body {
-            Some(b) => client
-                .post(&url)
-                .header("content-type", "application/json")
-                .body(b.clone()),
-            None => client.get(&url),
-        };
-        let resp = req.send().await.expect("answered");
-        assert_eq!(resp.status(), 200, "{url}");
-        resp.bytes().await.unwrap();
+    let url: Arc<str> = url.into();
+    let body: Option<Arc<str>> = post.map(|code| json!({ "code": code }).to_string().into());
+    let send = move |client: reqwest::Client| {
+        let (url, body) = (url.clone(), body.clone());
+        async move {
+            let req = match &body {
+                Some(b) => client
+                    .post(&*url)
+                    .header("content-type", "application/json")
+                    .body(b.to_string()),
+                None => client.get(&*url),
+            };
+            let resp = req.send().await.expect("answered");
+            assert_eq!(resp.status(), 200, "{url}");
+            resp.bytes().await.unwrap();
+        }
     };
-    let body = post.map(|code| json!({ "code": code }).to_string());
+    let clients = load::clients(concurrency);
     // Warm-up: every connection opened.
     for client in &clients {
         for _ in 0..5 {
-            send(client.clone(), url.to_string(), body.clone()).await;
+            send(client.clone()).await;
         }
     }
-    let started = Instant::now();
-    let deadline = started + Duration::from_secs_f64(seconds);
-    let tasks = clients.into_iter().map(|client| {
-        let (url, body) = (url.to_string(), body.clone());
-        tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            while Instant::now() < deadline {
-                let t = Instant::now();
-                send(client.clone(), url.clone(), body.clone()).await;
-                latencies.push(t.elapsed());
-            }
-            latencies
-        })
-    });
-    let mut latencies = Vec::new();
-    for task in futures_util::future::join_all(tasks).await {
-        latencies.extend(task.unwrap());
-    }
-    (latencies, started.elapsed())
+    load::back_to_back(clients, seconds, send).await
 }
 
 /// The `haproxy` binary, installed from Debian's package when missing.

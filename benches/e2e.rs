@@ -11,6 +11,8 @@
 //! (`namespaces` or `container`: the server's sandbox tier), `BENCH_MCP_ONLY` (set: only the MCP comparison, in about `4 * BENCH_SECONDS`).
 //! The numpy and Jupyter scenarios use venvs made by `tests/python_envs/setup.sh`.
 
+#[path = "support/load.rs"]
+mod load;
 #[path = "../tests/integration/common/mcp.rs"]
 #[allow(dead_code)]
 mod mcp_client;
@@ -19,6 +21,7 @@ mod server;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -119,8 +122,8 @@ async fn http_load_bodies(
 
 /// One keep-alive client per body, each to send its body in a loop.
 struct Load {
-    url: String,
-    clients: Vec<(reqwest::Client, String)>,
+    url: Arc<str>,
+    clients: Vec<(reqwest::Client, Arc<str>)>,
 }
 
 impl Load {
@@ -128,19 +131,17 @@ impl Load {
     /// every worker has run: what a measure taken after this (CPU from
     /// `/proc`) counts is the timed runs alone.
     async fn warm(url: &str, bodies: Vec<String>) -> Load {
-        let mut clients = Vec::new();
-        for body in bodies {
-            let client = reqwest::Client::builder()
-                .tcp_nodelay(true)
-                .build()
-                .unwrap();
+        let clients: Vec<_> = load::clients(bodies.len())
+            .into_iter()
+            .zip(bodies.into_iter().map(Arc::from))
+            .collect();
+        for (client, body) in &clients {
             for _ in 0..10 {
-                send(&client, url, &body).await;
+                load::execute(client, url, body).await;
             }
-            clients.push((client, body));
         }
         Load {
-            url: url.to_string(),
+            url: url.into(),
             clients,
         }
     }
@@ -148,25 +149,12 @@ impl Load {
     /// Every client sends its body back to back for `seconds`; each run's
     /// latency, and the time it all took.
     async fn run(self, seconds: f64) -> (Vec<Duration>, Duration) {
-        let started = Instant::now();
-        let deadline = started + Duration::from_secs_f64(seconds);
-        let tasks = self.clients.into_iter().map(|(client, body)| {
-            let url = self.url.clone();
-            tokio::spawn(async move {
-                let mut latencies = Vec::new();
-                while Instant::now() < deadline {
-                    let t = Instant::now();
-                    send(&client, &url, &body).await;
-                    latencies.push(t.elapsed());
-                }
-                latencies
-            })
-        });
-        let mut latencies = Vec::new();
-        for task in futures_util::future::join_all(tasks).await {
-            latencies.extend(task.unwrap());
-        }
-        (latencies, started.elapsed())
+        let url = self.url;
+        load::back_to_back(self.clients, seconds, move |(client, body)| {
+            let url = url.clone();
+            async move { load::execute(&client, &url, &body).await }
+        })
+        .await
     }
 }
 
@@ -233,7 +221,7 @@ async fn in_turns_with_health(
         .unwrap();
     let health = format!("{url}/health");
     for _ in 0..warm_up {
-        send(&client, url, body).await;
+        load::execute(&client, url, body).await;
         get_health(&client, &health).await;
     }
     let started = Instant::now();
@@ -244,7 +232,7 @@ async fn in_turns_with_health(
             tokio::time::sleep(pause).await;
         }
         let t = Instant::now();
-        send(&client, url, body).await;
+        load::execute(&client, url, body).await;
         runs.push(t.elapsed());
         if !pause.is_zero() {
             tokio::time::sleep(pause).await;
@@ -267,19 +255,6 @@ async fn create_session(url: &str) -> String {
     assert_eq!(resp.status(), 201);
     let info: serde_json::Value = resp.json().await.unwrap();
     info["id"].as_str().unwrap().to_string()
-}
-
-async fn send(client: &reqwest::Client, url: &str, body: &str) {
-    let resp = client
-        .post(format!("{url}/execute"))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("request answered");
-    assert_eq!(resp.status(), 200);
-    let result: serde_json::Value = resp.json().await.unwrap();
-    assert_eq!(result["exit_code"], 0, "{result}");
 }
 
 /// A plain MCP client over streamable HTTP, as lean as the `/execute`
@@ -448,7 +423,7 @@ impl Front<'_> {
     /// One call with `args` (`{"code": ...}`), its result checked.
     async fn call(&mut self, args: &serde_json::Value) {
         let result = match self {
-            Front::Execute(client, url, body) => return send(client, url, body).await,
+            Front::Execute(client, url, body) => return load::execute(client, url, body).await,
             Front::Plain(client) => client.execute_code(args).await,
             Front::Rmcp(client) => mcp_client::execute_code(client, args.clone())
                 .await

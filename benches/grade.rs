@@ -13,10 +13,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+#[path = "support/load.rs"]
+#[allow(dead_code)] // the load loops: this bench makes one call at a time
+mod load;
 #[path = "support/server.rs"]
 #[allow(dead_code)] // start time and RSS: the end-to-end benchmark's
 mod server;
 
+use load::post;
 use server::{Server, env_or, real_python};
 
 const CODE: &str = "print(int(input()) * 2)";
@@ -61,18 +65,6 @@ def check(candidate):
     assert candidate([1.1, 2.2, 3.1, 4.1, 5.1], 0.5) == False
 
 "#;
-
-async fn post(client: &reqwest::Client, url: &str, body: &str) -> Value {
-    let resp = client
-        .post(url)
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .expect("request answered");
-    assert_eq!(resp.status(), 200);
-    resp.json().await.unwrap()
-}
 
 /// CPU time (user + system, own and reaped children) of process `root` and
 /// all its live descendants, from /proc: the server, its workers and, through
