@@ -21,6 +21,7 @@ mod execute;
 mod forking;
 mod grading;
 mod grading_code;
+mod held;
 mod http_api;
 mod imports;
 mod install;
