@@ -1174,26 +1174,41 @@ def precompile_files(files, paths, digits):
     return compiled
 
 
-# Programs held by the zygote. A child loads the code objects of its run
-# from its request (``marshal``): creating them, and interning every name
-# they hold in the interpreter's table of names, which the child shares
-# with its zygote, costs each child copy-on-write faults (~120 and ~0.3 ms
-# of CPU for HumanEval/0's program and test, against ~25 for
-# ``print(2+2)``). A program that runs again (the cases of a ``/grade``
-# call, one test code graded against many submissions) is worth loading
-# once in the zygote instead: the worker has it hold a program once two
-# runs used it (Worker.hold_repeats), and the children forked from then on
-# find it in HELD, their request naming it by its id (Zygote.hold). It
-# holds at most HELD_PROGRAMS, the most recently used, each at most
-# HELD_MAX_BYTES marshalled. Code objects cannot be changed, so what a run
-# does to its copy (the interpreter's own specialization included) stays in
-# its process.
+# Programs held by the zygote (the server's ``hold_programs``, off by
+# default). A child loads the code objects of its run from its request
+# (``marshal``): creating them, and interning every name they hold in the
+# interpreter's table of names, which the child shares with its zygote,
+# costs each child copy-on-write faults (~120 and ~0.4 ms of CPU for
+# HumanEval/0's submission and test, against ~30 for ``print(2+2)``). A
+# program that runs again (the cases of a ``/grade`` call, one test code
+# graded against many submissions) is worth loading once in the zygote
+# instead: the worker has it hold a program once two runs used it
+# (Worker.hold_repeats), and the children forked from then on find it in
+# HELD, their request naming it by its id (Zygote.hold). It holds at most
+# HELD_PROGRAMS, the most recently used, each at most HELD_MAX_BYTES
+# marshalled. What a run does to its copy (the interpreter's own
+# specialization included) stays in its process, but every run's process
+# holds what its zygote holds: other runs' programs, which it can read.
+# Hence off by default: for a server whose clients may read each other's
+# code (one grading backend). The worker knows a program by a digest
+# (program_key) and keeps no source beyond its run.
+HOLD_PROGRAMS = os.environ.get("CODE_EXECUTOR_HOLD_PROGRAMS") == "1"
 HELD_PROGRAMS = 4
 HELD_MAX_BYTES = 1 << 17
 # Distinct programs the worker remembers having run once.
 SEEN_PROGRAMS = 16
 # id -> what ``precompile`` made of a program, in the zygote and its children.
 HELD = {}
+
+
+def program_key(source, digits, path):
+    """What names a program to hold (see HELD): a digest of its source and
+    of what it was compiled with."""
+    from _blake2 import blake2b
+
+    digest = blake2b(source.encode("utf-8", "surrogatepass"), digest_size=16)
+    digest.update(repr((digits, path)).encode("utf-8", "surrogatepass"))
+    return digest.digest()
 
 
 def look_up_held(compiled):
@@ -2395,9 +2410,14 @@ class Worker:
         child's zygote held them when it forked the child (see HELD); they
         are left in ``self.programs`` for hold_repeats."""
         digits = msg.get("int_max_str_digits")
-        program = ((msg["code"], digits, None), precompile(msg["code"], digits))
+        compiled = precompile(msg["code"], digits)
         files = precompile_files(msg["files"], msg["compile"], digits) if msg.get("compile") else {}
-        self.programs = [program, *files.values()]
+        key = None
+        if HOLD_PROGRAMS and self.zygote is not None:
+            key = program_key(msg["code"], digits, None)
+            files = {path: (program_key(*source), module)
+                     for path, (source, module) in files.items()}
+            self.programs = [(key, compiled), *files.values()]
         for attempt in (0, 1):
             child = self.next
             self.next = None
@@ -2414,10 +2434,10 @@ class Worker:
                 self.next = None
                 child.forked()
             ids = child.held
-            msg["compiled"] = ids.get(program[0], program[1])
+            msg["compiled"] = ids.get(key, compiled) if ids else compiled
             if files:
-                msg["compiled_files"] = {path: ids.get(key, compiled)
-                                         for path, (key, compiled) in files.items()}
+                msg["compiled_files"] = {path: ids.get(name, module)
+                                         for path, (name, module) in files.items()}
             frame = hand_off(msg)
             try:
                 # One write: the child wakes once, with the whole frame there.
@@ -2502,10 +2522,11 @@ class Worker:
         """Have the zygote hold the programs of the run just ended that an
         earlier run used too (see HELD): the children it forks next find
         them loaded. Those it holds already become its most recently used."""
+        programs, self.programs = self.programs, []
         zygote = self.zygote
         if zygote is None:
             return
-        for key, compiled in self.programs:
+        for key, compiled in programs:
             if compiled is None:
                 continue
             if key in zygote.held or key in self.seen:
@@ -2514,7 +2535,6 @@ class Worker:
                 self.seen[key] = None
                 if len(self.seen) > SEEN_PROGRAMS:
                     del self.seen[next(iter(self.seen))]
-        self.programs = []
 
     def learn(self, imported):
         """Tally a run's imports; have the zygote import the next few now
@@ -2754,7 +2774,10 @@ class Zygote:
         # one its fork saw.
         self.held = {}
         self.last_held = 0
-        self.too_big = set()  # keys of programs over HELD_MAX_BYTES
+        self.too_big = set()  # keys of programs over held_max
+        # What one message may carry here, with room to spare.
+        self.held_max = min(HELD_MAX_BYTES,
+                            ours.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2)
 
     def hold(self, key, compiled):
         """Have the zygote hold the program ``compiled`` (see HELD), or make
@@ -2772,7 +2795,7 @@ class Zygote:
         if key in self.too_big:
             return
         data = marshal.dumps(compiled)
-        if len(data) > HELD_MAX_BYTES:
+        if len(data) > self.held_max:
             if len(self.too_big) >= SEEN_PROGRAMS:
                 self.too_big.clear()
             self.too_big.add(key)
@@ -2956,8 +2979,9 @@ def zygote_main(sock, worker, worker_pid, scope):
                     for old in dropped:
                         HELD.pop(old, None)
                     try:
-                        HELD[ident] = marshal.loads(data)
-                    except (EOFError, ValueError, TypeError):
+                        if len(data) == size:
+                            HELD[ident] = marshal.loads(data)
+                    except Exception:
                         pass  # its runs compile it themselves
                     del data
                     if hasattr(gc, "freeze"):  # as the zygote's other objects

@@ -249,6 +249,9 @@ pub struct Config {
     /// Whether each worker's zygote imports ahead the standard-library
     /// modules its runs keep importing.
     pub learn_imports: bool,
+    /// Whether each worker's zygote holds, loaded, the programs its runs
+    /// keep running; each run's process then holds them too.
+    pub hold_programs: bool,
     /// Whether each worker's zygote maps its memory with transparent huge
     /// pages where it fills whole ones (cheaper forks, more memory).
     pub huge_pages: bool,
@@ -374,6 +377,7 @@ impl Default for Config {
             envs: Vec::new(),
             discover: true,
             learn_imports: true,
+            hold_programs: false,
             huge_pages: false,
             max_workers: 32,
             idle_timeout: Duration::from_secs(300),
@@ -597,6 +601,7 @@ impl Config {
             envs,
             discover: o.discover.unwrap_or(d.discover),
             learn_imports: o.learn_imports.unwrap_or(d.learn_imports),
+            hold_programs: o.hold_programs.unwrap_or(d.hold_programs),
             huge_pages,
             max_workers: o.max_workers.unwrap_or(d.max_workers),
             idle_timeout: secs(o.idle_timeout_secs, d.idle_timeout),
@@ -930,6 +935,19 @@ mod tests {
             Some(PathBuf::from("/var/cache/ce"))
         );
         assert_eq!(dir("").cache_dir, crate::worker::default_cache_dir());
+    }
+
+    #[test]
+    fn programs_are_held_only_when_asked_for() {
+        let file = |text: &str| merge(&Options::default(), toml::from_str(text).unwrap()).unwrap();
+        assert!(!file("").hold_programs);
+        assert!(file("hold_programs = true").hold_programs);
+        let args = Options {
+            hold_programs: Some(false),
+            ..Default::default()
+        };
+        let c = merge(&args, toml::from_str("hold_programs = true").unwrap()).unwrap();
+        assert!(!c.hold_programs, "the flag wins over the file");
     }
 
     #[test]

@@ -122,6 +122,12 @@ pub struct Options {
     /// a large heap, for more memory per worker (default false).
     #[arg(long, env = "CODE_EXECUTOR_HUGE_PAGES", value_parser = BoolishValueParser::new())]
     pub huge_pages: Option<bool>,
+    /// Have each worker's zygote hold, loaded, the programs its runs keep
+    /// running (a /grade call's submission and tests): faster cases, but
+    /// every run's process then holds those programs of other runs too
+    /// (default false).
+    #[arg(long, env = "CODE_EXECUTOR_HOLD_PROGRAMS", value_parser = BoolishValueParser::new())]
+    pub hold_programs: Option<bool>,
     /// Bearer token required by /execute, /list-envs and /list-packages.
     #[arg(long, env = "CODE_EXECUTOR_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -394,7 +400,8 @@ impl Options {
     pub fn or(self, lower: Options) -> Options {
         layer!(self, lower;
             config, host, port, conda_env, conda_prefix, python, discover, timeout,
-            max_timeout, pool_size, preload, learn_imports, huge_pages, token, admin_token,
+            max_timeout, pool_size, preload, learn_imports, huge_pages, hold_programs, token,
+            admin_token,
             metrics_token, insecure_no_auth, queue_timeout_secs, max_runs, max_workers,
             idle_timeout_secs, worker_start_timeout_secs, grace_period_secs,
             shutdown_timeout_secs, activation_timeout_secs, install_timeout_secs,

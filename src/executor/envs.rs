@@ -159,6 +159,9 @@ impl PoolContext {
         if !config.learn_imports {
             env.push(("CODE_EXECUTOR_LEARN_IMPORTS".into(), "0".into()));
         }
+        if config.hold_programs {
+            env.push(("CODE_EXECUTOR_HOLD_PROGRAMS".into(), "1".into()));
+        }
         if plan.settings.huge_pages {
             env.push(("CODE_EXECUTOR_HUGE_PAGES".into(), "1".into()));
         }

@@ -1,16 +1,21 @@
-//! Programs the zygote holds: a program that runs again (the same code sent
-//! again, the cases of a `/grade` call) is loaded once by the zygote, and
-//! the runs forked after that find it there instead of in their request.
-//! What the runs see does not change.
+//! Programs the zygote holds (`hold_programs`): a program that runs again
+//! (the same code sent again, the cases of a `/grade` call) is loaded once
+//! by the zygote, and the runs forked after that find it there instead of
+//! in their request. What the runs see does not change. Off by default.
 
 use serde_json::json;
 
 use crate::common::{self, TestServer};
 
-/// A server of one pooled worker whose bootstrap writes, in each run's
-/// stderr and before anything else, where each of the run's programs came
-/// from: `[held]` from its zygote, `[sent]` in its request.
+/// A server of one pooled worker (holding programs as `hold` says) whose
+/// bootstrap writes, in each run's stderr and before anything else, where
+/// each of the run's programs came from: `[held]` from its zygote, `[sent]`
+/// in its request.
 async fn server_telling_held() -> (TestServer, tempfile::TempDir) {
+    server_telling(true).await
+}
+
+async fn server_telling(hold: bool) -> (TestServer, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("worker.py"),
@@ -37,6 +42,7 @@ async fn server_telling_held() -> (TestServer, tempfile::TempDir) {
     .unwrap();
     let mut config = common::config();
     config.pool_size = 1;
+    config.hold_programs = hold;
     config.worker_script = Some(script);
     (TestServer::with_config(config).await, dir)
 }
@@ -80,6 +86,34 @@ async fn a_program_run_again_is_held_by_the_zygote_from_its_second_run_on() {
         assert!(stderr.starts_with(expected), "{expected}: {stderr}");
         assert!(stderr.contains("line 2"), "{stderr}");
         assert_eq!(body["error"]["type"], "ValueError", "{body}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn by_default_no_program_is_held() {
+    let (server, _dir) = server_telling(false).await;
+    for _ in 0..4 {
+        assert_eq!(
+            run(&server, "print(6 * 7)").await,
+            ("42\n".into(), "[sent]".into())
+        );
+    }
+    let (status, body) = server
+        .post(
+            "/grade",
+            json!({
+                "code": "def inc(x):\n    return x + 1\n",
+                "entry": "inc",
+                "test_code": "def check(candidate):\n    assert candidate(1) == 2\n",
+                "tests": (0..4).map(|_| json!({})).collect::<Vec<_>>(),
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["passed"], 4, "{body}");
+    for case in body["cases"].as_array().unwrap() {
+        assert_eq!(case["stderr"], "[sent][sent][sent]", "{body}");
     }
     server.stop().await;
 }
