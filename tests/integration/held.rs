@@ -16,35 +16,16 @@ async fn server_telling_held() -> (TestServer, tempfile::TempDir) {
 }
 
 async fn server_telling(hold: bool) -> (TestServer, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("worker.py"),
-        code_executor::executor::WORKER_SCRIPT,
+    common::server_with_patched_worker(
+        "look_up = w.look_up_held\n\
+         def telling(compiled):\n    \
+             held = type(compiled) is int and compiled in w.HELD\n    \
+             os.write(2, b'[held]' if held else b'[sent]')\n    \
+             return look_up(compiled)\n\
+         w.look_up_held = telling\n",
+        |config| config.hold_programs = hold,
     )
-    .unwrap();
-    let script = dir.path().join("telling.py");
-    std::fs::write(
-        &script,
-        format!(
-            "import os, sys\n\
-             sys.path.insert(0, {:?})\n\
-             import worker as w\n\
-             look_up = w.look_up_held\n\
-             def telling(compiled):\n    \
-                 held = type(compiled) is int and compiled in w.HELD\n    \
-                 os.write(2, b'[held]' if held else b'[sent]')\n    \
-                 return look_up(compiled)\n\
-             w.look_up_held = telling\n\
-             w.main()\n",
-            dir.path()
-        ),
-    )
-    .unwrap();
-    let mut config = common::config();
-    config.pool_size = 1;
-    config.hold_programs = hold;
-    config.worker_script = Some(script);
-    (TestServer::with_config(config).await, dir)
+    .await
 }
 
 /// Run `code`; its stdout and stderr.

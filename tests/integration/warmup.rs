@@ -190,34 +190,16 @@ async fn a_warming_pool_starts_one_worker_first_and_the_first_request_takes_it()
 /// stderr, how long the run's child waited before warming up: what the
 /// worker chose for it after the run before.
 async fn server_telling_warm_ups() -> (TestServer, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("worker.py"),
-        code_executor::executor::WORKER_SCRIPT,
+    common::server_with_patched_worker(
+        "rehearse = w.rehearse\n\
+         def telling(request_fd=None, wait=0):\n    \
+             if request_fd is not None:\n        \
+                 os.write(2, b'[warm-up after %d ms]' % wait)\n    \
+             return rehearse(request_fd, wait)\n\
+         w.rehearse = telling\n",
+        |_| {},
     )
-    .unwrap();
-    let script = dir.path().join("telling.py");
-    std::fs::write(
-        &script,
-        format!(
-            "import os, sys\n\
-             sys.path.insert(0, {:?})\n\
-             import worker as w\n\
-             rehearse = w.rehearse\n\
-             def telling(request_fd=None, wait=0):\n    \
-                 if request_fd is not None:\n        \
-                     os.write(2, b'[warm-up after %d ms]' % wait)\n    \
-                 return rehearse(request_fd, wait)\n\
-             w.rehearse = telling\n\
-             w.main()\n",
-            dir.path()
-        ),
-    )
-    .unwrap();
-    let mut config = common::config();
-    config.pool_size = 1;
-    config.worker_script = Some(script);
-    (TestServer::with_config(config).await, dir)
+    .await
 }
 
 #[tokio::test]

@@ -113,6 +113,36 @@ pub fn config() -> Config {
     }
 }
 
+/// A server of one pooled worker whose bootstrap is the embedded one,
+/// imported as module `w` and changed by `patch` (Python, run before
+/// `w.main()`); `configure` sets the rest of its configuration. The
+/// directory holds the bootstrap: keep it for the server's life.
+pub async fn server_with_patched_worker(
+    patch: &str,
+    configure: impl FnOnce(&mut Config),
+) -> (TestServer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("worker.py"),
+        code_executor::executor::WORKER_SCRIPT,
+    )
+    .unwrap();
+    let script = dir.path().join("patched.py");
+    std::fs::write(
+        &script,
+        format!(
+            "import os, sys\nsys.path.insert(0, {:?})\nimport worker as w\n{patch}w.main()\n",
+            dir.path()
+        ),
+    )
+    .unwrap();
+    let mut config = config();
+    config.pool_size = 1;
+    config.worker_script = Some(script);
+    configure(&mut config);
+    (TestServer::with_config(config).await, dir)
+}
+
 /// The sandbox as the server sets it up, with the real binary as launcher
 /// (the test binary has no `sandbox-exec` subcommand).
 pub fn sandbox_config() -> SandboxConfig {
