@@ -1190,8 +1190,9 @@ def precompile_files(files, paths, digits):
 # specialization included) stays in its process, but every run's process
 # holds what its zygote holds: other runs' programs, which it can read.
 # Hence off by default: for a server whose clients may read each other's
-# code (one grading backend). The worker knows a program by a digest
-# (program_key) and keeps no source beyond its run.
+# code (one grading backend). The worker's record of what its zygote holds
+# has digests (program_key), not sources: the session children the worker
+# forks itself inherit it.
 HOLD_PROGRAMS = os.environ.get("CODE_EXECUTOR_HOLD_PROGRAMS") == "1"
 HELD_PROGRAMS = 4
 HELD_MAX_BYTES = 1 << 17
