@@ -1948,7 +1948,7 @@ class Child:
         self.ctl_r_open = True
         self.status = None  # raw wait status once reaped
         self.rusage = None  # (CPU seconds, peak RSS in KiB), once reaped
-        # precompile key -> id of the programs its zygote held when it forked
+        # program_key -> id of the programs its zygote held when it forked
         # it (see HELD)
         self.held = zygote.held if zygote is not None else {}
 
@@ -2266,7 +2266,7 @@ class Worker:
         self.dirty = None  # why the scratch root could not be cleared, if it could not
         self.learning = Learning()
         # The programs of the run in flight, as take_child found them:
-        # (precompile key, compiled); and the keys of those run once (see
+        # (program_key, compiled); and the keys of those run once (see
         # hold_repeats).
         self.programs = []
         self.seen = {}
@@ -2770,7 +2770,7 @@ class Zygote:
         # The zygote's answers to fork requests not yet taken by ``forked``:
         # a pid, or -errno.
         self.pids = []
-        # precompile key -> id of the programs it holds, least recently used
+        # program_key -> id of the programs it holds, least recently used
         # first (see HELD). Replaced, never changed: each Child keeps the
         # one its fork saw.
         self.held = {}
