@@ -2311,6 +2311,21 @@ class Worker:
                 os.close(fd)
         self.next = self.child_of(None, self.rundir, req_w, out_r, err_r, ctl_r, self.zygote)
 
+    def fork_session(self, rundir, limits, direct):
+        """A session child forked by the zygote (see open_session)."""
+        req_r, req_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        ctl_r, ctl_w = os.pipe()
+        try:
+            self.zygote.fork_session((req_r, out_w, err_w, ctl_w), limits, direct)
+        finally:
+            for fd in (req_r, out_w, err_w, ctl_w):
+                os.close(fd)
+        child = self.child_of(None, rundir, req_w, out_r, err_r, ctl_r, self.zygote)
+        child.forked()
+        return child
+
     @staticmethod
     def child_of(pid, rundir, req_w, out_r, err_r, ctl_r, zygote=None):
         for fd in (out_r, err_r, ctl_r):
@@ -2820,6 +2835,14 @@ class Zygote:
         rights = struct.pack("%di" % len(fds), *fds)
         self.send([_FORK_KIND[warm]], [(self.socket.SOL_SOCKET, self.socket.SCM_RIGHTS, rights)])
 
+    def fork_session(self, fds, limits, direct):
+        """Ask for a session child holding ``fds`` (req_r, out_w, err_w,
+        ctl_w) that serves calls under ``limits`` (see session_main); its
+        pid is read as a run child's (``forked``)."""
+        rights = struct.pack("%di" % len(fds), *fds)
+        self.send([b"S" + marshal.dumps((limits, direct))],
+                  [(self.socket.SOL_SOCKET, self.socket.SCM_RIGHTS, rights)])
+
     def forked(self):
         """The pid of the child the oldest unanswered ``fork`` asked for."""
         while not self.pids:
@@ -2948,7 +2971,7 @@ def zygote_main(sock, worker, worker_pid, scope):
                 msg, ancillary, _, _ = sock.recvmsg(LEARN_MESSAGE_BYTES, rights_size)
                 if not msg:
                     raise ChannelClosed()
-                if msg in (b"F", b"W", b"f"):
+                if msg in (b"F", b"W", b"f") or msg[:1] == b"S":
                     note_zygote_modules()
                     fds = []
                     for level, kind, data in ancillary:
@@ -2956,12 +2979,18 @@ def zygote_main(sock, worker, worker_pid, scope):
                             fds.extend(v for (v,) in _FD.iter_unpack(data[:len(data) - len(data) % _FD.size]))
                     if len(fds) != 4:
                         raise RuntimeError("a fork request without its 4 pipe ends")
+                    session = marshal.loads(msg[1:]) if msg[:1] == b"S" else None
                     try:
                         pid = os.fork()
                     except OSError as exc:  # EAGAIN at the pids cap, ENOMEM
                         pid = -exc.errno
                     if pid == 0:
                         sock.detach()
+                        if session is not None:
+                            limits, direct = session
+                            session_main(me, os.path.join(worker.scratch, "session"), fds[0],
+                                         fds[1], fds[2], fds[3], own_fds, limits,
+                                         worker.base_tmp, worker.rundir, scope, direct)
                         child_main(me, worker.rundir, fds[0], fds[1], fds[2], fds[3], own_fds,
                                    scope, _FORK_WARM[msg])
                     for fd in fds:
@@ -3778,18 +3807,19 @@ def open_session(worker, msg):
     if direct and not worker.passes_fds():
         raise RuntimeError("a direct session needs a socket as the worker's channel")
     if worker.next is not None:
-        try:
-            worker.retire(worker.next)
-        except ZygoteLost as exc:
-            # The session's child is the worker's own: no zygote needed (the
-            # worker leaves with its session).
-            sys.stderr.write("code-executor: %s\n" % exc)
-        worker.next = None
+        child, worker.next = worker.next, None
+        worker.retire(child)
     rundir = os.path.join(worker.scratch, "session")
     os.mkdir(rundir, 0o700)
     limits = msg["limits"]
-    child = worker.fork_child(rundir, lambda *fds: session_main(
-        *fds, limits, worker.base_tmp, worker.rundir, worker.scope, direct))
+    if worker.zygote is not None:
+        # Forked by the zygote, as runs are: the worker's own memory holds
+        # what the requests it served left in it (their code, input and
+        # output), and a fork of it would too.
+        child = worker.fork_session(rundir, limits, direct)
+    else:
+        child = worker.fork_child(rundir, lambda *fds: session_main(
+            *fds, limits, worker.base_tmp, worker.rundir, worker.scope, direct))
     worker.session = Session(child, msg["grace"], direct)
     if direct:
         import _socket as socket
@@ -3830,6 +3860,16 @@ def serve_session(worker, msg):
             worker.session.execute(worker, msg)
     except ChannelClosed:
         raise
+    except ZygoteLost as exc:
+        if msg["t"] != "session":
+            write_error(worker.wfd, msg.get("id"), "", exc)
+            return
+        # The server starts the session on another worker and replaces this
+        # one, which has no zygote to fork it from.
+        sys.stderr.write("code-executor: %s\n" % exc)
+        worker.dirty = worker.dirty or "the zygote is gone: %s" % exc
+        write_frame(worker.wfd, {"t": "error", "id": msg.get("id"), "retire": True,
+                                 "message": "worker retired: %s" % exc})
     except Exception as exc:
         write_error(worker.wfd, msg.get("id"), "", exc)
 

@@ -694,29 +694,31 @@ for fd in range(3, 64):
             pass
 "#;
 
-/// The session's worker: the one worker process with two children (its
-/// zygote and the session's process; a pool worker has only its zygote).
+/// The session's worker: the parent of the zygote that forked the
+/// session's process (the one process working in a `session` directory).
 fn session_worker(server: &TestServer) -> u32 {
     let ours = common::processes_mentioning(server.executor.base_dir());
-    let children = |pid: u32| -> usize {
-        std::fs::read_dir(format!("/proc/{pid}/task"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|task| {
-                std::fs::read_to_string(task.path().join("children"))
-                    .map(|c| {
-                        c.split_whitespace()
-                            .filter(|p| p.parse().is_ok_and(|p: u32| ours.contains(&p)))
-                            .count()
-                    })
-                    .unwrap_or(0)
-            })
-            .sum()
+    let parent = |pid: u32| -> u32 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        after
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0)
     };
-    let found: Vec<u32> = ours.iter().copied().filter(|p| children(*p) == 2).collect();
-    assert_eq!(found.len(), 1, "one session worker, found {found:?}");
-    found[0]
+    let found: Vec<u32> = ours
+        .iter()
+        .copied()
+        .filter(|p| {
+            std::fs::read_link(format!("/proc/{p}/cwd"))
+                .is_ok_and(|cwd| cwd.file_name().is_some_and(|n| n == "session"))
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "one session process, found {found:?}");
+    let worker = parent(parent(found[0]));
+    assert!(ours.contains(&worker), "the session's worker: {worker}");
+    worker
 }
 
 #[tokio::test]

@@ -152,6 +152,69 @@ print(out.stdout.strip())
     arena.assert_recovered().await;
 }
 
+/// Code that reads its own process's anonymous memory and prints every marker
+/// (`TOPSECRET-<WHAT>-<n>`) it finds there, but the ones it holds itself:
+/// the marker's prefix is spelled in hex here, and what the scan builds of
+/// it has no `-<WHAT>-<n>` after it.
+const SCAN_OWN_MEMORY: &str = r#"
+import ctypes, re
+pattern = re.compile(re.escape(bytes.fromhex("544f50534543524554")) + rb"-[A-Z]+-\d{4}")
+found = set()
+for line in open("/proc/self/maps"):
+    fields = line.split()
+    lo, hi = (int(x, 16) for x in fields[0].split("-"))
+    # Anonymous memory (the heap, mmapped arenas), where freed data stays.
+    if not fields[1].startswith("rw") or (len(fields) > 5 and fields[5] != "[heap]"):
+        continue
+    found.update(m.group().decode() for m in pattern.finditer(ctypes.string_at(lo, hi - lo)))
+print(sorted(found))
+"#;
+
+#[tokio::test]
+async fn what_earlier_requests_left_in_memory_reaches_no_run_and_no_session() {
+    // One worker serves every request: other clients' runs whose code,
+    // stdin, files and output carry markers, then a run and a session that
+    // look for them in their own memory. The worker relayed all of it; its
+    // zygote, which forks runs and sessions, never held any of it.
+    let arena = Arena::one_worker().await;
+    for n in 0..12 {
+        let body = arena
+            .attack(json!({
+                "code": format!(
+                    "secret = 'TOPSECRET-CODE-{n:04}'\nprint('TOPSECRET-OUT-{n:04}')\nprint(open('in.txt').read())\n{}",
+                    "x = 1\n".repeat(n * 40)
+                ),
+                "stdin": format!("TOPSECRET-STDIN-{n:04}"),
+                "files": {"in.txt": format!("TOPSECRET-FILE-{n:04}")},
+                "timeout": 10.0,
+            }))
+            .await;
+        assert_eq!(
+            body["stdout"],
+            format!("TOPSECRET-OUT-{n:04}\nTOPSECRET-FILE-{n:04}\n"),
+            "{body}"
+        );
+    }
+    let body = arena.attack(run(SCAN_OWN_MEMORY, 20.0)).await;
+    assert_eq!(body["stdout"], "[]\n", "a run read earlier requests: {body}");
+    let (status, info) = arena.server.post("/sessions", json!({})).await;
+    assert_eq!(status, 201, "{info}");
+    let session = info["id"].as_str().unwrap().to_string();
+    let body = arena
+        .attack(json!({"code": SCAN_OWN_MEMORY, "session": session, "timeout": 20.0}))
+        .await;
+    assert_eq!(
+        body["stdout"], "[]\n",
+        "a session read earlier requests: {body}"
+    );
+    let (status, _) = arena
+        .server
+        .delete(&format!("/sessions/{session}"))
+        .await;
+    assert_eq!(status, 200);
+    arena.assert_recovered().await;
+}
+
 #[tokio::test]
 async fn what_a_run_leaves_in_place_of_its_own_directories_is_cleared_too() {
     // Between runs the worker removes the run's directories and tells an
