@@ -747,9 +747,9 @@ def collapse_heap():
 def signal_scope():
     """A Landlock ruleset fd that scopes signals, or None, with a line on
     stderr saying why, where the kernel cannot: no Landlock, an ABI below 6,
-    or a policy that refuses it.  Tolerated: without the scope, main forks
-    runs from the worker itself when it is pid 1 of its namespace, which no
-    run can signal."""
+    or a policy that refuses it.  Tolerated: without the scope a run can
+    signal its zygote, and the worker ends every run before answering it
+    (see ``exposed`` in main)."""
     global _restrict_self
     if _libc is None:
         return None
@@ -1191,8 +1191,7 @@ def precompile_files(files, paths, digits):
 # holds what its zygote holds: other runs' programs, which it can read.
 # Hence off by default: for a server whose clients may read each other's
 # code (one grading backend). The worker's record of what its zygote holds
-# has digests (program_key), not sources: the session children the worker
-# forks itself inherit it.
+# has digests (program_key), not sources.
 HOLD_PROGRAMS = os.environ.get("CODE_EXECUTOR_HOLD_PROGRAMS") == "1"
 HELD_PROGRAMS = 4
 HELD_MAX_BYTES = 1 << 17
@@ -2263,6 +2262,9 @@ class Worker:
         self.zygote = None  # started by main once the worker is set up
         self.prepared = False  # whether prepare_later_runs ran here
         self.scope = None  # a Landlock ruleset fd that scopes signals, if any
+        # Whether runs can signal the zygote (no Landlock signal scope): a run
+        # then ends, leftovers and all, before it is answered.
+        self.exposed = False
         self.dirty = None  # why the scratch root could not be cleared, if it could not
         self.learning = Learning()
         # The programs of the run in flight, as take_child found them:
@@ -2482,6 +2484,8 @@ class Worker:
         removed = False  # whether the run's directory was removed, empty
         try:
             run = supervise(self, child, msg, start, disk=disk)
+            if self.exposed:
+                self.end_processes(child)
             if run.report is not None:
                 imported = run.report.get("imported")
             artifacts = []
@@ -2533,6 +2537,18 @@ class Worker:
                 if answered:
                     exc.when = "after"
                 raise
+
+    @staticmethod
+    def end_processes(child):
+        """Kill and reap the run's process and whatever it left running. Where
+        runs can signal the zygote (``exposed``), this comes before the
+        answer: no process of a run that was answered can stop or kill the
+        zygote, whose next child serves the next request."""
+        child.kill()
+        child.reap(True)
+        if child.left:
+            child.zygote.kill_leftovers()
+            child.left = False
 
     def hold_repeats(self):
         """Have the zygote hold the programs of the run just ended that an
@@ -2621,8 +2637,8 @@ class Worker:
                     self.execute(msg)
                     if not self.prepared:
                         # The first run has answered; the children forked
-                        # from here (sessions', or all without a zygote) now
-                        # have these (see prepare_later_runs).
+                        # from here (without a zygote) now have these (see
+                        # prepare_later_runs).
                         prepare_later_runs()
                         self.prepared = True
                 except ChannelClosed:
@@ -4164,17 +4180,21 @@ def main():
     join_cgroups(barrier)  # before the first fork (signal_scope's)
     code = 0
     try:
-        # Runs are forked by a zygote, except where that would expose it: the
-        # worker is pid 1 of its pid namespace, out of reach of a run's
-        # signals, and the zygote would not be unless Landlock can scope them.
-        # Where it can, every run is scoped (in the container tier too, where
-        # the worker is no pid 1): no run signals its worker or zygote.
+        # Runs and sessions are forked by a zygote, forked before any request:
+        # the worker's own memory keeps what the requests it served left in
+        # it (their code, input, files and output), and every fork of it
+        # would too. Where Landlock scopes signals, every run is scoped (in
+        # the container tier too, where the worker is no pid 1): no run
+        # signals its worker or zygote. Where it cannot, a run can stop or
+        # kill its zygote (not the worker, pid 1 of its namespace); that
+        # costs the run itself and its worker, which is replaced, and
+        # nothing of a run is left once it is answered (``exposed``), so no
+        # other request. (CODE_EXECUTOR_NO_ZYGOTE, for tests of the forks'
+        # other path, has the worker fork its runs itself.)
         scope = signal_scope()
-        if (os.getpid() != 1 or scope is not None) and not os.environ.get("CODE_EXECUTOR_NO_ZYGOTE"):
-            try:
-                worker.zygote = Zygote(worker, scope)
-            except OSError as exc:
-                sys.stderr.write("code-executor: no zygote, runs fork from the worker: %s\n" % exc)
+        if not os.environ.get("CODE_EXECUTOR_NO_ZYGOTE"):
+            worker.zygote = Zygote(worker, scope)
+            worker.exposed = scope is None
         if worker.zygote is not None:
             worker.scope = scope  # for session children; the zygote has its own
         elif scope is not None:

@@ -12,6 +12,7 @@ mod redteam;
 mod requests;
 mod seccomp;
 mod tiers;
+mod unscoped;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;

@@ -172,11 +172,14 @@ print(sorted(found))
 
 #[tokio::test]
 async fn what_earlier_requests_left_in_memory_reaches_no_run_and_no_session() {
-    // One worker serves every request: other clients' runs whose code,
-    // stdin, files and output carry markers, then a run and a session that
-    // look for them in their own memory. The worker relayed all of it; its
-    // zygote, which forks runs and sessions, never held any of it.
-    let arena = Arena::one_worker().await;
+    earlier_requests_stay_out_of_memory(Arena::one_worker().await).await;
+}
+
+/// One worker serves every request: other clients' runs whose code, stdin,
+/// files and output carry markers, then a run and a session that look for
+/// them in their own memory. The worker relayed all of it; its zygote,
+/// which forks runs and sessions, never held any of it.
+pub async fn earlier_requests_stay_out_of_memory(arena: Arena) {
     for n in 0..12 {
         let body = arena
             .attack(json!({
@@ -196,7 +199,10 @@ async fn what_earlier_requests_left_in_memory_reaches_no_run_and_no_session() {
         );
     }
     let body = arena.attack(run(SCAN_OWN_MEMORY, 20.0)).await;
-    assert_eq!(body["stdout"], "[]\n", "a run read earlier requests: {body}");
+    assert_eq!(
+        body["stdout"], "[]\n",
+        "a run read earlier requests: {body}"
+    );
     let (status, info) = arena.server.post("/sessions", json!({})).await;
     assert_eq!(status, 201, "{info}");
     let session = info["id"].as_str().unwrap().to_string();
@@ -207,10 +213,7 @@ async fn what_earlier_requests_left_in_memory_reaches_no_run_and_no_session() {
         body["stdout"], "[]\n",
         "a session read earlier requests: {body}"
     );
-    let (status, _) = arena
-        .server
-        .delete(&format!("/sessions/{session}"))
-        .await;
+    let (status, _) = arena.server.delete(&format!("/sessions/{session}")).await;
     assert_eq!(status, 200);
     arena.assert_recovered().await;
 }

@@ -1,0 +1,111 @@
+//! Where the kernel cannot scope a run's signals (Landlock below ABI 6,
+//! simulated here by a bootstrap whose `signal_scope` finds none): runs and
+//! sessions still come from the zygote, which holds nothing of earlier
+//! requests; a run can now signal that zygote, which costs the run itself
+//! and its worker, never another request.
+
+use std::time::{Duration, Instant};
+
+use super::{Arena, run};
+use crate::common::{self, TestServer};
+
+/// A one-worker server whose runs cannot be kept from signalling their
+/// zygote; the directory holds its bootstrap.
+async fn unscoped() -> (Arena, tempfile::TempDir) {
+    let (server, dir) =
+        common::server_with_patched_worker("w.signal_scope = lambda: None\n", |_| {}).await;
+    (Arena::from_server(server, 1).await, dir)
+}
+
+/// The run's parent, which the run could not signal with a scope.
+async fn parent_is_zygote(server: &TestServer) {
+    let body = server.run("import os\nprint(os.getppid())").await;
+    assert_ne!(body["stdout"], "1\n", "runs fork from the worker: {body}");
+}
+
+/// Another client's request right after: answered at once, in full.
+async fn next_request_is_unharmed(server: &TestServer) {
+    let started = Instant::now();
+    let body = server.run("print(6 * 7)").await;
+    assert_eq!(body["stdout"], "42\n", "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the next request waited {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn without_signal_scopes_earlier_requests_still_stay_out_of_memory() {
+    let (arena, _dir) = unscoped().await;
+    parent_is_zygote(&arena.server).await;
+    super::redteam::earlier_requests_stay_out_of_memory(arena).await;
+}
+
+#[tokio::test]
+async fn without_signal_scopes_a_run_that_kills_its_zygote_costs_only_itself() {
+    let (arena, _dir) = unscoped().await;
+    parent_is_zygote(&arena.server).await;
+    let (status, body) = arena
+        .server
+        .execute(run(
+            "import os, signal, time\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(10)\nprint('outlived it')",
+            20.0,
+        ))
+        .await;
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(body["error"]["code"], "internal", "{body}");
+    let message = common::error_message(&body);
+    assert!(message.contains("process was lost"), "{body}");
+    next_request_is_unharmed(&arena.server).await;
+    arena.assert_recovered().await;
+}
+
+#[tokio::test]
+async fn without_signal_scopes_a_run_that_stops_its_zygote_costs_only_itself() {
+    let (arena, _dir) = unscoped().await;
+    let started = Instant::now();
+    let (status, body) = arena
+        .server
+        .execute(run(
+            "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nprint('stopped it')",
+            1.0,
+        ))
+        .await;
+    // Its worker cannot reap it: the server's own deadline ends the wait.
+    assert!(status >= 500, "{status} {body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    next_request_is_unharmed(&arena.server).await;
+    arena.assert_recovered().await;
+}
+
+#[tokio::test]
+async fn without_signal_scopes_nothing_a_run_left_is_alive_when_it_is_answered() {
+    // A detached grandchild that would stop the zygote a moment after the
+    // run: it is killed before the run's answer, so the next request
+    // (another client's, served by the zygote's next child) never waits.
+    let (arena, _dir) = unscoped().await;
+    let body = arena
+        .attack(run(
+            r#"
+import os, signal, time
+zygote = os.getppid()
+if os.fork() == 0:
+    os.setsid()
+    time.sleep(0.5)
+    os.kill(zygote, signal.SIGSTOP)
+    os._exit(0)
+print('left one behind')
+"#,
+            10.0,
+        ))
+        .await;
+    assert_eq!(body["stdout"], "left one behind\n", "{body}");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    next_request_is_unharmed(&arena.server).await;
+    arena.assert_recovered().await;
+}
