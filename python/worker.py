@@ -2319,13 +2319,16 @@ class Worker:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         ctl_r, ctl_w = os.pipe()
+        child = self.child_of(None, rundir, req_w, out_r, err_r, ctl_r, self.zygote)
         try:
-            self.zygote.fork_session((req_r, out_w, err_w, ctl_w), limits, direct)
+            self.zygote.fork_session((req_r, out_w, err_w, ctl_w), limits, direct, rundir)
+            child.forked()
+        except BaseException:
+            child.close()
+            raise
         finally:
             for fd in (req_r, out_w, err_w, ctl_w):
                 os.close(fd)
-        child = self.child_of(None, rundir, req_w, out_r, err_r, ctl_r, self.zygote)
-        child.forked()
         return child
 
     @staticmethod
@@ -2335,7 +2338,8 @@ class Worker:
         return Child(pid, rundir, req_w, out_r, err_r, ctl_r, zygote)
 
     def fork_child(self, rundir, body):
-        """Fork a child of the worker itself (a session's) in its own process
+        """Fork a child of the worker itself (without a zygote: tests of
+        CODE_EXECUTOR_NO_ZYGOTE alone) in its own process
         group with fresh request, output and control pipes; it runs
         ``body(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds)``,
         which never returns."""
@@ -2512,7 +2516,8 @@ class Worker:
             gone = True
             raise
         finally:
-            # Off the request path: reap, clean up, fork the next child.
+            # Off the request path: reap (done already where runs can signal
+            # the zygote: see end_processes), clean up, fork the next child.
             # The rehearsal only moves work ahead of a request, so the next
             # child skips it where runs are bound by CPU, not by one run's
             # latency: after a run whose client waits for its exit (graded
@@ -2636,9 +2641,10 @@ class Worker:
                 try:
                     self.execute(msg)
                     if not self.prepared:
-                        # The first run has answered; the children forked
-                        # from here (without a zygote) now have these (see
-                        # prepare_later_runs).
+                        # The first run has answered: the worker's later
+                        # requests find these imported and its heap frozen
+                        # (see prepare_later_runs), and so do the children
+                        # it forks itself (without a zygote).
                         prepare_later_runs()
                         self.prepared = True
                 except ChannelClosed:
@@ -2694,15 +2700,20 @@ class Worker:
 #
 # A fork leaves every page the parent shares with the child copy-on-write,
 # so a worker that forked its runs itself would copy, during each request,
-# every page its own request path writes.  Instead the worker forks, once, a
-# zygote that does nothing but fork: the worker's pages stay its own and its
-# request path runs warm.  Worker and zygote share a SOCK_SEQPACKET pair:
+# every page its own request path writes, and hand each run what earlier
+# requests left in its memory (freed memory keeps its bytes).  Instead the
+# worker forks, once, before any request, a zygote that does nothing but
+# fork runs and sessions: the worker's pages stay its own and its request
+# path runs warm.  Worker and zygote share a SOCK_SEQPACKET pair:
 #
 #   worker -> zygote  F + the child's 4 pipe ends (SCM_RIGHTS): fork a run
 #                       child that rehearses once it has waited
 #                       WARM_AFTER_MS; answered by  P + pid.  W: the same,
 #                       for a child that rehearses at once; f: for one that
 #                       does not rehearse (see Worker.execute)
+#                     S + marshalled (limits, direct, directory) + the 4
+#                       pipe ends: fork a session child (see "Sessions"),
+#                       answered by  P + pid as F is
 #                     K: kill and reap every child left (between runs these
 #                       are only what a run left running: the zygote is a
 #                       subreaper); answered by  k
@@ -2851,12 +2862,12 @@ class Zygote:
         rights = struct.pack("%di" % len(fds), *fds)
         self.send([_FORK_KIND[warm]], [(self.socket.SOL_SOCKET, self.socket.SCM_RIGHTS, rights)])
 
-    def fork_session(self, fds, limits, direct):
+    def fork_session(self, fds, limits, direct, rundir):
         """Ask for a session child holding ``fds`` (req_r, out_w, err_w,
-        ctl_w) that serves calls under ``limits`` (see session_main); its
-        pid is read as a run child's (``forked``)."""
+        ctl_w) that serves calls in ``rundir`` under ``limits`` (see
+        session_main); its pid is read as a run child's (``forked``)."""
         rights = struct.pack("%di" % len(fds), *fds)
-        self.send([b"S" + marshal.dumps((limits, direct))],
+        self.send([b"S" + marshal.dumps((limits, direct, rundir))],
                   [(self.socket.SOL_SOCKET, self.socket.SCM_RIGHTS, rights)])
 
     def forked(self):
@@ -3003,10 +3014,9 @@ def zygote_main(sock, worker, worker_pid, scope):
                     if pid == 0:
                         sock.detach()
                         if session is not None:
-                            limits, direct = session
-                            session_main(me, os.path.join(worker.scratch, "session"), fds[0],
-                                         fds[1], fds[2], fds[3], own_fds, limits,
-                                         worker.base_tmp, worker.rundir, scope, direct)
+                            limits, direct, rundir = session
+                            session_main(me, rundir, fds[0], fds[1], fds[2], fds[3], own_fds,
+                                         limits, worker.base_tmp, worker.rundir, scope, direct)
                         child_main(me, worker.rundir, fds[0], fds[1], fds[2], fds[3], own_fds,
                                    scope, _FORK_WARM[msg])
                     for fd in fds:
@@ -3200,10 +3210,13 @@ def imported_since_fork():
         return None
 
 
-def shadowed_by_files(files):
+def shadowed_by_files(files, forget=False):
     """Drop the modules the zygote imported after its start (json, learned
     ones) that the run's own files shadow (``name.py`` or ``name/``), so
-    that the run imports its own, as a fresh interpreter would."""
+    that the run imports its own, as a fresh interpreter would. With
+    ``forget`` (a session), those names are no longer the zygote's: what the
+    session imports under them from then on stays."""
+    global _zygote_added
     if not _zygote_added or not files:
         return
     tops = set()
@@ -3213,6 +3226,8 @@ def shadowed_by_files(files):
     for top in tops & _zygote_added:
         for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
             del sys.modules[name]
+    if forget:
+        _zygote_added = _zygote_added - tops
 
 
 def learn_imports(names):
@@ -3329,10 +3344,12 @@ class Learning:
 # ---------------------------------------------------------------------------
 #
 # A `session` frame switches a worker into session mode for the rest of its
-# life: it drops its pre-forked child and forks one session child (own
-# process group, limits, parent-death signal, a working directory that
-# persists) which runs every later `exec` in one `__main__`.  The child's
-# stdout/stderr stay pipes to the worker; after each call the child flushes
+# life: it drops its pre-forked child and has its zygote fork one session
+# child (own process group, limits, parent-death signal, a working directory
+# that persists) which runs every later `exec` in one `__main__`.  Not the
+# worker itself: its memory keeps what the requests it relayed left there.
+# The session child dies with its zygote, and the session is then lost.
+# The child's stdout/stderr stay pipes to the worker; after each call the child flushes
 # and reports over its ctl pipe, and the worker then drains both pipes, so
 # output is attributed to the call that wrote it.  At the deadline the
 # worker sends SIGINT (KeyboardInterrupt); a child that does not report
@@ -3355,6 +3372,7 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
     (see "Sessions")."""
     status = 70
     try:
+        restore_thread_reset()  # held back in the zygote (see hold_thread_reset)
         # SIGINT interrupts only while user code runs (see interrupt_call).
         enter_run(worker_pid, rundir, out_w, err_w, parent_fds, interrupt_call)
         if scope is not None:  # the zygote, idle now, stays out of reach
@@ -3480,6 +3498,9 @@ def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnu
     try:
         os.dup2(devnull, 0)
         if files:
+            # The first call that sends a module the zygote imported gets
+            # its own; later calls import as the session did (forget).
+            shadowed_by_files(files, forget=True)
             write_files(rundir, files, replace=True)
         if stdin:
             set_stdin(stdin)
@@ -3774,11 +3795,30 @@ class Session:
 
     def interrupt(self):
         """A direct call's timeout: KeyboardInterrupt in the session child."""
-        if self.child is not None and not self.child.reap(False):
-            try:
-                os.kill(self.child.pid, _SIGINT)
-            except ProcessLookupError:
-                pass
+        try:
+            if self.child is None or self.child.reap(False):
+                return
+        except ZygoteLost:
+            return  # the child went with it; the call's end says so
+        try:
+            os.kill(self.child.pid, _SIGINT)
+        except ProcessLookupError:
+            pass
+
+    @staticmethod
+    def stop(child):
+        """Kill and reap the session's process; False when its zygote is gone.
+        The zygote took the process along (its parent-death signal): the
+        zygote is stopped, and what is left of them killed by the worker (a
+        subreaper, or pid 1)."""
+        try:
+            child.kill()
+            child.reap(True)
+        except ZygoteLost:
+            child.zygote.stop()
+            kill_descendants()
+            return False
+        return True
 
     def end(self, worker, msg):
         """A direct call the server gave up on: its process is killed (at the
@@ -3788,16 +3828,15 @@ class Session:
         if child is None:
             raise RuntimeError("the session is gone: %s" % self.lost)
         ended = msg["ended"]
-        child.kill()
-        child.reap(True)
+        stopped = self.stop(child)
         artifacts = []
         if msg.get("artifacts", False) is not False:
             artifacts = written_since(child.rundir, msg["since"], set(msg["inputs"]),
                                       artifact_globs(msg["artifacts"]),
                                       msg["max_artifact_bytes"], msg["max_artifacts_bytes"])
-        lost = self.why_lost(ended, msg["timeout"])
+        lost = self.why_lost(ended, msg["timeout"]) if stopped else ZYGOTE_TOOK_SESSION
         code, signum = exit_status(child.status or 0)
-        if ended == "timeout":
+        if ended == "timeout" or not stopped:
             code, signum = -_SIGKILL, _SIGKILL
         self.close()
         self.lost = lost
@@ -3809,10 +3848,13 @@ class Session:
         child = self.child
         if child is not None:
             self.child = None
-            child.kill()
-            child.reap(True)
+            self.stop(child)
             child.close()
             remove_tree(child.rundir)  # the worker leaves with its session
+
+
+ZYGOTE_TOOK_SESSION = ("the session process was killed with its worker's zygote; its state is "
+                       "gone")
 
 
 def open_session(worker, msg):
@@ -3878,6 +3920,10 @@ def serve_session(worker, msg):
         raise
     except ZygoteLost as exc:
         if msg["t"] != "session":
+            # A call of a session that is not direct: the process went with
+            # the zygote.
+            worker.session.close()
+            worker.session.lost = ZYGOTE_TOOK_SESSION
             write_error(worker.wfd, msg.get("id"), "", exc)
             return
         # The server starts the session on another worker and replaces this
@@ -4195,10 +4241,10 @@ def main():
         if not os.environ.get("CODE_EXECUTOR_NO_ZYGOTE"):
             worker.zygote = Zygote(worker, scope)
             worker.exposed = scope is None
-        if worker.zygote is not None:
-            worker.scope = scope  # for session children; the zygote has its own
+        if worker.zygote is None:
+            worker.scope = scope  # for the session children it forks itself
         elif scope is not None:
-            os.close(scope)
+            os.close(scope)  # the zygote has its own
         # The first child exists before `ready`: the server then counts the
         # worker's own tasks (a preload may start threads) as all but one.
         worker.spawn()

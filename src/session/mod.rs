@@ -3,8 +3,8 @@
 //!
 //! A session is started by taking a warm worker out of its environment's
 //! pool (the pool refills itself) and switching it into session mode with a
-//! `session` frame: the worker forks one long-lived session child, with the
-//! same limits and setup as a clean run's child, that keeps one `__main__`
+//! `session` frame: the worker's zygote forks one long-lived session child,
+//! with the same limits and setup as a clean run's child, that keeps one `__main__`
 //! and one working directory for every call (see `python/worker.py`,
 //! "Sessions"). Calls to a session are ordinary `exec` frames on that
 //! worker, serialized in arrival order.

@@ -1,6 +1,7 @@
-//! Both ways a worker forks its clean runs behave alike: through its zygote
-//! (the default) and by itself (where Landlock cannot keep a run's signals
-//! from the zygote; `CODE_EXECUTOR_NO_ZYGOTE` forces it here).
+//! Both ways a worker can fork its clean runs behave alike: through its
+//! zygote (what every server does) and by itself (`CODE_EXECUTOR_NO_ZYGOTE`,
+//! set here alone: a fork of the worker would hold what earlier requests
+//! left in its memory).
 
 use std::time::Duration;
 

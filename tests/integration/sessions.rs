@@ -694,31 +694,28 @@ for fd in range(3, 64):
             pass
 "#;
 
-/// The session's worker: the parent of the zygote that forked the
-/// session's process (the one process working in a `session` directory).
-fn session_worker(server: &TestServer) -> u32 {
-    let ours = common::processes_mentioning(server.executor.base_dir());
-    let parent = |pid: u32| -> u32 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-        after
-            .split_whitespace()
-            .nth(1)
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(0)
-    };
-    let found: Vec<u32> = ours
-        .iter()
-        .copied()
+/// The session's process: the one process working in a `session` directory.
+fn session_process(server: &TestServer) -> u32 {
+    let found: Vec<u32> = common::processes_mentioning(server.executor.base_dir())
+        .into_iter()
         .filter(|p| {
             std::fs::read_link(format!("/proc/{p}/cwd"))
                 .is_ok_and(|cwd| cwd.file_name().is_some_and(|n| n == "session"))
         })
         .collect();
     assert_eq!(found.len(), 1, "one session process, found {found:?}");
-    let worker = parent(parent(found[0]));
-    assert!(ours.contains(&worker), "the session's worker: {worker}");
-    worker
+    found[0]
+}
+
+/// The session's worker: the parent of the zygote that forked the
+/// session's process.
+fn session_worker(server: &TestServer) -> u32 {
+    let ours = common::processes_mentioning(server.executor.base_dir());
+    let worker = common::parent_of(session_process(server)).and_then(common::parent_of);
+    match worker {
+        Some(worker) if ours.contains(&worker) => worker,
+        other => panic!("the session's worker: {other:?}"),
+    }
 }
 
 #[tokio::test]
@@ -823,6 +820,102 @@ async fn a_session_process_that_dies_is_seen_even_when_a_process_it_forked_holds
     let lost = body["session_lost"].as_str().expect("the loss is reported");
     assert!(lost.contains("exited with status 5"), "{lost}");
     assert_eq!(body["timed_out"], false, "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_session_whose_zygote_dies_is_lost_and_says_so() {
+    // The session's process is its worker's zygote's child, and dies with it.
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    ok(&server, &id, "x = 1").await;
+    let process = session_process(&server);
+    let zygote = common::zygote_of(session_worker(&server));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(zygote as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let started = Instant::now();
+    while common::alive(process) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the session's process outlived its zygote"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let started = Instant::now();
+    let (status, body) = call(&server, &id, "print(x)").await;
+    answered_promptly(started);
+    assert_eq!(status, 200, "{body}");
+    assert!(body["session_lost"].is_string(), "{body}");
+    let (status, body) = call(&server, &id, "x").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_session");
+    let body = server.run("print('clean')").await;
+    assert_eq!(body["stdout"], "clean\n", "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_fork_in_a_session_while_a_thread_runs_exits_cleanly() {
+    // threading's after-fork handler runs in a session's forks, as in a
+    // clean interpreter: the forked child knows only its own thread.
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    let body = ok(
+        &server,
+        &id,
+        r#"
+import os, threading, time
+stop = threading.Event()
+t = threading.Thread(target=stop.wait)
+t.start()
+pid = os.fork()
+if pid == 0:
+    print("child threads", threading.active_count(), threading.current_thread() is threading.main_thread(), flush=True)
+    os._exit(0)
+deadline = time.monotonic() + 5
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    time.sleep(0.01)
+else:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    status = -1
+stop.set()
+t.join()
+print("child exit", status)
+"#,
+    )
+    .await;
+    assert_eq!(
+        body["stdout"], "child threads 1 True\nchild exit 0\n",
+        "{body}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_module_a_call_sends_is_the_one_it_imports_even_if_the_zygote_imported_its_name() {
+    // `json` is imported by every zygote (see learned imports); a call that
+    // sends its own json.py imports that, as a fresh interpreter would, and
+    // the session keeps it.
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    let (status, body) = server
+        .execute(json!({
+            "session": id,
+            "code": "import json\nprint(json.WHO)",
+            "files": {"json.py": "WHO = 'the call'\n"},
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], "the call\n", "{body}");
+    let body = ok(&server, &id, "import json\nprint(json.WHO)").await;
+    assert_eq!(body["stdout"], "the call\n", "{body}");
     server.stop().await;
 }
 

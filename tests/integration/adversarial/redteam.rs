@@ -157,16 +157,24 @@ print(out.stdout.strip())
 /// the marker's prefix is spelled in hex here, and what the scan builds of
 /// it has no `-<WHAT>-<n>` after it.
 const SCAN_OWN_MEMORY: &str = r#"
-import ctypes, re
+import os, re
 pattern = re.compile(re.escape(bytes.fromhex("544f50534543524554")) + rb"-[A-Z]+-\d{4}")
 found = set()
-for line in open("/proc/self/maps"):
+mem = os.open("/proc/self/mem", os.O_RDONLY)
+for line in open("/proc/self/maps").read().splitlines():
     fields = line.split()
     lo, hi = (int(x, 16) for x in fields[0].split("-"))
     # Anonymous memory (the heap, mmapped arenas), where freed data stays.
     if not fields[1].startswith("rw") or (len(fields) > 5 and fields[5] != "[heap]"):
         continue
-    found.update(m.group().decode() for m in pattern.finditer(ctypes.string_at(lo, hi - lo)))
+    # In chunks that overlap by more than a marker, each read on its own: a
+    # region this scan's own allocations unmap meanwhile reads as an error.
+    for at in range(lo, hi, 1 << 20):
+        try:
+            data = os.pread(mem, min((1 << 20) + 64, hi - at), at)
+        except OSError:
+            continue
+        found.update(m.group().decode() for m in pattern.finditer(data))
 print(sorted(found))
 "#;
 

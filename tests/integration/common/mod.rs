@@ -296,7 +296,7 @@ pub fn worker_pids(server: &TestServer) -> Vec<u32> {
         .collect()
 }
 
-fn parent_of(pid: u32) -> Option<u32> {
+pub fn parent_of(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit(')')
         .next()?
