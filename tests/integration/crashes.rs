@@ -36,10 +36,7 @@ async fn a_run_cannot_kill_its_worker() {
     // may not signal (where the kernel has no Landlock signal scopes, the
     // run may kill its zygote: it dies with it, and its worker is replaced).
     let server = TestServer::start().await;
-    let (_, health) = server.get("/health").await;
-    let scoped = health["sandbox"]["mechanisms"]
-        .as_array()
-        .is_some_and(|m| m.iter().any(|m| m == "landlock_scope"));
+    let scoped = common::signals_scoped(&server).await;
     let before = common::worker_pids(&server);
     let (status, body) = server
         .execute(json!({"code": "import os\nfor pid in (1, os.getppid()):\n    try:\n        os.kill(pid, 9)\n    except PermissionError:\n        pass\nprint('still here')"}))
@@ -175,10 +172,7 @@ async fn a_zygote_lost_after_its_run_answered_costs_the_next_request_nothing() {
     // it: the stopped zygote holds the answer back, and the server's
     // deadline ends the request.)
     let (server, worker) = one_worker().await;
-    let (_, health) = server.get("/health").await;
-    let scoped = health["sandbox"]["mechanisms"]
-        .as_array()
-        .is_some_and(|m| m.iter().any(|m| m == "landlock_scope"));
+    let scoped = common::signals_scoped(&server).await;
     let zygote = common::zygote_of(worker);
     let stopper = tokio::spawn(async move {
         // Stopped once the run sleeps: the zygote has forked it and said so.

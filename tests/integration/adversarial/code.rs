@@ -184,10 +184,7 @@ async fn killing_its_own_worker_does_nothing() {
     // Where the kernel scopes signals, the worker found so too (it tries the
     // domain once at start). Where it cannot, a run may kill its zygote:
     // `unscoped.rs` shows what that costs (the run itself, and its worker).
-    let (_, health) = arena.server.get("/health").await;
-    let scoped = health["sandbox"]["mechanisms"]
-        .as_array()
-        .is_some_and(|m| m.iter().any(|m| m == "landlock_scope"));
+    let scoped = common::signals_scoped(&arena.server).await;
     // Every process of the worker's pid namespace but the run's own: the
     // worker (pid 1) and the zygote the run was forked from (its parent).
     let (status, body) = arena

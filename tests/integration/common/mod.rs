@@ -287,6 +287,16 @@ pub fn processes_mentioning(needle: &Path) -> Vec<u32> {
     pids
 }
 
+/// Whether the server's runs enter a Landlock domain that scopes their
+/// signals (`/health` lists `landlock_scope`): where not, a run can signal
+/// its zygote.
+pub async fn signals_scoped(server: &TestServer) -> bool {
+    let (_, health) = server.get("/health").await;
+    health["sandbox"]["mechanisms"]
+        .as_array()
+        .is_some_and(|m| m.iter().any(|m| m == "landlock_scope"))
+}
+
 /// Pids of the worker processes (direct children of this test process).
 pub fn worker_pids(server: &TestServer) -> Vec<u32> {
     let me = std::process::id();
