@@ -2302,33 +2302,35 @@ class Worker:
             self.next = self.fork_child(
                 self.rundir, lambda *fds: child_main(*fds, warm=warm))
             return
-        req_r, req_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        ctl_r, ctl_w = os.pipe()
-        try:
-            self.zygote.fork((req_r, out_w, err_w, ctl_w), warm)
-        finally:
-            for fd in (req_r, out_w, err_w, ctl_w):
-                os.close(fd)
-        self.next = self.child_of(None, self.rundir, req_w, out_r, err_r, ctl_r, self.zygote)
+        self.next = self.zygote_child(self.rundir, self.zygote.fork, warm)
 
-    def fork_session(self, rundir, limits, direct):
-        """A session child forked by the zygote (see open_session)."""
+    def zygote_child(self, rundir, ask, *args):
+        """A Child the zygote forks: ``ask(fds, *args)`` hands it the child's
+        ends (req_r, out_w, err_w, ctl_w) of four new pipes, closed here
+        once sent; on failure the worker's ends are closed too."""
         req_r, req_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         ctl_r, ctl_w = os.pipe()
         child = self.child_of(None, rundir, req_w, out_r, err_r, ctl_r, self.zygote)
         try:
-            self.zygote.fork_session((req_r, out_w, err_w, ctl_w), limits, direct, rundir)
-            child.forked()
+            ask((req_r, out_w, err_w, ctl_w), *args)
         except BaseException:
             child.close()
             raise
         finally:
             for fd in (req_r, out_w, err_w, ctl_w):
                 os.close(fd)
+        return child
+
+    def fork_session(self, rundir, limits, direct):
+        """A session child forked by the zygote (see open_session)."""
+        child = self.zygote_child(rundir, self.zygote.fork_session, limits, direct, rundir)
+        try:
+            child.forked()
+        except ZygoteLost:
+            child.close()
+            raise
         return child
 
     @staticmethod
