@@ -197,6 +197,11 @@ const PACE: Duration = Duration::from_millis(50);
 const PACED_RUN: &str = "HTTP /execute print(2+2), 50 ms apart";
 const PACED_HEALTH: &str = "floor: HTTP GET /health, 50 ms apart";
 const SESSION_TURNS: &str = "HTTP session print(2+2), in turns with GET /health";
+const SESSION_START: &str = "HTTP POST /sessions + first call, 200 ms apart";
+/// How long the session-start client waits after closing a session: the
+/// pool replaces the session's worker meanwhile, as it does between an
+/// agent's conversations.
+const SESSION_PAUSE: Duration = Duration::from_millis(200);
 const HEALTH_TURNS: &str = "floor: HTTP GET /health, in turns with a session call";
 
 /// `POST /execute` with `body` and `GET /health` in turns on one keep-alive
@@ -242,6 +247,42 @@ async fn in_turns_with_health(
         gets.push(t.elapsed());
     }
     (runs, gets, started.elapsed())
+}
+
+/// Sessions opened one at a time, `SESSION_PAUSE` apart: the time from
+/// `POST /sessions` to the answer of the session's first call (each then
+/// closed), and the time it all took.
+async fn session_starts(url: &str, code: &str, seconds: f64) -> (Vec<Duration>, Duration) {
+    let client = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(seconds);
+    let mut starts = Vec::new();
+    while Instant::now() < deadline {
+        tokio::time::sleep(SESSION_PAUSE).await;
+        let t = Instant::now();
+        let resp = client
+            .post(format!("{url}/sessions"))
+            .json(&json!({}))
+            .send()
+            .await
+            .expect("session created");
+        assert_eq!(resp.status(), 201);
+        let info: serde_json::Value = resp.json().await.unwrap();
+        let id = info["id"].as_str().unwrap();
+        let body = json!({ "code": code, "session": id }).to_string();
+        load::execute(&client, url, &body).await;
+        starts.push(t.elapsed());
+        let resp = client
+            .delete(format!("{url}/sessions/{id}"))
+            .send()
+            .await
+            .expect("session closed");
+        assert!(resp.status().is_success(), "{}", resp.status());
+    }
+    (starts, started.elapsed())
 }
 
 /// `POST /sessions`; the new session's id.
@@ -681,6 +722,8 @@ async fn main() {
             in_turns_with_health(&server.url, &body, PACE, 5, seconds).await;
         rows.push(Stats::new(PACED_RUN, 1, runs, elapsed));
         rows.push(Stats::new(PACED_HEALTH, 1, gets, elapsed));
+        let (starts, elapsed) = session_starts(&server.url, code, seconds).await;
+        rows.push(Stats::new(SESSION_START, 1, starts, elapsed));
     }
 
     // The same over MCP: streamable HTTP on the same server (a plain client

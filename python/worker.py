@@ -184,6 +184,9 @@ QUIET = 0.002
 # fork, ~5 ms back to back; a client that pauses gets its request handled by
 # a child that warmed up while it waited.
 WARM_AFTER_MS = 20
+# A zygote that has had no message for this long since its start prepares
+# for later runs (prepare_later_runs) then, before its first run has ended.
+PREPARE_IDLE_MS = 100
 # A request like the server's, for warming up the request path ahead of time.
 # Its code ends in an expression, as many do: the value's path is warmed too.
 WARM_REQUEST = {"t": "exec", "id": 0, "code": "_ = [str(i) for i in range(8)]\nlen(_) + 1",
@@ -1454,9 +1457,10 @@ def prepare_later_runs():
     all, so that the children forked from here on share it. The imports
     cost ~10 ms where the environment's start-up (``site``, its ``.pth``
     files) imported none of it, the rehearsals ~2.5 ms, so they wait
-    until the first run has ended and is reported: the first children
-    import what their runs need themselves, and specialize their own
-    code."""
+    until the first run has ended and is reported, or until the zygote
+    has had nothing to do for PREPARE_IDLE_MS (a spare in its pool): the
+    first children import what their runs need themselves, and
+    specialize their own code."""
     import linecache, traceback, fnmatch  # noqa: F401,E401
 
     present = set(sys.modules)
@@ -2323,9 +2327,11 @@ class Worker:
                 os.close(fd)
         return child
 
-    def fork_session(self, rundir, limits, direct):
-        """A session child forked by the zygote (see open_session)."""
-        child = self.zygote_child(rundir, self.zygote.fork_session, limits, direct, rundir)
+    def fork_session(self, rundir, limits, direct, prefork=None):
+        """A session child forked by the zygote (see open_session), which
+        first kills and reaps ``prefork`` (a Child it forked, or None)."""
+        child = self.zygote_child(rundir, self.zygote.fork_session, limits, direct, rundir,
+                                  prefork.pid if prefork is not None else 0)
         try:
             child.forked()
         except ZygoteLost:
@@ -2398,6 +2404,25 @@ class Worker:
         self.cleaned(self.clear_scratch(rundir_removed))
         if lost is not None:
             raise lost
+
+    def dismiss(self, child):
+        """Reap a pre-forked run child that never had a request, which its
+        zygote killed as it forked a session (see end_child), and remove its
+        directories: unlike ``retire``, nothing else of the scratch root,
+        where the session lives, and none of the zygote's other children."""
+        try:
+            child.reap(True)
+        except ZygoteLost as exc:
+            self.dirty = self.dirty or "the zygote is gone: %s" % exc
+        child.close()
+        for path in (private_tmp(child.rundir), child.rundir):
+            self.cleaned(clear_dir(path))
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self.cleaned("cannot remove %s: %s" % (path, exc))
 
     def clear_scratch(self, rundir_removed=False):
         """``clear_dir`` of the scratch root. On a tmpfs, where a directory's
@@ -2864,12 +2889,14 @@ class Zygote:
         rights = struct.pack("%di" % len(fds), *fds)
         self.send([_FORK_KIND[warm]], [(self.socket.SOL_SOCKET, self.socket.SCM_RIGHTS, rights)])
 
-    def fork_session(self, fds, limits, direct, rundir):
+    def fork_session(self, fds, limits, direct, rundir, prefork):
         """Ask for a session child holding ``fds`` (req_r, out_w, err_w,
         ctl_w) that serves calls in ``rundir`` under ``limits`` (see
-        session_main); its pid is read as a run child's (``forked``)."""
+        session_main), once the run child ``prefork`` (a pid, or 0) is
+        killed and reported; its pid is read as a run child's
+        (``forked``)."""
         rights = struct.pack("%di" % len(fds), *fds)
-        self.send([b"S" + marshal.dumps((limits, direct, rundir))],
+        self.send([b"S" + marshal.dumps((limits, direct, rundir, prefork))],
                   [(self.socket.SOL_SOCKET, self.socket.SCM_RIGHTS, rights)])
 
     def forked(self):
@@ -2984,7 +3011,16 @@ def zygote_main(sock, worker, worker_pid, scope):
         forked = set()  # run children not reported yet
         prepared = False  # whether prepare_later_runs ran
         while True:
-            for fd, _ in poller.poll():
+            events = poller.poll(None if prepared else PREPARE_IDLE_MS)
+            if not events:
+                # Idle since its start: a spare waiting in its pool. It
+                # prepares now, not once its first run has ended, and the
+                # session or the runs it forks later find it done.
+                prepare_later_runs()
+                prepared = True
+                if HUGE_PAGES:
+                    collapse_heap()
+            for fd, _ in events:
                 if fd == wake_r:
                     empty_pipe(wake_r)
                     running = len(forked)
@@ -3009,6 +3045,13 @@ def zygote_main(sock, worker, worker_pid, scope):
                     if len(fds) != 4:
                         raise RuntimeError("a fork request without its 4 pipe ends")
                     session = marshal.loads(msg[1:]) if msg[:1] == b"S" else None
+                    if session is not None:
+                        # Its worker serves the session alone from now on:
+                        # no later run to prepare for, and no use for its
+                        # pre-forked run child, which goes first (it holds
+                        # one of the processes the session may have).
+                        prepared = True
+                        end_child(sock, forked, session[3])
                     try:
                         pid = os.fork()
                     except OSError as exc:  # EAGAIN at the pids cap, ENOMEM
@@ -3016,7 +3059,7 @@ def zygote_main(sock, worker, worker_pid, scope):
                     if pid == 0:
                         sock.detach()
                         if session is not None:
-                            limits, direct, rundir = session
+                            limits, direct, rundir, _ = session
                             session_main(me, rundir, fds[0], fds[1], fds[2], fds[3], own_fds,
                                          limits, worker.base_tmp, worker.rundir, scope, direct)
                         child_main(me, worker.rundir, fds[0], fds[1], fds[2], fds[3], own_fds,
@@ -3072,6 +3115,21 @@ def zygote_main(sock, worker, worker_pid, scope):
         kill_descendants()
     finally:
         os._exit(code)
+
+
+def end_child(sock, forked, pid):
+    """Kill child ``pid`` (one of ``forked``, which never had a request),
+    wait for it to end and report it, as ``report_exits`` does."""
+    if pid not in forked:
+        return  # ended and reported already
+    try:
+        os.kill(pid, _SIGKILL)
+        _, status, usage = os.wait4(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        return
+    forked.discard(pid)
+    sock.send(b"X" + _EXIT.pack(pid, status, usage.ru_utime + usage.ru_stime,
+                                usage.ru_maxrss, True))
 
 
 def report_exits(sock, forked):
@@ -3395,7 +3453,8 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
             # runs: a call's own ``mimetypes.py`` (the session directory is
             # on sys.path) is then never the one it gets.
             import fnmatch, mimetypes  # noqa: F401,E401
-            from pickle import loads as load_call
+            # pickle's C unpickler, without pickle.py (~1.5 ms to import)
+            from _pickle import loads as load_call
         while True:
             try:
                 frame = req.read()
@@ -3860,26 +3919,41 @@ ZYGOTE_TOOK_SESSION = ("the session process was killed with its worker's zygote;
 
 
 def open_session(worker, msg):
-    """Fork the session child (retiring the pre-forked run child). With
-    ``direct``, its ends of the child's pipes go to the server (see
-    "Sessions") before the answer."""
+    """Fork the session child (the pre-forked run child goes as it does)
+    and answer. With ``direct``, its ends of the child's pipes go to the
+    server (see "Sessions") before the answer."""
     direct = bool(msg.get("direct"))
     if direct and not worker.passes_fds():
         raise RuntimeError("a direct session needs a socket as the worker's channel")
-    if worker.next is not None:
-        child, worker.next = worker.next, None
-        worker.retire(child)
-    rundir = os.path.join(worker.scratch, "session")
-    os.mkdir(rundir, 0o700)
-    limits = msg["limits"]
-    if worker.zygote is not None:
-        # Forked by the zygote, as runs are: the worker's own memory holds
-        # what the requests it served left in it (their code, input and
-        # output), and a fork of it would too.
-        child = worker.fork_session(rundir, limits, direct)
-    else:
-        child = worker.fork_child(rundir, lambda *fds: session_main(
-            *fds, limits, worker.base_tmp, worker.rundir, worker.scope, direct))
+    prefork, worker.next = worker.next, None
+    try:
+        if prefork is not None and worker.zygote is not None:
+            # The zygote kills it as it forks the session (see end_child);
+            # its pid is read first, as the zygote answers forks in order.
+            try:
+                prefork.forked()
+            except BaseException as exc:
+                prefork.close()
+                prefork = None
+                if not isinstance(exc, OSError):  # OSError: it was never forked
+                    raise
+        elif prefork is not None:
+            worker.retire(prefork)
+            prefork = None
+        rundir = os.path.join(worker.scratch, "session")
+        os.mkdir(rundir, 0o700)
+        limits = msg["limits"]
+        if worker.zygote is not None:
+            # Forked by the zygote, as runs are: the worker's own memory holds
+            # what the requests it served left in it (their code, input and
+            # output), and a fork of it would too.
+            child = worker.fork_session(rundir, limits, direct, prefork)
+        else:
+            child = worker.fork_child(rundir, lambda *fds: session_main(
+                *fds, limits, worker.base_tmp, worker.rundir, worker.scope, direct))
+    finally:
+        if prefork is not None:
+            worker.dismiss(prefork)
     worker.session = Session(child, msg["grace"], direct)
     if direct:
         import _socket as socket

@@ -199,6 +199,49 @@ async fn a_request_lowers_the_process_cap_for_its_run_only() {
     server.stop().await;
 }
 
+/// A session of one process is that process alone: it opens (the worker's
+/// pre-forked run child, which held one of the cgroup's processes, is gone
+/// before the session's fork), its calls run, and its code can start no
+/// process, first call or later.
+#[tokio::test]
+async fn a_session_of_one_process_opens_and_starts_no_other() {
+    let server = one_worker().await;
+    let fork = "import os\n\
+                try:\n\
+                \x20   pid = os.fork()\n\
+                except BlockingIOError:\n\
+                \x20   print('refused')\n\
+                else:\n\
+                \x20   if pid == 0:\n\
+                \x20       os._exit(0)\n\
+                \x20   os.waitpid(pid, 0)\n\
+                \x20   print('forked')\n";
+    for processes in [1, 2] {
+        let (status, session) = server
+            .post("/sessions", json!({"limits": {"processes": processes}}))
+            .await;
+        assert_eq!(status, 201, "{session}");
+        let id = &session["id"];
+        let expected = if processes == 1 {
+            "refused\n"
+        } else {
+            "forked\n"
+        };
+        for _ in 0..2 {
+            let (status, body) = server
+                .post("/execute", json!({"code": fork, "session": id}))
+                .await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(body["stdout"], expected, "{body}");
+        }
+        let (status, body) = server
+            .delete(&format!("/sessions/{}", id.as_str().unwrap()))
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    server.stop().await;
+}
+
 /// A run that meets the process cap, catches the refusal and succeeds is
 /// not a limit, and neither is the failure of the next run on the same
 /// worker or in the same session: the refusal was the earlier run's.
