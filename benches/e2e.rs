@@ -263,15 +263,7 @@ async fn session_starts(url: &str, code: &str, seconds: f64) -> (Vec<Duration>, 
     while Instant::now() < deadline {
         tokio::time::sleep(SESSION_PAUSE).await;
         let t = Instant::now();
-        let resp = client
-            .post(format!("{url}/sessions"))
-            .json(&json!({}))
-            .send()
-            .await
-            .expect("session created");
-        assert_eq!(resp.status(), 201);
-        let info: serde_json::Value = resp.json().await.unwrap();
-        let id = info["id"].as_str().unwrap();
+        let id = create_session(&client, url).await;
         let body = json!({ "code": code, "session": id }).to_string();
         load::execute(&client, url, &body).await;
         starts.push(t.elapsed());
@@ -286,8 +278,8 @@ async fn session_starts(url: &str, code: &str, seconds: f64) -> (Vec<Duration>, 
 }
 
 /// `POST /sessions`; the new session's id.
-async fn create_session(url: &str) -> String {
-    let resp = reqwest::Client::new()
+async fn create_session(client: &reqwest::Client, url: &str) -> String {
+    let resp = client
         .post(format!("{url}/sessions"))
         .json(&json!({}))
         .send()
@@ -698,7 +690,7 @@ async fn main() {
         for concurrency in [1, 4] {
             let mut bodies = Vec::new();
             for _ in 0..concurrency {
-                let id = create_session(&server.url).await;
+                let id = create_session(&reqwest::Client::new(), &server.url).await;
                 bodies.push(json!({ "code": code, "session": id }).to_string());
             }
             let (latencies, elapsed) = http_load_bodies(&server.url, bodies, seconds).await;
@@ -711,7 +703,7 @@ async fn main() {
         }
         let (latencies, elapsed) = health_load(&server.url, seconds).await;
         rows.push(Stats::new("floor: HTTP GET /health", 1, latencies, elapsed));
-        let id = create_session(&server.url).await;
+        let id = create_session(&reqwest::Client::new(), &server.url).await;
         let body = json!({ "code": code, "session": id }).to_string();
         let (calls, gets, elapsed) =
             in_turns_with_health(&server.url, &body, Duration::ZERO, 50, seconds).await;
