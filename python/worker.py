@@ -184,8 +184,9 @@ QUIET = 0.002
 # fork, ~5 ms back to back; a client that pauses gets its request handled by
 # a child that warmed up while it waited.
 WARM_AFTER_MS = 20
-# A zygote that has had no message for this long since its start prepares
-# for later runs (prepare_later_runs) then, before its first run has ended.
+# A worker that has had no request for this long since its start (a spare
+# in its pool) has its zygote prepare for later runs (prepare_later_runs)
+# then, before any run.
 PREPARE_IDLE_MS = 100
 # A request like the server's, for warming up the request path ahead of time.
 # Its code ends in an expression, as many do: the value's path is warmed too.
@@ -1457,10 +1458,10 @@ def prepare_later_runs():
     all, so that the children forked from here on share it. The imports
     cost ~10 ms where the environment's start-up (``site``, its ``.pth``
     files) imported none of it, the rehearsals ~2.5 ms, so they wait
-    until the first run has ended and is reported, or until the zygote
-    has had nothing to do for PREPARE_IDLE_MS (a spare in its pool): the
-    first children import what their runs need themselves, and
-    specialize their own code."""
+    until the first run has ended and is reported, or until the worker has
+    had no request for PREPARE_IDLE_MS since it started (a spare in its
+    pool: see Worker.serve): the first children import what their runs
+    need themselves, and specialize their own code."""
     import linecache, traceback, fnmatch  # noqa: F401,E401
 
     present = set(sys.modules)
@@ -2407,11 +2408,16 @@ class Worker:
 
     def dismiss(self, child):
         """Reap a pre-forked run child that never had a request, which its
-        zygote killed as it forked a session (see end_child), and remove its
+        zygote killed as it forked a session (see end_child; killed here if
+        the session's request never reached the zygote), and remove its
         directories: unlike ``retire``, nothing else of the scratch root,
         where the session lives, and none of the zygote's other children."""
         try:
-            child.reap(True)
+            if not child.reap(False):
+                # Not reported: the zygote, which reports it before the
+                # session's pid, has not reaped it, so its pid is its own.
+                child.kill()
+                child.reap(True)
         except ZygoteLost as exc:
             self.dirty = self.dirty or "the zygote is gone: %s" % exc
         child.close()
@@ -2638,7 +2644,22 @@ class Worker:
     def serve(self):
         if self.next is None:
             self.spawn()
+        # Until its first run or session, a worker that waits PREPARE_IDLE_MS
+        # for a request has its zygote prepare (``R``): its first run's
+        # end, where the zygote prepares otherwise, may be far off, and a
+        # session forked meanwhile would do without. Never while a run is
+        # on: the preparation would take the CPU from it.
+        idle = None
+        if self.zygote is not None:
+            idle = select.poll()
+            idle.register(self.rfd, select.POLLIN)
         while True:
+            if idle is not None and not idle.poll(PREPARE_IDLE_MS):
+                idle = None
+                try:
+                    self.zygote.send([b"R"], [])
+                except ZygoteLost:
+                    pass  # the next request finds out
             try:
                 frame = read_frame(self.rfile)
             except ChannelClosed:
@@ -2646,6 +2667,8 @@ class Worker:
             msg = server_frame(frame)
             del frame  # a large request is held once, decoded
             kind = msg["t"]
+            if kind in ("exec", "session"):
+                idle = None
             if kind in ("session", "exec") and self.dirty is not None:
                 # Nothing runs on a root an earlier run could plant state in.
                 write_frame(self.wfd, {"t": "error", "id": msg["id"], "retire": True,
@@ -2738,9 +2761,13 @@ class Worker:
 #                       WARM_AFTER_MS; answered by  P + pid.  W: the same,
 #                       for a child that rehearses at once; f: for one that
 #                       does not rehearse (see Worker.execute)
-#                     S + marshalled (limits, direct, directory) + the 4
-#                       pipe ends: fork a session child (see "Sessions"),
+#                     S + marshalled (limits, direct, directory, pid) + the
+#                       4 pipe ends: kill and reap the run child ``pid``
+#                       (the pre-forked one; 0: none) and report its exit
+#                       (X), then fork a session child (see "Sessions"),
 #                       answered by  P + pid as F is
+#                     R: prepare for later runs (prepare_later_runs) now,
+#                       if not done yet; not answered
 #                     K: kill and reap every child left (between runs these
 #                       are only what a run left running: the zygote is a
 #                       subreaper); answered by  k
@@ -3011,16 +3038,7 @@ def zygote_main(sock, worker, worker_pid, scope):
         forked = set()  # run children not reported yet
         prepared = False  # whether prepare_later_runs ran
         while True:
-            events = poller.poll(None if prepared else PREPARE_IDLE_MS)
-            if not events:
-                # Idle since its start: a spare waiting in its pool. It
-                # prepares now, not once its first run has ended, and the
-                # session or the runs it forks later find it done.
-                prepare_later_runs()
-                prepared = True
-                if HUGE_PAGES:
-                    collapse_heap()
-            for fd, _ in events:
+            for fd, _ in poller.poll():
                 if fd == wake_r:
                     empty_pipe(wake_r)
                     running = len(forked)
@@ -3087,6 +3105,15 @@ def zygote_main(sock, worker, worker_pid, scope):
                     del data
                     if hasattr(gc, "freeze"):  # as the zygote's other objects
                         gc.freeze()
+                elif msg == b"R":
+                    # Its worker has had no request since it started (see
+                    # Worker.serve): a spare in its pool prepares now, and
+                    # the session or the runs it forks later find it done.
+                    if not prepared:
+                        prepare_later_runs()
+                        prepared = True
+                        if HUGE_PAGES:
+                            collapse_heap()
                 elif msg == b"K":
                     report_exits(sock, forked)
                     kill_descendants()
@@ -3122,14 +3149,15 @@ def end_child(sock, forked, pid):
     wait for it to end and report it, as ``report_exits`` does."""
     if pid not in forked:
         return  # ended and reported already
+    status, cpu, rss = 0, 0.0, 0
     try:
         os.kill(pid, _SIGKILL)
         _, status, usage = os.wait4(pid, 0)
+        cpu, rss = usage.ru_utime + usage.ru_stime, usage.ru_maxrss
     except (ProcessLookupError, ChildProcessError):
-        return
+        pass  # gone already: reported all the same, which the worker waits for
     forked.discard(pid)
-    sock.send(b"X" + _EXIT.pack(pid, status, usage.ru_utime + usage.ru_stime,
-                                usage.ru_maxrss, True))
+    sock.send(b"X" + _EXIT.pack(pid, status, cpu, rss, True))
 
 
 def report_exits(sock, forked):
