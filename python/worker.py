@@ -3046,10 +3046,7 @@ def zygote_main(sock, worker, worker_pid, scope):
                     if not prepared and len(forked) < running:
                         # A run has ended, its report is sent: the next child
                         # may wait for these, the first result does not.
-                        prepare_later_runs()
-                        prepared = True
-                        if HUGE_PAGES:  # after the writes of the preparation
-                            collapse_heap()
+                        prepared = prepare_zygote()
                     continue
                 msg, ancillary, _, _ = sock.recvmsg(LEARN_MESSAGE_BYTES, rights_size)
                 if not msg:
@@ -3110,10 +3107,7 @@ def zygote_main(sock, worker, worker_pid, scope):
                     # Worker.serve): a spare in its pool prepares now, and
                     # the session or the runs it forks later find it done.
                     if not prepared:
-                        prepare_later_runs()
-                        prepared = True
-                        if HUGE_PAGES:
-                            collapse_heap()
+                        prepared = prepare_zygote()
                 elif msg == b"K":
                     report_exits(sock, forked)
                     kill_descendants()
@@ -3142,6 +3136,15 @@ def zygote_main(sock, worker, worker_pid, scope):
         kill_descendants()
     finally:
         os._exit(code)
+
+
+def prepare_zygote():
+    """prepare_later_runs in the zygote, then its heap in huge pages where
+    they are asked for (after the preparation's writes); True."""
+    prepare_later_runs()
+    if HUGE_PAGES:
+        collapse_heap()
+    return True
 
 
 def end_child(sock, forked, pid):
@@ -3432,7 +3435,7 @@ class Learning:
 # ---------------------------------------------------------------------------
 #
 # A `session` frame switches a worker into session mode for the rest of its
-# life: it drops its pre-forked child and has its zygote fork one session
+# life: its zygote ends the worker's pre-forked child and forks one session
 # child (own process group, limits, parent-death signal, a working directory
 # that persists) which runs every later `exec` in one `__main__`.  Not the
 # worker itself: its memory keeps what the requests it relayed left there.

@@ -73,22 +73,6 @@ async fn a_worker_killed_from_outside_is_replaced() {
     server.stop().await;
 }
 
-/// Kill the zygote of the worker under `worker`, and wait until it is gone
-/// (reaped by its worker, or a zombie its worker has not reaped yet).
-async fn kill_zygote(worker: u32) -> u32 {
-    let zygote = common::zygote_of(worker);
-    kill(Pid::from_raw(zygote as i32), Signal::SIGKILL).unwrap();
-    let started = Instant::now();
-    while common::alive(zygote) {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{zygote} lives on"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    zygote
-}
-
 #[tokio::test]
 async fn a_zygote_lost_between_runs_costs_no_request() {
     // The worker learns of it from the next request, which it has run
@@ -98,7 +82,7 @@ async fn a_zygote_lost_between_runs_costs_no_request() {
     server.run("print(0)").await;
     let before = common::worker_pids(&server);
     assert_eq!(before.len(), 2, "{before:?}");
-    kill_zygote(before[0]).await;
+    common::kill_zygote(before[0]).await;
     // Workers take turns: one of these goes to the worker without a zygote.
     for i in 1..=4 {
         let body = server.run(&format!("print({i})")).await;
@@ -136,7 +120,7 @@ async fn a_zygote_lost_mid_run_fails_that_run_clearly_and_the_worker_is_replaced
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
-        kill_zygote(worker).await
+        common::kill_zygote(worker).await
     });
     let started = Instant::now();
     let (status, body) = server
@@ -213,7 +197,7 @@ async fn a_session_opens_on_another_worker_when_its_workers_zygote_is_gone() {
     // A session's process is forked by the worker's zygote: a worker without
     // one answers `retire`, and the server opens the session on another.
     let (server, worker) = one_worker().await;
-    kill_zygote(worker).await;
+    common::kill_zygote(worker).await;
     let (status, info) = server.post("/sessions", json!({})).await;
     assert_eq!(status, 201, "{info}");
     let id = info["id"].as_str().unwrap().to_string();

@@ -830,20 +830,8 @@ async fn a_session_whose_zygote_dies_is_lost_and_says_so() {
     let id = create(&server, json!({})).await;
     ok(&server, &id, "x = 1").await;
     let process = session_process(&server);
-    let zygote = common::zygote_of(session_worker(&server));
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(zygote as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let started = Instant::now();
-    while common::alive(process) {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the session's process outlived its zygote"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::kill_zygote(session_worker(&server)).await;
+    common::wait_gone(process, "the session's process, its zygote killed").await;
     let started = Instant::now();
     let (status, body) = call(&server, &id, "print(x)").await;
     answered_promptly(started);

@@ -358,6 +358,32 @@ pub fn alive(pid: u32) -> bool {
     })
 }
 
+/// Wait until process `pid` has ended (see `alive`), `what` naming it if
+/// it lives on past five seconds.
+pub async fn wait_gone(pid: u32, what: &str) {
+    let started = std::time::Instant::now();
+    while alive(pid) {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{what} ({pid}) lives on"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+/// Kill the zygote of the worker `worker` and wait until it is gone (reaped
+/// by its worker, or a zombie its worker has not reaped yet); its pid.
+pub async fn kill_zygote(worker: u32) -> u32 {
+    let zygote = zygote_of(worker);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(zygote as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_gone(zygote, "the killed zygote").await;
+    zygote
+}
+
 /// `uv`, installed from PyPI into a venv under the temporary directory the
 /// first time a test needs it (kept for later runs). Fails loudly when it
 /// cannot be installed.
