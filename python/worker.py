@@ -77,6 +77,10 @@ frame of its type, except those marked optional.
 |                  |           | worker kills the session child and answers `result` with      |
 |                  |           | `exit_code`, `signal`, `timed_out`, `session_lost` and the    |
 |                  |           | files written since `since` (inputs aside) as `artifacts`     |
+| server -> worker | `release` | `id`: end the session (it was closed): kill its child and     |
+|                  |           | what it left, clear the scratch root and a private /dev/shm,  |
+|                  |           | and answer a bare `result` (or `error` with `retire` when     |
+|                  |           | something stayed); the worker then serves a next `session`    |
 | server -> worker | `echo`    | `value`: codec check, answered with the value re-encoded      |
 
 `limits` maps any of `cpu_seconds`, `memory_bytes`, `file_size_bytes`,
@@ -2674,6 +2678,9 @@ class Worker:
                 write_frame(self.wfd, {"t": "error", "id": msg["id"], "retire": True,
                                        "message": "worker retired: " + self.dirty})
                 return
+            if kind == "release":
+                release_session(self, msg)
+                continue
             if kind in ("session", "exec", "end") and (kind == "session" or self.session is not None):
                 try:
                     serve_session(self, msg)
@@ -3061,11 +3068,11 @@ def zygote_main(sock, worker, worker_pid, scope):
                         raise RuntimeError("a fork request without its 4 pipe ends")
                     session = marshal.loads(msg[1:]) if msg[:1] == b"S" else None
                     if session is not None:
-                        # Its worker serves the session alone from now on:
-                        # no later run to prepare for, and no use for its
-                        # pre-forked run child, which goes first (it holds
-                        # one of the processes the session may have).
-                        prepared = True
+                        # No use for its worker's pre-forked run child,
+                        # which goes first (it holds one of the processes
+                        # the session may have). Not a run's end: the
+                        # zygote prepares when the session's process ends,
+                        # if it had not yet, for the worker's next session.
                         end_child(sock, forked, session[3])
                     try:
                         pid = os.fork()
@@ -3434,8 +3441,10 @@ class Learning:
 # Sessions: one long-lived child keeps its __main__ between calls
 # ---------------------------------------------------------------------------
 #
-# A `session` frame switches a worker into session mode for the rest of its
-# life: its zygote ends the worker's pre-forked child and forks one session
+# A `session` frame switches a worker into session mode until a `release`
+# frame ends it (see release_session; the server then keeps the worker for
+# its next session, else ends it): its zygote ends the worker's pre-forked
+# child and forks one session
 # child (own process group, limits, parent-death signal, a working directory
 # that persists) which runs every later `exec` in one `__main__`.  Not the
 # worker itself: its memory keeps what the requests it relayed left there.
@@ -3483,7 +3492,7 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
             # What collecting artifacts imports, imported before user code
             # runs: a call's own ``mimetypes.py`` (the session directory is
             # on sys.path) is then never the one it gets.
-            import fnmatch, mimetypes  # noqa: F401,E401
+            import fnmatch, mimetypes  # noqa: F401,E401 (SESSION_IMPORTS)
             # pickle's C unpickler, without pickle.py (~1.5 ms to import)
             from _pickle import loads as load_call
         while True:
@@ -4010,6 +4019,45 @@ def open_session(worker, msg):
                 os.close(pidfd)
         child.close()  # the server holds them now
     write_frame(worker.wfd, {"t": "result", "id": msg["id"], "exit_code": 0, "pid": child.pid})
+
+
+# What a direct session child imports before any call (see session_main).
+SESSION_IMPORTS = ("fnmatch", "mimetypes")
+
+
+def release_session(worker, msg):
+    """End the session of a ``release`` frame (the server closed it) and
+    leave the worker ready for another: the session's process and what it
+    left running are killed, the scratch root and a private /dev/shm
+    cleared, as after a run. Answered once that is done; a worker where
+    something stayed answers ``retire`` (the server then ends it). No run
+    child is forked ahead: the server keeps the worker for its next session,
+    which would end it."""
+    session, worker.session = worker.session, None
+    if session is None:
+        write_error(worker.wfd, msg.get("id"), "", RuntimeError("this worker serves no session"))
+        return
+    child, session.child = session.child, None
+    try:
+        if child is not None:
+            worker.retire(child)
+        else:  # lost: its process is gone, its directory removed
+            worker.cleaned(clear_private_shm(worker.empty_shm))
+            worker.cleaned(worker.clear_scratch())
+        if worker.zygote is not None and worker.dirty is None:
+            # The worker serves sessions next: what a session child imports
+            # as it starts (see session_main) is imported in its zygote now,
+            # and the next session's first call waits ~4 ms less.
+            worker.zygote.learn(SESSION_IMPORTS)
+    except ZygoteLost as exc:
+        worker.dirty = worker.dirty or "the zygote is gone: %s" % exc
+    except Exception as exc:
+        worker.dirty = worker.dirty or "the session's clean-up failed: %s" % exc
+    if worker.dirty is not None:
+        write_frame(worker.wfd, {"t": "error", "id": msg.get("id"), "retire": True,
+                                 "message": "worker retired: " + worker.dirty})
+        return
+    write_frame(worker.wfd, {"t": "result", "id": msg.get("id"), "exit_code": 0})
 
 
 def serve_session(worker, msg):

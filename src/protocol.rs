@@ -70,6 +70,10 @@
 //! |                  |           | worker kills the session child and answers `result` with      |
 //! |                  |           | `exit_code`, `signal`, `timed_out`, `session_lost` and the    |
 //! |                  |           | files written since `since` (inputs aside) as `artifacts`     |
+//! | server -> worker | `release` | `id`: end the session (it was closed): kill its child and     |
+//! |                  |           | what it left, clear the scratch root and a private /dev/shm,  |
+//! |                  |           | and answer a bare `result` (or `error` with `retire` when     |
+//! |                  |           | something stayed); the worker then serves a next `session`    |
 //! | server -> worker | `echo`    | `value`: codec check, answered with the value re-encoded      |
 //!
 //! `limits` maps any of `cpu_seconds`, `memory_bytes`, `file_size_bytes`,
@@ -227,6 +231,14 @@ pub(crate) struct SessionFrame<'a> {
     /// The server speaks to the session child itself: the worker hands it
     /// the child's pipes (see `worker/direct.rs`).
     pub direct: bool,
+}
+
+/// The `release` frame: end the worker's session and make it ready for
+/// another.
+#[derive(Debug, Serialize)]
+pub(crate) struct Release {
+    pub t: &'static str,
+    pub id: u64,
 }
 
 /// The `cancel` frame: kill the run in flight and answer its result now.

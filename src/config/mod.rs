@@ -623,6 +623,7 @@ impl Config {
                     .max_sessions_per_env
                     .unwrap_or(d.sessions.max_sessions_per_env),
                 interrupt_grace: secs(o.session_interrupt_grace_secs, d.sessions.interrupt_grace),
+                keep_worker: secs(o.session_keep_worker_secs, d.sessions.keep_worker),
             },
             mcp_implicit_session: o.mcp_implicit_session.unwrap_or(d.mcp_implicit_session),
             artifacts: crate::artifacts::ArtifactLimits {

@@ -302,6 +302,10 @@ pub struct Options {
     /// is killed.
     #[arg(long, env = "CODE_EXECUTOR_SESSION_INTERRUPT_GRACE_SECS")]
     pub session_interrupt_grace_secs: Option<Seconds>,
+    /// Seconds a closed session's worker, cleared, is kept for the next
+    /// session of its environment (0: it is ended at once).
+    #[arg(long, env = "CODE_EXECUTOR_SESSION_KEEP_WORKER_SECS")]
+    pub session_keep_worker_secs: Option<Seconds>,
     /// Give every MCP connection one implicit session: `execute_code`
     /// without `session` runs in it.
     #[arg(
@@ -414,7 +418,8 @@ impl Options {
             network_hosts, sandbox,
             sandbox_tier, launcher, landlock, run_as, run_as_group, session_ttl_secs,
             max_session_ttl_secs, max_sessions, max_sessions_per_env,
-            session_interrupt_grace_secs, mcp_implicit_session, artifact_ttl_secs,
+            session_interrupt_grace_secs, session_keep_worker_secs, mcp_implicit_session,
+            artifact_ttl_secs,
             artifact_store_bytes, artifact_owner_bytes, mcp_max_artifact_bytes,
             mcp_inline_image_bytes, max_image_pixels, header_read_timeout_secs,
             body_read_timeout_secs, max_connections, replica_id, drain_delay_secs,

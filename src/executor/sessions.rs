@@ -1,4 +1,5 @@
-//! Sessions: a warm worker leaves its pool and forks the session's process.
+//! Sessions: a warm worker leaves its pool and forks the session's process;
+//! once the session is closed, the pool keeps it for the next session.
 
 use std::sync::atomic::Ordering;
 
@@ -109,12 +110,19 @@ impl Executor {
         let mut attempts = 0;
         let worker = loop {
             attempts += 1;
-            let worker = entry
-                .pool
-                .get()
-                .await
-                .map_err(|e| pool_refusal(&entry, e))?;
-            let mut worker = entry.pool.detach(worker);
+            // A worker a closed session left, else one of the pool's (which
+            // starts its replacement).
+            let mut worker = match entry.pool.take_session_spare() {
+                Some(worker) => worker,
+                None => {
+                    let worker = entry
+                        .pool
+                        .get()
+                        .await
+                        .map_err(|e| pool_refusal(&entry, e))?;
+                    entry.pool.detach(worker)
+                }
+            };
             if let Some(policy) = &network {
                 // Fixed for the session's life: every call begins with it.
                 worker.set_egress_policy(policy.clone());
@@ -150,7 +158,7 @@ impl Executor {
             env_hash.clone(),
             ttl,
             timeout,
-            worker,
+            (worker, entry.pool.clone()),
         )?;
         self.audit_record(crate::audit::RecordKind::SessionCreate, |r| {
             r.env = Some(info.env.clone());

@@ -51,6 +51,11 @@ impl WorkerBudget {
         self.max - self.permits.available_permits()
     }
 
+    /// Permits free now.
+    pub fn available(&self) -> usize {
+        self.permits.available_permits()
+    }
+
     pub fn max(&self) -> usize {
         self.max
     }
@@ -120,6 +125,18 @@ impl WorkerBudget {
                 (used, p)
             })
             .collect();
+        // A session spare first, of any pool: it serves no request now,
+        // and its loss costs only the start of the next session's worker.
+        if std::iter::once(requester)
+            .chain(pools.iter().map(|(_, p)| p))
+            .any(|p| p.retire_session_spares(1) == 1)
+        {
+            tracing::info!(
+                max_workers = self.max,
+                "worker cap reached: retired a worker kept for sessions"
+            );
+            return true;
+        }
         pools.sort_by_key(|(used, _)| *used);
         for (_, pool) in pools {
             if pool.retire_idle(1) == 1 {

@@ -10,6 +10,14 @@
 //! which rests as a spare in its place (`Manager::recycle`): every live
 //! worker takes turns, and one just used has time to prepare its next run.
 //!
+//! A worker that served a session comes back when the session is closed,
+//! cleared (see `Worker::release_session`), and is kept for the next
+//! session as a *session spare* ([`EnvPool::keep_for_session`]): that
+//! session then starts no worker, and the pool no replacement. Session
+//! spares are not counted in the pool's size; at most `size` of them are
+//! kept, each for the sessions' `keep_worker`, and they are the first
+//! workers retired when the worker budget is short.
+//!
 //! A *lazy* pool (an environment discovered but not configured) starts no
 //! worker ahead of need and keeps no spares: its first request waits for a
 //! worker, later ones reuse it, and [`EnvPool::shrink_if_idle`] retires its
@@ -55,6 +63,9 @@ pub struct PoolStatus {
     /// Requests waiting for a worker now (each gives up after the queue
     /// timeout with `503 busy`).
     pub waiting: usize,
+    /// Workers of closed sessions kept for the next session (not counted
+    /// in `size`).
+    pub session_spares: usize,
     /// Why the last worker start failed, while no worker is alive.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -120,6 +131,12 @@ struct Shared {
     /// Woken when a spare is ready, fails to start, or is taken, and while
     /// `warming`, when a worker comes back from a run.
     spares_changed: tokio::sync::Notify,
+    /// Workers of closed sessions kept for the next session, the one kept
+    /// last at the end, each with the token of its keeping (its expiry
+    /// timer retires it only if it was not taken since).
+    session_spares: Mutex<Vec<(PooledWorker, u64)>>,
+    /// The token of the next session spare kept.
+    next_keep: AtomicU64,
     /// Set while [`EnvPool::warm_first_then_rest`] waits for the first run.
     warming: AtomicBool,
     /// Reports the pid of every worker process that ends.
@@ -250,6 +267,19 @@ impl Shared {
         *self.last_used.lock() = Instant::now();
     }
 
+    /// Take up to `n` session spares, those kept longest first, and
+    /// terminate them in the background. Returns how many were taken.
+    fn retire_session_spares(&self, n: usize) -> usize {
+        let workers: Vec<PooledWorker> = {
+            let mut kept = self.session_spares.lock();
+            let n = n.min(kept.len());
+            kept.drain(..n).map(|(worker, _)| worker).collect()
+        };
+        let taken = workers.len();
+        self.terminate_all(workers);
+        taken
+    }
+
     /// Take up to `n` idle workers (spares first) out of the pool and
     /// terminate them in the background. Returns how many were taken.
     fn retire_idle(&self, n: usize) -> usize {
@@ -327,6 +357,8 @@ impl EnvPool {
             last_used: Mutex::new(Instant::now()),
             spares: Mutex::new(Spares::default()),
             spares_changed: tokio::sync::Notify::new(),
+            session_spares: Mutex::new(Vec::new()),
+            next_keep: AtomicU64::new(0),
             warming: AtomicBool::new(false),
             exited_tx,
             last_error: Mutex::new(None),
@@ -475,6 +507,77 @@ impl EnvPool {
         worker
     }
 
+    /// A worker kept from a closed session (see [`EnvPool::keep_for_session`]),
+    /// the one kept last; `None` when none is.
+    pub fn take_session_spare(&self) -> Option<PooledWorker> {
+        let generation = self.shared.generation.load(Ordering::Acquire);
+        let mut stale = Vec::new();
+        let found = {
+            let mut kept = self.shared.session_spares.lock();
+            loop {
+                let Some((mut worker, _)) = kept.pop() else {
+                    break None;
+                };
+                if worker.generation == generation && worker.is_alive() {
+                    break Some(worker);
+                }
+                stale.push(worker);
+            }
+        };
+        self.shared.terminate_all(stale);
+        if found.is_some() {
+            self.shared.touch();
+        }
+        found
+    }
+
+    /// Keep `worker`, whose session was closed and which is ready for
+    /// another (see `Worker::release_session`), for this environment's next
+    /// session, for at most `keep` (zero: not at all). A worker that may not
+    /// serve again (the pool closed or replaced its workers since it
+    /// started, or it reached `max_runs`), or one past `size` kept, is
+    /// terminated instead; so is one that would hold the worker budget's
+    /// last permits.
+    pub fn keep_for_session(&self, mut worker: PooledWorker, keep: Duration) {
+        let shared = &self.shared;
+        let max = shared.config.max_runs;
+        let usable = !keep.is_zero()
+            && !shared.closed.load(Ordering::Acquire)
+            && worker.generation == shared.generation.load(Ordering::Acquire)
+            && (max == 0 || worker.runs() < max)
+            && shared.budget.available() > 0
+            && worker.is_alive();
+        let token = shared.next_keep.fetch_add(1, Ordering::Relaxed);
+        let refused = {
+            let mut kept = shared.session_spares.lock();
+            if usable && kept.len() < shared.config.size.max(1) {
+                kept.push((worker, token));
+                None
+            } else {
+                Some(worker)
+            }
+        };
+        let grace = shared.spec.grace_period;
+        if let Some(worker) = refused {
+            tokio::spawn(worker.terminate(grace));
+            return;
+        }
+        let weak = Arc::downgrade(shared);
+        tokio::spawn(async move {
+            tokio::time::sleep(keep).await;
+            let Some(shared) = weak.upgrade() else { return };
+            let expired = {
+                let mut kept = shared.session_spares.lock();
+                kept.iter()
+                    .position(|(_, t)| *t == token)
+                    .map(|i| kept.remove(i).0)
+            };
+            if let Some(worker) = expired {
+                worker.terminate(grace).await;
+            }
+        });
+    }
+
     /// Start spares until busy + idle + spare + starting reaches the size
     /// (only for pools kept warm, and only within the worker budget).
     pub fn refill(&self) {
@@ -524,6 +627,7 @@ impl EnvPool {
         if self.shared.closed.load(Ordering::Acquire) || !self.shared.keep_warm {
             return;
         }
+        let mut short = 0;
         let permits = {
             let mut spares = self.shared.spares.lock();
             let live = self.pool.status().size + spares.ready.len() + spares.starting;
@@ -532,8 +636,16 @@ impl EnvPool {
                 .map_while(|_| self.shared.budget.try_acquire())
                 .collect();
             spares.starting += permits.len();
+            if permits.len() < missing {
+                // The budget is short: session spares make room, and the
+                // exit of each brings this refill back (see supervise).
+                short = missing - permits.len();
+            }
             permits
         };
+        if short > 0 {
+            self.shared.retire_session_spares(short);
+        }
         for permit in permits {
             let shared = self.shared.clone();
             tokio::spawn(async move {
@@ -570,6 +682,7 @@ impl EnvPool {
         for _ in 0..self.shared.retire_idle(usize::MAX) {
             self.shared.count_restart(RestartCause::Recycle);
         }
+        self.shared.retire_session_spares(usize::MAX);
         self.refill();
     }
 
@@ -579,7 +692,8 @@ impl EnvPool {
         if self.shared.keep_warm || self.shared.last_used.lock().elapsed() < idle {
             return 0;
         }
-        let retired = self.shared.retire_idle(usize::MAX);
+        let retired =
+            self.shared.retire_idle(usize::MAX) + self.shared.retire_session_spares(usize::MAX);
         if retired > 0 {
             tracing::info!(
                 python = %self.shared.spec.python.display(),
@@ -611,6 +725,7 @@ impl EnvPool {
             busy: s.size.saturating_sub(s.available),
             starting: spares.starting,
             waiting: s.waiting,
+            session_spares: self.shared.session_spares.lock().len(),
             error: if size == 0 {
                 self.shared.last_error.lock().clone()
             } else {
@@ -640,6 +755,11 @@ impl EnvPool {
         let grace = self.shared.spec.grace_period;
         let mut workers: Vec<PooledWorker> = self.pool.retain(|_, _| false).removed;
         workers.extend(std::mem::take(&mut self.shared.spares.lock().ready));
+        workers.extend(
+            std::mem::take(&mut *self.shared.session_spares.lock())
+                .into_iter()
+                .map(|(worker, _)| worker),
+        );
         self.pool.close();
         futures_util::future::join_all(workers.into_iter().map(|w| w.terminate(grace))).await;
     }
@@ -666,6 +786,10 @@ async fn supervise(pool: EnvPool, mut exited: mpsc::UnboundedReceiver<u32>) {
             tracing::warn!(worker_pid = pid, "idle worker died; replacing it");
         }
         pool.shared.spares.lock().ready.retain_mut(|w| w.is_alive());
+        pool.shared
+            .session_spares
+            .lock()
+            .retain_mut(|(w, _)| w.is_alive());
         drop(removed);
         pool.refill();
     }

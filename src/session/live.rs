@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 
 use super::clock::rfc3339;
 use crate::api::SessionInfo;
-use crate::pool::PooledWorker;
+use crate::pool::{EnvPool, PooledWorker};
 
 /// A live session.
 pub struct Session {
@@ -34,6 +34,9 @@ pub struct Session {
     /// The worker's pid, to kill its process tree while a call holds the
     /// lock (shutdown).
     pub(super) pid: u32,
+    /// The pool the worker came from, which keeps it for a next session
+    /// once this one is closed.
+    pub(super) home: EnvPool,
     /// Idle deadline, renewed when a call starts and when it ends.
     expires: Mutex<Instant>,
     /// Calls waiting or running; a session with any never expires. Changed
@@ -50,7 +53,7 @@ impl Session {
         owner: Option<Arc<str>>,
         ttl: Duration,
         timeout: f64,
-        worker: PooledWorker,
+        (worker, home): (PooledWorker, EnvPool),
     ) -> Session {
         Session {
             id,
@@ -62,6 +65,7 @@ impl Session {
             timeout,
             created: SystemTime::now(),
             pid: worker.pid(),
+            home,
             worker: tokio::sync::Mutex::new(Some(worker)),
             expires: Mutex::new(Instant::now() + ttl),
             active: AtomicUsize::new(0),

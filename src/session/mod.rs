@@ -37,6 +37,9 @@ pub struct SessionConfig {
     /// How long a timed-out call may take to stop after its interrupt
     /// before the session process is killed (and the session lost).
     pub interrupt_grace: Duration,
+    /// How long a closed session's worker, cleared, is kept for the next
+    /// session of its environment (zero: it is ended at once).
+    pub keep_worker: Duration,
 }
 
 impl Default for SessionConfig {
@@ -47,6 +50,7 @@ impl Default for SessionConfig {
             max_sessions: 16,
             max_sessions_per_env: 8,
             interrupt_grace: Duration::from_secs(2),
+            keep_worker: Duration::from_secs(60),
         }
     }
 }

@@ -15,7 +15,7 @@ use super::live::{ActiveCall, Session};
 use crate::api::SessionInfo;
 use crate::error::ExecError;
 use crate::error::error_chain;
-use crate::pool::PooledWorker;
+use crate::pool::{EnvPool, PooledWorker};
 use crate::worker::{OutputSink, RunOutput, kill_process_tree};
 
 /// Ended sessions remembered for their 404 message.
@@ -185,7 +185,7 @@ impl Sessions {
         env_hash: Arc<str>,
         ttl: Duration,
         timeout: f64,
-        worker: PooledWorker,
+        (worker, home): (PooledWorker, EnvPool),
     ) -> Result<SessionInfo, ExecError> {
         let id = match new_id() {
             Ok(random) => crate::replica::session_id(&random, &self.replica),
@@ -200,7 +200,7 @@ impl Sessions {
             reservation.owner.clone(),
             ttl,
             timeout,
-            worker,
+            (worker, home),
         ));
         let info = session.info();
         let mut inner = self.inner.lock();
@@ -320,10 +320,10 @@ impl Sessions {
         };
         tracing::info!(session = %id, "session closed");
         let info = session.info();
-        let grace = self.grace;
+        let times = (self.grace, self.config.keep_worker);
         tokio::spawn(async move {
             let worker = session.worker.lock().await.take();
-            worker_terminate(worker, grace).await;
+            worker_release(worker, &session.home, times).await;
         });
         Ok(info)
     }
@@ -379,10 +379,10 @@ impl Sessions {
                 record.env_hash = Some(session.env_hash.to_string());
                 audit.emit(record, None);
             }
-            let grace = self.grace;
+            let times = (self.grace, self.config.keep_worker);
             tokio::spawn(async move {
                 let worker = session.worker.lock().await.take();
-                worker_terminate(worker, grace).await;
+                worker_release(worker, &session.home, times).await;
             });
         }
     }
@@ -417,6 +417,31 @@ impl Sessions {
     /// Live sessions now.
     pub fn live(&self) -> usize {
         self.inner.lock().live.len()
+    }
+}
+
+/// A closed session's worker, made ready for another session within
+/// `grace` and kept by its pool for one for `keep`; terminated if it
+/// cannot be (or `keep` is zero).
+async fn worker_release(
+    worker: Option<PooledWorker>,
+    home: &EnvPool,
+    (grace, keep): (Duration, Duration),
+) {
+    let Some(mut worker) = worker else { return };
+    if keep.is_zero() {
+        return worker.terminate(grace).await;
+    }
+    match worker.release_session(grace).await {
+        Ok(()) => home.keep_for_session(worker, keep),
+        Err(e) => {
+            tracing::info!(
+                worker_pid = worker.pid(),
+                "a closed session's worker is not kept: {}",
+                error_chain(&e)
+            );
+            worker.terminate(grace).await;
+        }
     }
 }
 

@@ -365,6 +365,27 @@ enum Ended {
 }
 
 impl Worker {
+    /// End the session (it was closed) and make the worker ready for
+    /// another, within `within`: the server's ends of the child's pipes are
+    /// closed, the worker kills the child and what it left and clears its
+    /// scratch root and `/dev/shm` (a `release` frame), and the session's
+    /// cap on processes is lifted. On an error the worker is to be
+    /// terminated.
+    pub(crate) async fn release_session(&mut self, within: Duration) -> Result<(), WorkerError> {
+        if self.session.take().is_none() {
+            return Err(WorkerError::Internal(
+                "the worker serves no session to release".into(),
+            ));
+        }
+        let frame = protocol::encode_frame(&protocol::Release {
+            t: "release",
+            id: 0,
+        })
+        .map_err(WorkerError::Protocol)?;
+        self.execute(&frame, within, None).await?;
+        self.set_run_processes(None).map_err(WorkerError::Io)
+    }
+
     /// Take the session child's pipes, which the worker sends (over its
     /// channel) before it answers a `session` frame that asked for
     /// `direct`: from now on [`Worker::execute`] answers calls itself.

@@ -11,13 +11,17 @@ use serde_json::json;
 use crate::common::{self, TestServer};
 
 /// Wait until none of the `dead` workers is left and `size` workers are
-/// idle.
+/// idle (besides those kept for sessions).
 async fn wait_until_replaced(server: &TestServer, dead: &[u32], size: usize, within: Duration) {
     let started = Instant::now();
     loop {
         let pids = common::worker_pids(server);
         let pool = server.pool().await;
-        if pids.len() == size && pids.iter().all(|p| !dead.contains(p)) && pool["idle"] == size {
+        let kept = pool["session_spares"].as_u64().unwrap() as usize;
+        if pids.len() == size + kept
+            && pids.iter().all(|p| !dead.contains(p))
+            && pool["idle"] == size
+        {
             return;
         }
         assert!(
@@ -216,6 +220,8 @@ async fn a_session_opens_on_another_worker_when_its_workers_zygote_is_gone() {
     );
     let (status, closed) = server.delete(&format!("/sessions/{id}")).await;
     assert_eq!((status, &closed["closed"]), (200, &json!(true)), "{closed}");
+    // The session's worker, whose zygote lives, is kept for the next one.
+    common::wait_for_session_spares(&server, 1).await;
     wait_until_replaced(&server, &[worker], 1, Duration::from_secs(10)).await;
     // The pool refills and clean runs go on.
     let body = server.run("print('clean')").await;

@@ -1023,3 +1023,113 @@ async fn a_session_whose_code_closes_the_harness_file_watch_still_gets_its_files
     .await;
     server.stop().await;
 }
+
+/// The launchers of the server's workers, sorted.
+fn workers(server: &TestServer) -> Vec<u32> {
+    let mut pids = common::worker_pids(server);
+    pids.sort_unstable();
+    pids
+}
+
+#[tokio::test]
+async fn a_closed_sessions_worker_opens_the_next_session_and_no_worker_starts() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    ok(&server, &id, "planted = 1").await;
+    let worker = session_worker(&server);
+    let (status, _) = server.delete(&format!("/sessions/{id}")).await;
+    assert_eq!(status, 200);
+    common::wait_for_session_spares(&server, 1).await;
+    server.wait_for_pool_size(2, Duration::from_secs(10)).await;
+    let before = workers(&server);
+    assert_eq!(
+        before.len(),
+        3,
+        "the pool's two and the kept one: {before:?}"
+    );
+
+    // The next session takes it: no worker starts, the pool stays whole.
+    let id = create(&server, json!({})).await;
+    let body = ok(&server, &id, "print('planted' in globals())").await;
+    assert_eq!(body["stdout"], "False\n", "{body}");
+    assert_eq!(session_worker(&server), worker, "served by the kept worker");
+    let pool = server.pool().await;
+    assert_eq!(
+        (&pool["session_spares"], &pool["size"], &pool["starting"]),
+        (&json!(0), &json!(2), &json!(0)),
+        "{pool}"
+    );
+    assert_eq!(workers(&server), before, "no worker started");
+
+    // A session that expires leaves its worker kept as well.
+    let (status, _) = server.delete(&format!("/sessions/{id}")).await;
+    assert_eq!(status, 200);
+    common::wait_for_session_spares(&server, 1).await;
+    let id = create(&server, json!({"ttl": 0.3})).await;
+    ok(&server, &id, "1").await;
+    assert_eq!(session_worker(&server), worker);
+    common::wait_for_session_spares(&server, 0).await;
+    let started = Instant::now();
+    while server.executor.has_session(&id) {
+        assert!(started.elapsed() < Duration::from_secs(10), "never expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    common::wait_for_session_spares(&server, 1).await;
+    assert_eq!(workers(&server), before, "no worker started or ended");
+    // Clean runs never take it.
+    for _ in 0..4 {
+        assert_eq!(server.run("print(1)").await["stdout"], "1\n");
+    }
+    assert_eq!(server.pool().await["session_spares"], 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_closed_session_whose_zygote_is_gone_leaves_no_worker_kept() {
+    // Its process went with the zygote; the worker cannot fork the next
+    // session and is ended, not kept.
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    ok(&server, &id, "x = 1").await;
+    let worker = session_worker(&server);
+    common::kill_zygote(worker).await;
+    let (status, _) = server.delete(&format!("/sessions/{id}")).await;
+    assert_eq!(status, 200);
+    common::wait_gone(worker, "the session's worker without a zygote").await;
+    let pool = server.pool().await;
+    assert_eq!(pool["session_spares"], 0, "{pool}");
+    // The next session opens on a pool worker.
+    let id = create(&server, json!({})).await;
+    assert_eq!(ok(&server, &id, "print(2)").await["stdout"], "2\n");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_closed_sessions_worker_is_ended_when_not_to_be_kept_or_the_budget_is_full() {
+    for (what, keep, max_workers) in [
+        ("session_keep_worker_secs = 0", Duration::ZERO, 32),
+        ("max_workers reached", Duration::from_secs(60), 3),
+    ] {
+        let mut config = common::config();
+        config.sessions.keep_worker = keep;
+        config.max_workers = max_workers;
+        let server = TestServer::with_config(config).await;
+        let id = create(&server, json!({})).await;
+        ok(&server, &id, "1").await;
+        let worker = session_worker(&server);
+        server.wait_for_pool_size(2, Duration::from_secs(10)).await;
+        let (status, _) = server.delete(&format!("/sessions/{id}")).await;
+        assert_eq!(status, 200);
+        common::wait_gone(worker, what).await;
+        let pool = server.pool().await;
+        assert_eq!(pool["session_spares"], 0, "{what}: {pool}");
+        // The next session starts a worker, as every session did before.
+        let id = create(&server, json!({})).await;
+        assert_eq!(
+            ok(&server, &id, "print(3)").await["stdout"],
+            "3\n",
+            "{what}"
+        );
+        server.stop().await;
+    }
+}

@@ -47,7 +47,11 @@ impl Arena {
         .await
     }
 
-    pub async fn with_config(config: code_executor::Config) -> Arena {
+    /// A server of `config`, but for the workers of closed sessions: each
+    /// is kept for the next session for only 2 s, so that
+    /// [`Arena::assert_recovered`] sees the pool as it started.
+    pub async fn with_config(mut config: code_executor::Config) -> Arena {
+        config.sessions.keep_worker = KEEP_WORKER;
         let size = config.pool_size as u64;
         Self::from_server(TestServer::with_config(config).await, size).await
     }
@@ -71,10 +75,19 @@ impl Arena {
         answer
     }
 
-    /// The server answers, the pool is whole and nothing is left behind.
+    /// The server answers, the pool is whole and nothing is left behind
+    /// (once the workers kept for sessions are gone).
     pub async fn assert_recovered(self) {
         let body = self.server.run("print('still serving')").await;
         assert_eq!(body["stdout"], "still serving\n", "{body}");
+        let started = Instant::now();
+        while self.server.pool().await["session_spares"] != 0 {
+            assert!(
+                started.elapsed() < KEEP_WORKER + Duration::from_secs(10),
+                "workers kept for sessions past their time"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         self.server
             .wait_for_pool_size(self.size, Duration::from_secs(10))
             .await;
@@ -136,6 +149,9 @@ impl Arena {
         assert!(!base.exists(), "{} was not removed", base.display());
     }
 }
+
+/// How long an arena's server keeps a closed session's worker.
+const KEEP_WORKER: Duration = Duration::from_secs(2);
 
 /// A worker's scratch root as its own processes see it: in their mount
 /// namespace a tmpfs covers the directory the server created.

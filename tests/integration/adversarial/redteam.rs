@@ -152,6 +152,94 @@ print(out.stdout.strip())
     arena.assert_recovered().await;
 }
 
+#[tokio::test]
+async fn state_planted_by_one_session_never_reaches_the_next_on_its_worker() {
+    // A closed session's worker is kept for the next session, which may be
+    // another client's: nothing the first left may reach it.
+    let arena = Arena::one_worker().await;
+    let server = &arena.server;
+    let (status, info) = server.post("/sessions", json!({})).await;
+    assert_eq!(status, 201, "{info}");
+    let first = info["id"].as_str().unwrap().to_string();
+    let plant = r#"
+import os, sys, time
+home = os.path.expanduser("~")
+for where in (".", home, os.environ["TMPDIR"], "/dev/shm"):
+    open(os.path.join(where, "planted"), "w").write("x")
+site = os.path.join(home, ".local", "lib", "python%d.%d" % sys.version_info[:2], "site-packages")
+os.makedirs(site)
+open(os.path.join(site, "usercustomize.py"), "w").write("print('PLANTED')\n")
+os.makedirs(os.path.join(home, "locked", "inner"))
+os.chmod(os.path.join(home, "locked"), 0o000)
+open(os.path.join(home, "big"), "wb").write(b"x" * (50 << 20))
+# A process of its own session that outlives it and keeps planting.
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    while True:
+        for where in (home, "/dev/shm"):
+            try:
+                open(os.path.join(where, "daemon"), "w").write("x")
+            except OSError:
+                pass
+        time.sleep(0.01)
+os.waitpid(pid, 0)
+secret = "TOPSECRET"
+print("planted")
+"#;
+    let body = arena
+        .attack(json!({"code": plant, "session": first, "timeout": 20.0}))
+        .await;
+    assert_eq!(body["stdout"], "planted\n", "{body}");
+    let (status, _) = server.delete(&format!("/sessions/{first}")).await;
+    assert_eq!(status, 200);
+    common::wait_for_session_spares(server, 1).await;
+    let launchers = common::worker_pids(server).len();
+
+    let (status, info) = server.post("/sessions", json!({})).await;
+    assert_eq!(status, 201, "{info}");
+    let second = info["id"].as_str().unwrap().to_string();
+    let pool = server.pool().await;
+    assert_eq!(
+        pool["session_spares"], 0,
+        "the kept worker serves it: {pool}"
+    );
+    assert_eq!(common::worker_pids(server).len(), launchers);
+    let check = r#"
+import json, os, subprocess, sys, time
+time.sleep(0.2)  # time for a planting process, were one left
+home = os.path.expanduser("~")
+tmp = os.environ["TMPDIR"]
+out = subprocess.run([sys.executable, "-c", "print('child')"], capture_output=True, text=True)
+print(json.dumps({"home": sorted(os.listdir(home)), "cwd": os.listdir("."),
+                  "tmp": sorted(os.listdir(tmp)) if tmp != home else "home",
+                  "shm": os.listdir("/dev/shm"), "secret": "secret" in globals(),
+                  "child": out.stdout}))
+open("again", "wb").write(b"x" * (200 << 20))
+"#;
+    let body = arena
+        .attack(json!({"code": check, "session": second, "timeout": 20.0}))
+        .await;
+    // Its own directory, empty; a /dev/shm of its own; no planted module
+    // ran in its child; the 50 MB left nothing behind, so the quota holds
+    // 200 MB again.
+    let seen: Value = serde_json::from_str(body["stdout"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(seen["home"], json!(["session"]), "{body}");
+    assert_eq!(seen["cwd"], json!([]), "{body}");
+    assert!(seen["tmp"] == "home" || seen["tmp"] == json!([]), "{body}");
+    assert_eq!(seen["shm"], json!([]), "{body}");
+    assert_eq!(seen["secret"], false, "{body}");
+    assert_eq!(seen["child"], "child\n", "{body}");
+    assert_eq!(body["exit_code"], 0, "the quota was full: {body}");
+    let (status, _) = server.delete(&format!("/sessions/{second}")).await;
+    assert_eq!(status, 200);
+    common::wait_for_session_spares(server, 1).await;
+    arena.assert_recovered().await;
+}
+
 /// Code that reads its own process's anonymous memory and prints every marker
 /// (`TOPSECRET-<WHAT>-<n>`) it finds there, but the ones it holds itself:
 /// the marker's prefix is spelled in hex here, and what the scan builds of

@@ -13,7 +13,10 @@ use crate::common::{self, TestServer};
 /// zygote; the directory holds its bootstrap.
 async fn unscoped() -> (Arena, tempfile::TempDir) {
     let (server, dir) =
-        common::server_with_patched_worker("w.signal_scope = lambda: None\n", |_| {}).await;
+        common::server_with_patched_worker("w.signal_scope = lambda: None\n", |c| {
+            c.sessions.keep_worker = super::KEEP_WORKER
+        })
+        .await;
     (Arena::from_server(server, 1).await, dir)
 }
 

@@ -371,6 +371,24 @@ pub async fn wait_gone(pid: u32, what: &str) {
     }
 }
 
+/// Wait until the default environment's pool keeps `n` workers of closed
+/// sessions for the next session (see `session_spares` in `/health`); its
+/// pool status then.
+pub async fn wait_for_session_spares(server: &TestServer, n: u64) -> serde_json::Value {
+    let started = std::time::Instant::now();
+    loop {
+        let pool = server.pool().await;
+        if pool["session_spares"] == n {
+            return pool;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "the pool keeps no {n} workers for sessions: {pool}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// Kill the zygote of the worker `worker` and wait until it is gone (reaped
 /// by its worker, or a zombie its worker has not reaped yet); its pid.
 pub async fn kill_zygote(worker: u32) -> u32 {
