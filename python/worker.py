@@ -3044,6 +3044,7 @@ def zygote_main(sock, worker, worker_pid, scope):
         learned_kib = learned_vm_kib = 0
         forked = set()  # run children not reported yet
         prepared = False  # whether prepare_later_runs ran
+        handed_down = own_handed_down()
         while True:
             for fd, _ in poller.poll():
                 if fd == wake_r:
@@ -3059,6 +3060,13 @@ def zygote_main(sock, worker, worker_pid, scope):
                 if not msg:
                     raise ChannelClosed()
                 if msg in (b"F", b"W", b"f") or msg[:1] == b"S":
+                    if own_handed_down() != handed_down:
+                        # A run changed it from outside, as a process of the
+                        # same user may: no later child inherits that. The
+                        # worker finds its zygote gone and is replaced.
+                        sys.stderr.write("code-executor: the zygote's limits, priority or CPU "
+                                         "affinity were changed; it exits\n")
+                        raise ChannelClosed()
                     note_zygote_modules()
                     fds = []
                     for level, kind, data in ancillary:
@@ -3143,6 +3151,24 @@ def zygote_main(sock, worker, worker_pid, scope):
         kill_descendants()
     finally:
         os._exit(code)
+
+
+# Every rlimit a process has (see own_handed_down), once it is asked for.
+_ALL_RLIMITS = None
+
+
+def own_handed_down():
+    """What of the zygote every child it forks inherits and any process of
+    the same user can change from outside (``prlimit``, ``setpriority``,
+    ``sched_setaffinity``, ``sched_setscheduler``): its rlimits, nice
+    value, CPU affinity and scheduling policy (~10 us)."""
+    global _ALL_RLIMITS
+    if _ALL_RLIMITS is None:
+        _ALL_RLIMITS = tuple(sorted({getattr(resource, name) for name in dir(resource)
+                                     if name.startswith("RLIMIT_")})) if resource else ()
+    limits = [resource.getrlimit(r) for r in _ALL_RLIMITS]
+    return (limits, os.getpriority(os.PRIO_PROCESS, 0), os.sched_getaffinity(0),
+            os.sched_getscheduler(0))
 
 
 def prepare_zygote():
@@ -3821,7 +3847,7 @@ class TreeWatch:
 class Session:
     """The worker's side of its session child."""
 
-    __slots__ = ("child", "grace", "lost", "files", "direct")
+    __slots__ = ("child", "grace", "lost", "files", "direct", "before")
 
     def __init__(self, child, grace, direct=False):
         self.child = child
@@ -3833,6 +3859,9 @@ class Session:
         # Whether the server holds the child's pipes and speaks to it
         # itself: the worker then only interrupts and ends calls.
         self.direct = direct
+        # What of the worker and its zygote the session's code could change
+        # from outside (see inherited_state), as it was before the session.
+        self.before = None
 
     def execute(self, worker, msg):
         child = self.child
@@ -3980,6 +4009,7 @@ def open_session(worker, msg):
         elif prefork is not None:
             worker.retire(prefork)
             prefork = None
+        before = inherited_state(worker)
         rundir = os.path.join(worker.scratch, "session")
         os.mkdir(rundir, 0o700)
         limits = msg["limits"]
@@ -3995,6 +4025,7 @@ def open_session(worker, msg):
         if prefork is not None:
             worker.dismiss(prefork)
     worker.session = Session(child, msg["grace"], direct)
+    worker.session.before = before
     if direct:
         import _socket as socket
 
@@ -4025,6 +4056,26 @@ def open_session(worker, msg):
 SESSION_IMPORTS = ("fnmatch", "mimetypes")
 
 
+def inherited_state(worker):
+    """What the worker and its zygote hold that every session child forked
+    later inherits and that a session's code, a process of the same user,
+    can change from outside (``prlimit``, ``setpriority``,
+    ``sched_setaffinity``, ``sched_setscheduler``): their rlimits, nice
+    values, CPU affinities and scheduling policies. None when unreadable."""
+    pids = [os.getpid()]
+    if worker.zygote is not None:
+        pids.append(worker.zygote.pid)
+    try:
+        state = []
+        for pid in pids:
+            with open("/proc/%d/limits" % pid) as f:
+                state.append((f.read(), os.getpriority(os.PRIO_PROCESS, pid),
+                              sorted(os.sched_getaffinity(pid)), os.sched_getscheduler(pid)))
+        return state
+    except OSError:
+        return None
+
+
 def release_session(worker, msg):
     """End the session of a ``release`` frame (the server closed it) and
     leave the worker ready for another: the session's process and what it
@@ -4044,7 +4095,11 @@ def release_session(worker, msg):
         else:  # lost: its process is gone, its directory removed
             worker.cleaned(clear_private_shm(worker.empty_shm))
             worker.cleaned(worker.clear_scratch())
-        if worker.zygote is not None and worker.dirty is None:
+        if session.before is None or inherited_state(worker) != session.before:
+            worker.dirty = worker.dirty or (
+                "the session changed the limits, priority or CPU affinity of its worker or "
+                "zygote, which a next session would inherit")
+        if worker.zygote is not None and worker.dirty is None and LEARNING:
             # The worker serves sessions next: what a session child imports
             # as it starts (see session_main) is imported in its zygote now,
             # and the next session's first call waits ~4 ms less.

@@ -12,8 +12,9 @@ use crate::limits::{capped_secs, narrow_limits, run_timeout};
 use crate::protocol::{self, SessionFrame};
 
 impl Executor {
-    /// Start a session: a warm worker of the environment leaves its pool
-    /// (which refills) and forks the session's process.
+    /// Start a session: a worker a closed session left, or a warm worker
+    /// of the environment that leaves its pool (which refills), forks the
+    /// session's process.
     pub async fn create_session(
         &self,
         req: CreateSessionRequest,

@@ -2,8 +2,9 @@
 //!
 //! Each worker holds one permit of a semaphore from its start until its
 //! process is gone. A pool that needs a worker while the cap is reached asks
-//! the budget to retire an idle worker of the least recently used *other*
-//! pool, then waits (bounded) for the permit that frees.
+//! the budget to retire a worker kept from a closed session (of any pool),
+//! else an idle worker of the least recently used *other* pool, then waits
+//! (bounded) for the permit that frees.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -75,8 +76,9 @@ impl WorkerBudget {
     }
 
     /// A permit for a worker of `requester`: at once if the cap allows,
-    /// else after retiring an idle worker of the least recently used other
-    /// pool; gives up after `wait`.
+    /// else after retiring a worker kept for sessions or an idle worker of
+    /// the least recently used other pool (see [`WorkerBudget::evict_lru`]);
+    /// gives up after `wait`.
     pub(super) async fn acquire(
         &self,
         requester: &Arc<Shared>,
@@ -111,8 +113,9 @@ impl WorkerBudget {
         }
     }
 
-    /// Retire one idle worker of the least recently used pool other than
-    /// `requester`. Returns whether one was found.
+    /// Retire one worker kept for sessions (of any pool, `requester`'s
+    /// first), else one idle worker of the least recently used pool other
+    /// than `requester`. Returns whether one was found.
     fn evict_lru(&self, requester: &Arc<Shared>) -> bool {
         let mut pools: Vec<(Instant, Arc<Shared>)> = self
             .members

@@ -498,8 +498,8 @@ impl EnvPool {
         self.discard(worker, RestartCause::Cancelled);
     }
 
-    /// Take a worker out of the pool for good and hand it to the caller (a
-    /// session), starting its replacement in the background. It keeps its
+    /// Take a worker out of the pool and hand it to the caller (a session,
+    /// which may give it back through [`EnvPool::keep_for_session`]), starting its replacement in the background. It keeps its
     /// permit of the worker budget until it is terminated.
     pub fn detach(&self, worker: Object<WorkerManager>) -> PooledWorker {
         let worker = Object::take(worker);
@@ -542,7 +542,6 @@ impl EnvPool {
         let shared = &self.shared;
         let max = shared.config.max_runs;
         let usable = !keep.is_zero()
-            && !shared.closed.load(Ordering::Acquire)
             && worker.generation == shared.generation.load(Ordering::Acquire)
             && (max == 0 || worker.runs() < max)
             && shared.budget.available() > 0
@@ -550,7 +549,11 @@ impl EnvPool {
         let token = shared.next_keep.fetch_add(1, Ordering::Relaxed);
         let refused = {
             let mut kept = shared.session_spares.lock();
-            if usable && kept.len() < shared.config.size.max(1) {
+            // Under the lock: `close` takes every kept worker under it.
+            if usable
+                && !shared.closed.load(Ordering::Acquire)
+                && kept.len() < shared.config.size.max(1)
+            {
                 kept.push((worker, token));
                 None
             } else {

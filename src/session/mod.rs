@@ -1,8 +1,9 @@
 //! Stateful sessions: a persistent Python namespace per session, kept by a
 //! dedicated process, with an idle TTL, caps, interrupts and limits.
 //!
-//! A session is started by taking a warm worker out of its environment's
-//! pool (the pool refills itself) and switching it into session mode with a
+//! A session is started by taking a worker kept from a closed session, or
+//! else a warm worker out of its environment's pool (the pool refills
+//! itself), and switching it into session mode with a
 //! `session` frame: the worker's zygote forks one long-lived session child,
 //! with the same limits and setup as a clean run's child, that keeps one `__main__`
 //! and one working directory for every call (see `python/worker.py`,

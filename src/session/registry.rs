@@ -18,6 +18,10 @@ use crate::error::error_chain;
 use crate::pool::{EnvPool, PooledWorker};
 use crate::worker::{OutputSink, RunOutput, kill_process_tree};
 
+/// How much longer than the termination grace a closed session's worker has
+/// to end the session and clear what it left (see `worker_release`).
+const RELEASE_SLACK: Duration = Duration::from_secs(3);
+
 /// Ended sessions remembered for their 404 message.
 const ENDED_KEPT: usize = 1024;
 
@@ -303,7 +307,8 @@ impl Sessions {
 
     /// End session `id` (for client `owner`; any with `None`): later calls
     /// get 404 at once; calls already accepted finish first, then its
-    /// process is terminated.
+    /// process is ended and its worker kept for the next session (see
+    /// `worker_release`).
     pub fn close(&self, id: &str, owner: Option<&str>) -> Result<SessionInfo, ExecError> {
         let session = {
             let mut inner = self.inner.lock();
@@ -432,7 +437,8 @@ async fn worker_release(
     if keep.is_zero() {
         return worker.terminate(grace).await;
     }
-    match worker.release_session(grace).await {
+    // The worker's clean-up has up to 2 s (`CLEAN_SECONDS`) of its own.
+    match worker.release_session(grace + RELEASE_SLACK).await {
         Ok(()) => home.keep_for_session(worker, keep),
         Err(e) => {
             tracing::info!(

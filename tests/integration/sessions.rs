@@ -694,36 +694,12 @@ for fd in range(3, 64):
             pass
 "#;
 
-/// The session's process: the one process working in a `session` directory.
-fn session_process(server: &TestServer) -> u32 {
-    let found: Vec<u32> = common::processes_mentioning(server.executor.base_dir())
-        .into_iter()
-        .filter(|p| {
-            std::fs::read_link(format!("/proc/{p}/cwd"))
-                .is_ok_and(|cwd| cwd.file_name().is_some_and(|n| n == "session"))
-        })
-        .collect();
-    assert_eq!(found.len(), 1, "one session process, found {found:?}");
-    found[0]
-}
-
-/// The session's worker: the parent of the zygote that forked the
-/// session's process.
-fn session_worker(server: &TestServer) -> u32 {
-    let ours = common::processes_mentioning(server.executor.base_dir());
-    let worker = common::parent_of(session_process(server)).and_then(common::parent_of);
-    match worker {
-        Some(worker) if ours.contains(&worker) => worker,
-        other => panic!("the session's worker: {other:?}"),
-    }
-}
-
 #[tokio::test]
 async fn a_session_whose_worker_dies_mid_call_answers_with_an_error_and_is_gone() {
     let server = TestServer::start().await;
     let id = create(&server, json!({})).await;
     ok(&server, &id, "x = 1").await;
-    let worker = session_worker(&server);
+    let worker = common::session_worker(&server);
     let killer = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(500)).await;
         nix::sys::signal::kill(
@@ -829,8 +805,8 @@ async fn a_session_whose_zygote_dies_is_lost_and_says_so() {
     let server = TestServer::start().await;
     let id = create(&server, json!({})).await;
     ok(&server, &id, "x = 1").await;
-    let process = session_process(&server);
-    common::kill_zygote(session_worker(&server)).await;
+    let process = common::session_process(&server);
+    common::kill_zygote(common::session_worker(&server)).await;
     common::wait_gone(process, "the session's process, its zygote killed").await;
     let started = Instant::now();
     let (status, body) = call(&server, &id, "print(x)").await;
@@ -1036,7 +1012,7 @@ async fn a_closed_sessions_worker_opens_the_next_session_and_no_worker_starts() 
     let server = TestServer::start().await;
     let id = create(&server, json!({})).await;
     ok(&server, &id, "planted = 1").await;
-    let worker = session_worker(&server);
+    let worker = common::session_worker(&server);
     let (status, _) = server.delete(&format!("/sessions/{id}")).await;
     assert_eq!(status, 200);
     common::wait_for_session_spares(&server, 1).await;
@@ -1052,7 +1028,11 @@ async fn a_closed_sessions_worker_opens_the_next_session_and_no_worker_starts() 
     let id = create(&server, json!({})).await;
     let body = ok(&server, &id, "print('planted' in globals())").await;
     assert_eq!(body["stdout"], "False\n", "{body}");
-    assert_eq!(session_worker(&server), worker, "served by the kept worker");
+    assert_eq!(
+        common::session_worker(&server),
+        worker,
+        "served by the kept worker"
+    );
     let pool = server.pool().await;
     assert_eq!(
         (&pool["session_spares"], &pool["size"], &pool["starting"]),
@@ -1065,9 +1045,9 @@ async fn a_closed_sessions_worker_opens_the_next_session_and_no_worker_starts() 
     let (status, _) = server.delete(&format!("/sessions/{id}")).await;
     assert_eq!(status, 200);
     common::wait_for_session_spares(&server, 1).await;
-    let id = create(&server, json!({"ttl": 0.3})).await;
+    let id = create(&server, json!({"ttl": 1.0})).await;
     ok(&server, &id, "1").await;
-    assert_eq!(session_worker(&server), worker);
+    assert_eq!(common::session_worker(&server), worker);
     common::wait_for_session_spares(&server, 0).await;
     let started = Instant::now();
     while server.executor.has_session(&id) {
@@ -1091,7 +1071,7 @@ async fn a_closed_session_whose_zygote_is_gone_leaves_no_worker_kept() {
     let server = TestServer::start().await;
     let id = create(&server, json!({})).await;
     ok(&server, &id, "x = 1").await;
-    let worker = session_worker(&server);
+    let worker = common::session_worker(&server);
     common::kill_zygote(worker).await;
     let (status, _) = server.delete(&format!("/sessions/{id}")).await;
     assert_eq!(status, 200);
@@ -1116,7 +1096,7 @@ async fn a_closed_sessions_worker_is_ended_when_not_to_be_kept_or_the_budget_is_
         let server = TestServer::with_config(config).await;
         let id = create(&server, json!({})).await;
         ok(&server, &id, "1").await;
-        let worker = session_worker(&server);
+        let worker = common::session_worker(&server);
         server.wait_for_pool_size(2, Duration::from_secs(10)).await;
         let (status, _) = server.delete(&format!("/sessions/{id}")).await;
         assert_eq!(status, 200);

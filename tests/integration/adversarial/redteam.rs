@@ -171,11 +171,12 @@ os.makedirs(site)
 open(os.path.join(site, "usercustomize.py"), "w").write("print('PLANTED')\n")
 os.makedirs(os.path.join(home, "locked", "inner"))
 os.chmod(os.path.join(home, "locked"), 0o000)
-open(os.path.join(home, "big"), "wb").write(b"x" * (50 << 20))
+open(os.path.join(home, "big"), "wb").write(b"x" * (100 << 20))
 # A process of its own session that outlives it and keeps planting.
 pid = os.fork()
 if pid == 0:
     os.setsid()
+    os.chdir(home)  # not the session's directory: the test finds the session's process by it
     if os.fork():
         os._exit(0)
     while True:
@@ -193,6 +194,7 @@ print("planted")
         .attack(json!({"code": plant, "session": first, "timeout": 20.0}))
         .await;
     assert_eq!(body["stdout"], "planted\n", "{body}");
+    let worker = common::session_worker(server);
     let (status, _) = server.delete(&format!("/sessions/{first}")).await;
     assert_eq!(status, 200);
     common::wait_for_session_spares(server, 1).await;
@@ -201,12 +203,6 @@ print("planted")
     let (status, info) = server.post("/sessions", json!({})).await;
     assert_eq!(status, 201, "{info}");
     let second = info["id"].as_str().unwrap().to_string();
-    let pool = server.pool().await;
-    assert_eq!(
-        pool["session_spares"], 0,
-        "the kept worker serves it: {pool}"
-    );
-    assert_eq!(common::worker_pids(server).len(), launchers);
     let check = r#"
 import json, os, subprocess, sys, time
 time.sleep(0.2)  # time for a planting process, were one left
@@ -222,9 +218,15 @@ open("again", "wb").write(b"x" * (200 << 20))
     let body = arena
         .attack(json!({"code": check, "session": second, "timeout": 20.0}))
         .await;
+    assert_eq!(
+        common::session_worker(server),
+        worker,
+        "the kept worker serves it"
+    );
+    assert_eq!(common::worker_pids(server).len(), launchers);
     // Its own directory, empty; a /dev/shm of its own; no planted module
-    // ran in its child; the 50 MB left nothing behind, so the quota holds
-    // 200 MB again.
+    // ran in its child; the 100 MB left nothing behind (nor held open), so
+    // the quota (256 MB) holds 200 MB again.
     let seen: Value = serde_json::from_str(body["stdout"].as_str().unwrap())
         .unwrap_or_else(|e| panic!("{e}: {body}"));
     assert_eq!(seen["home"], json!(["session"]), "{body}");
@@ -237,6 +239,96 @@ open("again", "wb").write(b"x" * (200 << 20))
     let (status, _) = server.delete(&format!("/sessions/{second}")).await;
     assert_eq!(status, 200);
     common::wait_for_session_spares(server, 1).await;
+    arena.assert_recovered().await;
+}
+
+#[tokio::test]
+async fn a_run_that_changes_what_its_zygote_hands_down_reaches_no_later_run() {
+    // Rlimits, nice value, CPU affinity and scheduling policy pass from the
+    // zygote to every run it forks, and a run may change them from outside
+    // (a process of the same user): the zygote then forks nothing more, and
+    // its worker is replaced.
+    let arena = Arena::one_worker().await;
+    let state = "import json, os, resource
+limits = sorted({getattr(resource, n) for n in dir(resource) if n.startswith('RLIMIT_')})
+print(json.dumps([[resource.getrlimit(r) for r in limits], os.getpriority(os.PRIO_PROCESS, 0),
+                  sorted(os.sched_getaffinity(0)), os.sched_getscheduler(0)]))";
+    let fresh = arena.attack(run(state, 10.0)).await;
+    assert_eq!(fresh["exit_code"], 0, "{fresh}");
+    for (what, change) in [
+        ("nice", "os.setpriority(os.PRIO_PROCESS, zygote, 19)"),
+        (
+            "rlimit",
+            "resource.prlimit(zygote, resource.RLIMIT_NOFILE, (64, 64))",
+        ),
+        (
+            "affinity",
+            "os.sched_setaffinity(zygote, {min(os.sched_getaffinity(0))})",
+        ),
+        (
+            "policy",
+            "os.sched_setscheduler(zygote, os.SCHED_IDLE, os.sched_param(0))",
+        ),
+    ] {
+        let code =
+            format!("import os, resource\nzygote = os.getppid()\n{change}\nprint('changed')");
+        let body = arena.attack(run(&code, 10.0)).await;
+        assert_eq!(body["stdout"], "changed\n", "{what}: {body}");
+        for _ in 0..2 {
+            let body = arena.attack(run(state, 10.0)).await;
+            assert_eq!(body["stdout"], fresh["stdout"], "{what} was handed down");
+        }
+    }
+    arena.assert_recovered().await;
+}
+
+#[tokio::test]
+async fn a_session_that_changes_what_its_zygote_hands_down_leaves_no_worker_kept() {
+    // Rlimits, nice value, CPU affinity and scheduling policy pass from the
+    // zygote to every process it forks, and a session's code may change
+    // them from outside (a process of the same user). A closed session's
+    // worker whose zygote or worker was changed so is ended, not kept for
+    // the next session (maybe another client's).
+    let arena = Arena::one_worker().await;
+    let server = &arena.server;
+    for (what, change) in [
+        ("nice", "os.setpriority(os.PRIO_PROCESS, zygote, 19)"),
+        (
+            "rlimit",
+            "resource.prlimit(zygote, resource.RLIMIT_NOFILE, (64, 64))",
+        ),
+        (
+            "affinity",
+            "os.sched_setaffinity(zygote, {min(os.sched_getaffinity(0))})",
+        ),
+        (
+            "policy",
+            "os.sched_setscheduler(zygote, os.SCHED_IDLE, os.sched_param(0))",
+        ),
+    ] {
+        let (status, info) = server.post("/sessions", json!({})).await;
+        assert_eq!(status, 201, "{info}");
+        let id = info["id"].as_str().unwrap().to_string();
+        let code = format!(
+            "import os, resource\nzygote = os.getppid()\ntry:\n    {change}\n    print('changed')\nexcept OSError as e:\n    print('refused', e.errno)"
+        );
+        let body = arena.attack(json!({"code": code, "session": id})).await;
+        let worker = common::session_worker(server);
+        let (status, _) = server.delete(&format!("/sessions/{id}")).await;
+        assert_eq!(status, 200);
+        if body["stdout"] == "changed\n" {
+            common::wait_gone(worker, what).await;
+            assert_eq!(server.pool().await["session_spares"], 0, "{what}");
+        } else {
+            // Refused here: the worker is kept as after any session.
+            assert!(
+                what != "nice",
+                "raising a nice value is never refused: {body}"
+            );
+            common::wait_for_session_spares(server, 1).await;
+        }
+        server.wait_for_pool_size(1, Duration::from_secs(10)).await;
+    }
     arena.assert_recovered().await;
 }
 

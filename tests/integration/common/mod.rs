@@ -371,6 +371,31 @@ pub async fn wait_gone(pid: u32, what: &str) {
     }
 }
 
+/// The session's process: the one process working in a `session` directory
+/// (once it has served a call).
+pub fn session_process(server: &TestServer) -> u32 {
+    let found: Vec<u32> = processes_mentioning(server.executor.base_dir())
+        .into_iter()
+        .filter(|p| {
+            std::fs::read_link(format!("/proc/{p}/cwd"))
+                .is_ok_and(|cwd| cwd.file_name().is_some_and(|n| n == "session"))
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "one session process, found {found:?}");
+    found[0]
+}
+
+/// The session's worker: the parent of the zygote that forked the
+/// session's process.
+pub fn session_worker(server: &TestServer) -> u32 {
+    let ours = processes_mentioning(server.executor.base_dir());
+    let worker = parent_of(session_process(server)).and_then(parent_of);
+    match worker {
+        Some(worker) if ours.contains(&worker) => worker,
+        other => panic!("the session's worker: {other:?}"),
+    }
+}
+
 /// Wait until the default environment's pool keeps `n` workers of closed
 /// sessions for the next session (see `session_spares` in `/health`); its
 /// pool status then.
