@@ -3051,6 +3051,8 @@ def zygote_main(sock, worker, worker_pid, scope):
                     empty_pipe(wake_r)
                     running = len(forked)
                     report_exits(sock, forked)
+                    if len(forked) < running:
+                        check_handed_down(handed_down)
                     if not prepared and len(forked) < running:
                         # A run has ended, its report is sent: the next child
                         # may wait for these, the first result does not.
@@ -3060,13 +3062,6 @@ def zygote_main(sock, worker, worker_pid, scope):
                 if not msg:
                     raise ChannelClosed()
                 if msg in (b"F", b"W", b"f") or msg[:1] == b"S":
-                    if own_handed_down() != handed_down:
-                        # A run changed it from outside, as a process of the
-                        # same user may: no later child inherits that. The
-                        # worker finds its zygote gone and is replaced.
-                        sys.stderr.write("code-executor: the zygote's limits, priority or CPU "
-                                         "affinity were changed; it exits\n")
-                        raise ChannelClosed()
                     note_zygote_modules()
                     fds = []
                     for level, kind, data in ancillary:
@@ -3126,6 +3121,7 @@ def zygote_main(sock, worker, worker_pid, scope):
                 elif msg == b"K":
                     report_exits(sock, forked)
                     kill_descendants()
+                    check_handed_down(handed_down)
                     sock.send(b"k")
                 elif msg[:1] == b"I":
                     consumed = 0
@@ -3166,9 +3162,38 @@ def own_handed_down():
     if _ALL_RLIMITS is None:
         _ALL_RLIMITS = tuple(sorted({getattr(resource, name) for name in dir(resource)
                                      if name.startswith("RLIMIT_")})) if resource else ()
-    limits = [resource.getrlimit(r) for r in _ALL_RLIMITS]
+    limits = tuple((r, resource.getrlimit(r)) for r in _ALL_RLIMITS)
     return (limits, os.getpriority(os.PRIO_PROCESS, 0), os.sched_getaffinity(0),
             os.sched_getscheduler(0))
+
+
+def handed_down_changed(before):
+    """Whether own_handed_down() would differ from ``before``, found while
+    making as few objects as it can: each is freed before the next is made,
+    in the same memory, so the check writes few of the zygote's pages (each
+    page it writes costs it a fault after every fork)."""
+    limits, nice, cpus, policy = before
+    getrlimit = resource.getrlimit
+    for r, was in limits:
+        if getrlimit(r) != was:
+            return True
+    return (os.getpriority(os.PRIO_PROCESS, 0) != nice or os.sched_getscheduler(0) != policy
+            or os.sched_getaffinity(0) != cpus)
+
+
+def check_handed_down(before):
+    """Exit the zygote if what it hands down to its children is no longer
+    ``before`` (see own_handed_down): a run or session changed it from
+    outside, as a process of the same user may, and no later child may
+    inherit that. The worker finds its zygote gone and is replaced. Called
+    once a child has ended, and once what a run left is killed: by then the
+    next child is not forked yet, so what the check allocates is no page a
+    child shares (a check before each fork cost every run ~15 copy-on-write
+    faults)."""
+    if handed_down_changed(before):
+        sys.stderr.write("code-executor: the zygote's limits, priority or CPU affinity were "
+                         "changed; it exits\n")
+        raise ChannelClosed()
 
 
 def prepare_zygote():
