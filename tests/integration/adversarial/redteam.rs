@@ -242,6 +242,25 @@ open("again", "wb").write(b"x" * (200 << 20))
     arena.assert_recovered().await;
 }
 
+/// Changes a process of the zygote's user can make to it from outside,
+/// each of which every child it forks later would inherit (`zygote` is
+/// its pid).
+const HANDED_DOWN_CHANGES: [(&str, &str); 4] = [
+    ("nice", "os.setpriority(os.PRIO_PROCESS, zygote, 19)"),
+    (
+        "rlimit",
+        "resource.prlimit(zygote, resource.RLIMIT_NOFILE, (64, 64))",
+    ),
+    (
+        "affinity",
+        "os.sched_setaffinity(zygote, {min(os.sched_getaffinity(0))})",
+    ),
+    (
+        "policy",
+        "os.sched_setscheduler(zygote, os.SCHED_IDLE, os.sched_param(0))",
+    ),
+];
+
 #[tokio::test]
 async fn a_run_that_changes_what_its_zygote_hands_down_reaches_no_later_run() {
     // Rlimits, nice value, CPU affinity and scheduling policy pass from the
@@ -255,21 +274,7 @@ print(json.dumps([[resource.getrlimit(r) for r in limits], os.getpriority(os.PRI
                   sorted(os.sched_getaffinity(0)), os.sched_getscheduler(0)]))";
     let fresh = arena.attack(run(state, 10.0)).await;
     assert_eq!(fresh["exit_code"], 0, "{fresh}");
-    for (what, change) in [
-        ("nice", "os.setpriority(os.PRIO_PROCESS, zygote, 19)"),
-        (
-            "rlimit",
-            "resource.prlimit(zygote, resource.RLIMIT_NOFILE, (64, 64))",
-        ),
-        (
-            "affinity",
-            "os.sched_setaffinity(zygote, {min(os.sched_getaffinity(0))})",
-        ),
-        (
-            "policy",
-            "os.sched_setscheduler(zygote, os.SCHED_IDLE, os.sched_param(0))",
-        ),
-    ] {
+    for (what, change) in HANDED_DOWN_CHANGES {
         let code =
             format!("import os, resource\nzygote = os.getppid()\n{change}\nprint('changed')");
         let body = arena.attack(run(&code, 10.0)).await;
@@ -291,21 +296,7 @@ async fn a_session_that_changes_what_its_zygote_hands_down_leaves_no_worker_kept
     // the next session (maybe another client's).
     let arena = Arena::one_worker().await;
     let server = &arena.server;
-    for (what, change) in [
-        ("nice", "os.setpriority(os.PRIO_PROCESS, zygote, 19)"),
-        (
-            "rlimit",
-            "resource.prlimit(zygote, resource.RLIMIT_NOFILE, (64, 64))",
-        ),
-        (
-            "affinity",
-            "os.sched_setaffinity(zygote, {min(os.sched_getaffinity(0))})",
-        ),
-        (
-            "policy",
-            "os.sched_setscheduler(zygote, os.SCHED_IDLE, os.sched_param(0))",
-        ),
-    ] {
+    for (what, change) in HANDED_DOWN_CHANGES {
         let (status, info) = server.post("/sessions", json!({})).await;
         assert_eq!(status, 201, "{info}");
         let id = info["id"].as_str().unwrap().to_string();
