@@ -3874,7 +3874,7 @@ class Session:
 
     __slots__ = ("child", "grace", "lost", "files", "direct", "before")
 
-    def __init__(self, child, grace, direct=False):
+    def __init__(self, child, grace, direct=False, before=None):
         self.child = child
         self.grace = grace
         self.lost = None  # why the child is gone, once it is
@@ -3886,7 +3886,7 @@ class Session:
         self.direct = direct
         # What of the worker and its zygote the session's code could change
         # from outside (see inherited_state), as it was before the session.
-        self.before = None
+        self.before = before
 
     def execute(self, worker, msg):
         child = self.child
@@ -4049,8 +4049,7 @@ def open_session(worker, msg):
     finally:
         if prefork is not None:
             worker.dismiss(prefork)
-    worker.session = Session(child, msg["grace"], direct)
-    worker.session.before = before
+    worker.session = Session(child, msg["grace"], direct, before)
     if direct:
         import _socket as socket
 

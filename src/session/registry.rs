@@ -325,11 +325,7 @@ impl Sessions {
         };
         tracing::info!(session = %id, "session closed");
         let info = session.info();
-        let times = (self.grace, self.config.keep_worker);
-        tokio::spawn(async move {
-            let worker = session.worker.lock().await.take();
-            worker_release(worker, &session.home, times).await;
-        });
+        self.release_later(session);
         Ok(info)
     }
 
@@ -384,12 +380,18 @@ impl Sessions {
                 record.env_hash = Some(session.env_hash.to_string());
                 audit.emit(record, None);
             }
-            let times = (self.grace, self.config.keep_worker);
-            tokio::spawn(async move {
-                let worker = session.worker.lock().await.take();
-                worker_release(worker, &session.home, times).await;
-            });
+            self.release_later(session);
         }
+    }
+
+    /// Once its calls already accepted are done, end the session's process
+    /// and have its pool keep its worker (see `worker_release`).
+    fn release_later(&self, session: Arc<Session>) {
+        let times = (self.grace, self.config.keep_worker);
+        tokio::spawn(async move {
+            let worker = session.worker.lock().await.take();
+            worker_release(worker, &session.home, times).await;
+        });
     }
 
     /// Refuse new sessions and end every live one; a session whose call is
