@@ -17,6 +17,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -34,6 +35,31 @@ pub(crate) use process::kill_process_tree;
 
 /// Bytes of a worker's stderr kept to explain a failed start.
 const STDERR_TAIL_BYTES: usize = 4096;
+
+/// Runs and session calls in flight in this process, on every worker.
+static RUNNING: AtomicUsize = AtomicUsize::new(0);
+
+/// One run or session call counted in [`RUNNING`] while it lives.
+struct Running;
+
+impl Running {
+    fn enter() -> Running {
+        RUNNING.fetch_add(1, Ordering::Relaxed);
+        Running
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether the run or call asking is the only one in flight in this
+/// process: nothing else of the server's wants a CPU for a run.
+fn running_alone() -> bool {
+    RUNNING.load(Ordering::Relaxed) <= 1
+}
 /// Tasks a starting worker may have besides a run's: the launcher, the
 /// interpreter, the threads its preloads start and its first child. Its
 /// cgroup is narrowed to what it really has once it is ready.
@@ -531,6 +557,7 @@ impl Worker {
         self.settle();
         self.in_flight = true;
         self.sent = false;
+        let _running = Running::enter();
         let guard = KillOnDrop {
             pid: self.info.pid,
             armed: kill_on_drop,
