@@ -506,47 +506,46 @@ impl Worker {
                 let mut report = Vec::new();
                 let session = self.session.as_mut().expect("a direct session");
                 let awake = output.is_none() && session.quick && super::running_alone();
-                let early = if awake {
+                let mut early = if awake {
                     await_report_awake(session, params.id, cap, &mut report, started + SPIN)
                 } else {
                     None
                 };
-                if let Some(early) = early {
-                    early
-                } else {
-                    loop {
-                        let session = self.session.as_mut().expect("a direct session");
-                        let ended = watch(
-                            session,
-                            &params,
-                            cap,
-                            &mut report,
-                            &mut out,
-                            &mut err,
-                            output,
-                            listen_at,
-                            kill_at.unwrap_or(interrupt_at).min(hard),
-                        )
-                        .await;
-                        if !matches!(ended, Ended::Interrupt) {
-                            break ended;
-                        }
-                        let now = Instant::now();
-                        if now >= hard {
-                            return Err(WorkerError::Unresponsive(deadline));
-                        }
-                        if kill_at.is_some() {
-                            break Ended::Timeout;
-                        }
-                        timed_out = true;
-                        kill_at = Some(now + session.grace);
-                        // Answered once the signal is sent: no later call can
-                        // get it.
-                        let interrupt = protocol::encode_frame(&Interrupt { t: "interrupt" })
-                            .map_err(WorkerError::Protocol)?;
-                        self.round_trip(&interrupt, hard.saturating_duration_since(now), None)
-                            .await?;
+                loop {
+                    if let Some(ended) = early.take() {
+                        break ended;
                     }
+                    let session = self.session.as_mut().expect("a direct session");
+                    let ended = watch(
+                        session,
+                        &params,
+                        cap,
+                        &mut report,
+                        &mut out,
+                        &mut err,
+                        output,
+                        listen_at,
+                        kill_at.unwrap_or(interrupt_at).min(hard),
+                    )
+                    .await;
+                    if !matches!(ended, Ended::Interrupt) {
+                        break ended;
+                    }
+                    let now = Instant::now();
+                    if now >= hard {
+                        return Err(WorkerError::Unresponsive(deadline));
+                    }
+                    if kill_at.is_some() {
+                        break Ended::Timeout;
+                    }
+                    timed_out = true;
+                    kill_at = Some(now + session.grace);
+                    // Answered once the signal is sent: no later call can
+                    // get it.
+                    let interrupt = protocol::encode_frame(&Interrupt { t: "interrupt" })
+                        .map_err(WorkerError::Protocol)?;
+                    self.round_trip(&interrupt, hard.saturating_duration_since(now), None)
+                        .await?;
                 }
             }
         };
@@ -609,8 +608,8 @@ impl Worker {
 /// `report`. The call's end, if it came (`None`: not yet, or the pipe
 /// closed or failed, which [`watch`] then sees).
 ///
-/// A call that ends within [`SPIN`] (most calls of a harness or of a tool
-/// loop's quick steps) is answered sooner this way: a runtime thread that
+/// A call that ends within [`SPIN`] (a quick call sent back to back, as a
+/// harness or a grader sends them) is answered sooner this way: a runtime thread that
 /// sleeps until the report comes must be woken for it, and waking a thread
 /// on an idle CPU of a VM costs tens of microseconds. The thread yields
 /// between reads, so a session child queued on its CPU runs first; it is

@@ -1017,6 +1017,12 @@ async fn a_closed_sessions_worker_opens_the_next_session_and_no_worker_starts() 
     assert_eq!(status, 200);
     common::wait_for_session_spares(&server, 1).await;
     server.wait_for_pool_size(2, Duration::from_secs(10)).await;
+    let metrics = crate::ops::parse_metrics(&crate::ops::scrape(&server, None).await.1);
+    let env = server.executor.default_env();
+    let gauge =
+        |state: &str| metrics[&format!(r#"code_executor_workers{{env="{env}",state="{state}"}}"#)];
+    assert_eq!(gauge("session_spare"), 1.0, "the kept worker is counted");
+    assert_eq!(gauge("idle") + gauge("busy") + gauge("starting"), 2.0);
     let before = workers(&server);
     assert_eq!(
         before.len(),
