@@ -474,10 +474,12 @@ impl Worker {
         let mut err = Capture::new(params.max_output);
         let mut timed_out = false;
         // Whatever user code wrote to the report pipe after the last call's
-        // report is no report of this call.
+        // report is no report of this call. Read from the pipe itself: the
+        // runtime may not have seen it become readable (a report awaited
+        // awake was read past it).
         let mut stale = [0u8; 4096];
         for _ in 0..16 {
-            if !matches!(session.report.try_read(&mut stale), Ok(n) if n > 0) {
+            if !matches!(nix::unistd::read(session.report.as_fd(), &mut stale), Ok(n) if n > 0) {
                 break;
             }
         }
@@ -612,9 +614,10 @@ impl Worker {
 /// harness or a grader sends them) is answered sooner this way: a runtime thread that
 /// sleeps until the report comes must be woken for it, and waking a thread
 /// on an idle CPU of a VM costs tens of microseconds. The thread yields
-/// between reads, so a session child queued on its CPU runs first; it is
+/// between reads, so that a session child queued on its CPU can run; it is
 /// done only while no other run or call is in flight (see [`direct_call`]),
-/// so the CPU it keeps busy is one nothing else of the server's wants.
+/// so the CPU it keeps busy is one no run wants. Other requests (a
+/// `GET /health`) queued on this thread may wait for it, at most [`SPIN`].
 ///
 /// [`direct_call`]: Worker::direct_call
 fn await_report_awake(

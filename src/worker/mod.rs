@@ -857,7 +857,7 @@ pub(crate) fn worker_env(base: &HashMap<String, String>) -> Vec<(OsString, OsStr
 
 #[cfg(test)]
 mod tests {
-    use super::{LAUNCH, signal_name};
+    use super::{LAUNCH, Ordering, RUNNING, Running, running_alone, signal_name};
     use std::io::{Read, Write};
     use std::os::fd::{AsRawFd, OwnedFd};
     use std::process::{Child, Stdio};
@@ -1001,6 +1001,19 @@ print('ctypes' in sys.modules)
             "def missing():\n    raise AttributeError('no CFuncPtr')\nw._bare_ctypes = missing\n{DUMPABLE_ROUND_TRIP}"
         );
         assert_eq!(bootstrap_c_calls(&body), "None\n0\n1\n22\nTrue\n");
+    }
+
+    #[test]
+    fn a_run_is_alone_until_another_is_in_flight() {
+        assert!(running_alone());
+        let first = Running::enter();
+        assert!(running_alone(), "the asking run itself");
+        let second = Running::enter();
+        assert!(!running_alone());
+        drop(second);
+        assert!(running_alone());
+        drop(first);
+        assert_eq!(RUNNING.load(Ordering::Relaxed), 0);
     }
 
     #[test]

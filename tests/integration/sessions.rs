@@ -1022,7 +1022,6 @@ async fn a_closed_sessions_worker_opens_the_next_session_and_no_worker_starts() 
     let gauge =
         |state: &str| metrics[&format!(r#"code_executor_workers{{env="{env}",state="{state}"}}"#)];
     assert_eq!(gauge("session_spare"), 1.0, "the kept worker is counted");
-    assert_eq!(gauge("idle") + gauge("busy") + gauge("starting"), 2.0);
     let before = workers(&server);
     assert_eq!(
         before.len(),
