@@ -631,13 +631,9 @@ async fn a_forged_report_cannot_name_files_outside_the_session_directory() {
     let server = TestServer::start().await;
     let id = create(&server, json!({})).await;
     let forge = |with_id: bool| {
-        FORGE.replace(
-            "CALL_ID",
-            if with_id {
-                "[f.f_locals['call'] for f in frames() if f.f_code.co_name == 'session_main'][0]"
-            } else {
-                "None"
-            },
+        format!(
+            "{FORGE_TOOLS}\nto_every_pipe(report_on({}))",
+            if with_id { "this_call()" } else { "None" }
         )
     };
     let (status, body) = call(&server, &id, &forge(false)).await;
@@ -658,17 +654,17 @@ async fn a_forged_report_cannot_name_files_outside_the_session_directory() {
     server.stop().await;
 }
 
-/// User code that writes a report of its own (status 7, two artifacts, one
-/// outside the session directory; its `id` is CALL_ID) to every pipe it
-/// holds.
-const FORGE: &str = r#"
+/// Python for user code that forges reports: `report_on(call_id)` is a
+/// framed report (status 7, two artifacts, one outside the session
+/// directory) on that call, `to_every_pipe(data)` writes `data` to every
+/// pipe the process holds, `this_call()` is the id of the call running.
+const FORGE_TOOLS: &str = r#"
 import os, stat, struct, sys
-def frames():
+def this_call():
     f = sys._getframe()
-    while f is not None:
-        yield f
+    while f.f_code.co_name != 'session_main':
         f = f.f_back
-call_id = CALL_ID
+    return f.f_locals['call']
 def pack(obj):
     # msgpack of nil, ints, short strs, and lists and maps of under 16 items
     if isinstance(obj, dict):
@@ -681,18 +677,47 @@ def pack(obj):
         return b'\xcf' + struct.pack('!Q', obj) if obj > 127 else bytes([obj])
     data = obj.encode()
     return bytes([0xa0 | len(data)]) + data
-report = pack({'id': call_id, 'status': 7, 'artifacts': [{'path': '../../etc/passwd', 'size': 1, 'mime': 'text/plain'}, {'path': 'ok.txt', 'size': 1, 'mime': 'text/plain'}]})
-for fd in range(3, 64):
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        continue
-    if stat.S_ISFIFO(st.st_mode):
+def report_on(call_id):
+    report = pack({'id': call_id, 'status': 7, 'artifacts': [{'path': '../../etc/passwd', 'size': 1, 'mime': 'text/plain'}, {'path': 'ok.txt', 'size': 1, 'mime': 'text/plain'}]})
+    return struct.pack('!I', len(report)) + report
+def to_every_pipe(data):
+    for fd in range(3, 64):
         try:
-            os.write(fd, struct.pack('!I', len(report)) + report)
+            st = os.fstat(fd)
         except OSError:
-            pass
+            continue
+        if stat.S_ISFIFO(st.st_mode):
+            try:
+                os.write(fd, data)
+            except OSError:
+                pass
 "#;
+
+#[tokio::test]
+async fn a_report_forged_between_calls_never_answers_the_next_call() {
+    // A thread the call leaves running writes reports on the next calls'
+    // ids once the call has been answered (a quick call, whose report the
+    // server read without the runtime's help): each later call still gets
+    // its own answer.
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    ok(&server, &id, "x = 1").await;
+    let code = format!(
+        "{FORGE_TOOLS}\nimport threading, time\nfirst = this_call()\ndef later():\n    time.sleep(0.05)\n    to_every_pipe(b''.join(report_on(i) for i in range(first + 1, first + 6)))\nthreading.Thread(target=later).start()\nprint('forging')"
+    );
+    for round in 0..3 {
+        let body = ok(&server, &id, &code).await;
+        assert_eq!(body["exit_code"], 0, "round {round}: {body}");
+        assert_eq!(body["stdout"], "forging\n", "round {round}: {body}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let body = ok(&server, &id, "print('mine')\nx").await;
+        assert_eq!(body["exit_code"], 0, "round {round}: {body}");
+        assert_eq!(body["stdout"], "mine\n", "round {round}: {body}");
+        assert_eq!(body["result"], "1", "round {round}: {body}");
+        assert_eq!(body["artifacts"], json!([]), "round {round}: {body}");
+    }
+    server.stop().await;
+}
 
 #[tokio::test]
 async fn a_session_whose_worker_dies_mid_call_answers_with_an_error_and_is_gone() {
