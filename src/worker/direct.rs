@@ -53,6 +53,13 @@ const QUIET: Duration = Duration::from_millis(2);
 /// ~60 us after the call is written.
 const SPIN: Duration = Duration::from_micros(200);
 
+/// A call not awaited awake that is answered within this long makes the
+/// session's next call awaited awake again: asleep, a call that would have
+/// been answered within [`SPIN`] awake takes up to a wake-up longer (a
+/// warm `print(2+2)` ~200-250 us against ~170), so that one slow call
+/// (a harness's setup) does not leave every later quick call asleep.
+const QUICK_ASLEEP: Duration = Duration::from_micros(400);
+
 /// A session keeps the buffer its calls are pickled into while it is no
 /// larger than this (a call with megabytes of files does not pin them).
 const CALL_KEPT: usize = 64 * 1024;
@@ -78,8 +85,9 @@ pub(super) struct DirectSession {
     buffers: [Vec<u8>; 3],
     /// The call being sent, pickled (see [`SessionCall`]).
     call: Vec<u8>,
-    /// Whether the last call was answered within [`SPIN`] (true before
-    /// the first): the next call's report is then awaited awake.
+    /// Whether the last call was answered within [`SPIN`] awake or
+    /// [`QUICK_ASLEEP`] asleep (true before the first): the next call's
+    /// report is then awaited awake.
     quick: bool,
 }
 
@@ -490,6 +498,7 @@ impl Worker {
         if session.call.capacity() > CALL_KEPT {
             session.call = Vec::new();
         }
+        let mut awake = false;
         let ended = match write {
             Err(_) => return Err(WorkerError::Unresponsive(deadline)),
             Ok(Err(_)) => Ended::Unsent,
@@ -507,7 +516,7 @@ impl Worker {
                 let mut kill_at: Option<Instant> = None;
                 let mut report = Vec::new();
                 let session = self.session.as_mut().expect("a direct session");
-                let awake = output.is_none() && session.quick && super::running_alone();
+                awake = output.is_none() && session.quick && super::running_alone();
                 let mut early = if awake {
                     await_report_awake(session, params.id, cap, &mut report, started + SPIN)
                 } else {
@@ -553,7 +562,8 @@ impl Worker {
         };
         let session = self.session.as_mut().expect("a direct session");
         let took = started.elapsed();
-        session.quick = matches!(ended, Ended::Report(_)) && took <= SPIN;
+        let quick_within = if awake { SPIN } else { QUICK_ASLEEP };
+        session.quick = matches!(ended, Ended::Report(_)) && took <= quick_within;
         let duration_ms = took.as_secs_f64() * 1e3;
         let mut result = match ended {
             Ended::Report(report) => {
