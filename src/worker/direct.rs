@@ -91,6 +91,34 @@ pub(super) struct DirectSession {
     quick: bool,
 }
 
+impl DirectSession {
+    /// The session of a child whose request, stdout, stderr and report
+    /// pipes are `pipes` (the server's ends), `ended` readable once it has
+    /// ended, with `grace` for a call to stop after its interrupt.
+    fn new(
+        pipes: [OwnedFd; 4],
+        ended: Option<AsyncFd<OwnedFd>>,
+        grace: Duration,
+    ) -> std::io::Result<DirectSession> {
+        let [request, stdout, stderr, report] = pipes;
+        Ok(DirectSession {
+            request: pipe::Sender::from_owned_fd(request)?,
+            stdout: Output::new(stdout)?,
+            stderr: Output::new(stderr)?,
+            report: pipe::Receiver::from_owned_fd(report)?,
+            ended,
+            grace,
+            buffers: [
+                vec![0; READ_CHUNK],
+                vec![0; READ_CHUNK],
+                vec![0; READ_CHUNK],
+            ],
+            call: Vec::new(),
+            quick: true,
+        })
+    }
+}
+
 /// What the server and the session child need to know of a call, read
 /// from its `exec` frame (borrowing its code, input and files).
 #[derive(Deserialize)]
@@ -440,24 +468,14 @@ impl Worker {
                 "the worker handed over {count} descriptors for its session, not 4 or 5"
             )));
         };
-        self.session = Some(DirectSession {
-            request: pipe::Sender::from_owned_fd(request).map_err(WorkerError::Io)?,
-            stdout: Output::new(stdout).map_err(WorkerError::Io)?,
-            stderr: Output::new(stderr).map_err(WorkerError::Io)?,
-            report: pipe::Receiver::from_owned_fd(report).map_err(WorkerError::Io)?,
-            ended: pidfd
-                .map(crate::sys::watch_readable)
-                .transpose()
+        let ended = pidfd
+            .map(crate::sys::watch_readable)
+            .transpose()
+            .map_err(WorkerError::Io)?;
+        self.session = Some(
+            DirectSession::new([request, stdout, stderr, report], ended, grace)
                 .map_err(WorkerError::Io)?,
-            grace,
-            buffers: [
-                vec![0; READ_CHUNK],
-                vec![0; READ_CHUNK],
-                vec![0; READ_CHUNK],
-            ],
-            call: Vec::new(),
-            quick: true,
-        });
+        );
         Ok(())
     }
 
@@ -855,21 +873,8 @@ mod tests {
         let (stderr, _) = pipe();
         let (report, report_w) = pipe();
         drop(request_r);
-        let session = DirectSession {
-            request: pipe::Sender::from_owned_fd(request_w).unwrap(),
-            stdout: Output::new(stdout).unwrap(),
-            stderr: Output::new(stderr).unwrap(),
-            report: pipe::Receiver::from_owned_fd(report).unwrap(),
-            ended: None,
-            grace: Duration::from_secs(1),
-            buffers: [
-                vec![0; READ_CHUNK],
-                vec![0; READ_CHUNK],
-                vec![0; READ_CHUNK],
-            ],
-            call: Vec::new(),
-            quick: true,
-        };
+        let pipes = [request_w, stdout, stderr, report];
+        let session = DirectSession::new(pipes, None, Duration::from_secs(1)).unwrap();
         (session, report_w)
     }
 
