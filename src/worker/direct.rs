@@ -660,11 +660,8 @@ fn await_report_awake(
         match nix::unistd::read(session.report.as_fd(), rbuf) {
             Ok(0) => return None,
             Ok(n) => {
-                report.extend_from_slice(&rbuf[..n]);
-                match take_report(report, id, cap) {
-                    Some(Ok(done)) => return Some(Ended::Report(Box::new(done))),
-                    Some(Err(())) => return Some(Ended::Flood),
-                    None => {}
+                if let Some(ended) = gather_report(report, &rbuf[..n], id, cap) {
+                    return Some(ended);
                 }
             }
             Err(nix::errno::Errno::EAGAIN) => {
@@ -716,11 +713,8 @@ async fn watch(
                 if n == 0 {
                     return Ended::Exit;
                 }
-                report.extend_from_slice(&rbuf[..n]);
-                match take_report(report, params.id, cap) {
-                    Some(Ok(done)) => return Ended::Report(Box::new(done)),
-                    Some(Err(())) => return Ended::Flood,
-                    None => {}
+                if let Some(ended) = gather_report(report, &rbuf[..n], params.id, cap) {
+                    return ended;
                 }
             }
             () = &mut child_ended => return Ended::Exit,
@@ -736,6 +730,16 @@ async fn watch(
                 }
             }
         }
+    }
+}
+
+/// Add `chunk`, read from the report pipe, to `report`: the call's end once
+/// its report is whole (see [`take_report`]), `None` until then.
+fn gather_report(report: &mut Vec<u8>, chunk: &[u8], id: u64, cap: u64) -> Option<Ended> {
+    report.extend_from_slice(chunk);
+    match take_report(report, id, cap)? {
+        Ok(done) => Some(Ended::Report(Box::new(done))),
+        Err(()) => Some(Ended::Flood),
     }
 }
 
