@@ -1457,7 +1457,9 @@ def specialize_request_path(passes=10):
 def prepare_later_runs():
     """Import what runs often need (linecache, traceback and what they
     import; json, which user code often imports and every graded case
-    with an entry function does, 1-2 ms of each child's CPU otherwise),
+    with an entry function does, 1-2 ms of each child's CPU otherwise;
+    pickle's C part, with which a direct session's process loads its
+    calls, ~1.5 ms of its first call otherwise, for 64 KiB),
     specialize the request path (specialize_request_path) and freeze it
     all, so that the children forked from here on share it. The imports
     cost ~10 ms where the environment's start-up (``site``, its ``.pth``
@@ -1470,6 +1472,10 @@ def prepare_later_runs():
 
     present = set(sys.modules)
     import json  # noqa: F401
+    try:
+        import _pickle  # noqa: F401
+    except ImportError:
+        pass
 
     # A run's own json.py is still its json (see shadowed_by_files).
     note_zygote_modules(set(sys.modules) - present)
@@ -3331,12 +3337,13 @@ def from_stdlib(module):
 
 def note_zygote_modules(added=()):
     """Keep the zygote's module names for the children it forks next
-    (``added``: names it imported after its start)."""
+    (``added``: names it imported after its start, which a run's own files
+    shadow, learning or not: see shadowed_by_files)."""
     global _zygote_modules, _zygote_added
-    if not LEARNING:
-        return
     if added:
         _zygote_added = _zygote_added.union(added)
+    if not LEARNING:
+        return
     if len(_zygote_modules) != len(sys.modules):
         _zygote_modules = frozenset(sys.modules)
 
