@@ -1315,14 +1315,33 @@ def _cache_run_source(linecache):
         linecache.cache[RUN_FILENAME] = _run_source[0]
 
 
+# The standard library's json, as prepare_later_runs or import_harness_json
+# imported it: a case that sends its own json.py (which its code then
+# imports, see shadowed_by_files) does not change how call_entry reads its
+# arguments and writes its value.
+_JSON = None
+
+
+def import_harness_json():
+    """Import json for call_entry in a run's process forked before its
+    zygote had (see prepare_later_runs): before the run's files are written,
+    so that it is the standard library's, and as if the zygote had imported
+    it, so that a run whose files hold its own json still imports that."""
+    global _JSON
+    before = set(sys.modules)
+    import json
+
+    _JSON = json
+    note_zygote_modules(set(sys.modules) - before)
+
+
 def call_entry(ns, call):
     """Grading's function mode: call the function ``call["entry"]`` that the
     run's code defined with the JSON ``call["args"]`` (a list: positional
     arguments; a map: keywords; nil: none; else the one argument) and
     return the JSON of its value. In the run's process, after its code: no
     files carry the input or the value."""
-    import json
-
+    json = _JSON
     entry = call["entry"]
     fn = ns.get(entry)
     if not callable(fn):
@@ -1459,7 +1478,7 @@ def prepare_later_runs():
     import; json, which user code often imports and every graded case
     with an entry function does, 1-2 ms of each child's CPU otherwise;
     pickle's C part, with which a direct session's process loads its
-    calls, ~1.5 ms of its first call otherwise, for 64 KiB),
+    calls, ~1.1 ms of its first call otherwise, for 64 KiB),
     specialize the request path (specialize_request_path) and freeze it
     all, so that the children forked from here on share it. The imports
     cost ~10 ms where the environment's start-up (``site``, its ``.pth``
@@ -1471,11 +1490,13 @@ def prepare_later_runs():
     import linecache, traceback, fnmatch  # noqa: F401,E401
 
     present = set(sys.modules)
-    import json  # noqa: F401
+    import json
     try:
         import _pickle  # noqa: F401
     except ImportError:
         pass
+    global _JSON
+    _JSON = json
 
     # A run's own json.py is still its json (see shadowed_by_files).
     note_zygote_modules(set(sys.modules) - present)
@@ -1524,6 +1545,8 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         if digits is not None and hasattr(sys, "set_int_max_str_digits"):
             sys.set_int_max_str_digits(digits)
         _figures["max_pixels"] = msg.get("max_image_pixels")
+        if _JSON is None and msg.get("call") is not None:
+            import_harness_json()
         write_files(rundir, msg["files"])
         shadowed_by_files(msg["files"])
         set_stdin(msg["stdin"])
@@ -1725,6 +1748,24 @@ def walk_files(root, tree=None):
                 continue
 
 
+# fnmatch and mimetypes as the artifact walk uses them (see artifact_modules).
+_ARTIFACT_MODULES = None
+
+
+def artifact_modules():
+    """fnmatch and mimetypes, imported once and then kept here: once a
+    session's process has them, a module of those names that a call sends
+    or leaves in the session directory (first on sys.path), or takes out of
+    sys.modules, is never the walk's (a call's own ``mimetypes.py`` would
+    otherwise run in the walk, and could end the session)."""
+    global _ARTIFACT_MODULES
+    if _ARTIFACT_MODULES is None:
+        import fnmatch, mimetypes  # noqa: E401
+
+        _ARTIFACT_MODULES = (fnmatch, mimetypes)
+    return _ARTIFACT_MODULES
+
+
 def pick_artifacts(files, inputs, select, max_each, max_total):
     """The artifacts among ``files`` ((relative path, path, size) each):
     those ``select`` matches, except input files left as they were sent; the
@@ -1736,7 +1777,7 @@ def pick_artifacts(files, inputs, select, max_each, max_total):
         if mimetypes is None:
             # At the first file: most runs leave none, and these two import
             # re and urllib.parse.
-            import fnmatch, mimetypes  # noqa: E401
+            fnmatch, mimetypes = artifact_modules()
         if len(found) >= MAX_ARTIFACTS:
             break
         if select is not None and not any(fnmatch.fnmatchcase(rel, p) for p in select):
@@ -3367,8 +3408,8 @@ def imported_since_fork():
 
 
 def shadowed_by_files(files, forget=False):
-    """Drop the modules the zygote imported after its start (json, learned
-    ones) that the run's own files shadow (``name.py`` or ``name/``), so
+    """Drop the modules the zygote imported after its start (json, pickle's
+    C part and _compat_pickle, learned ones) that the run's own files shadow (``name.py`` or ``name/``), so
     that the run imports its own, as a fresh interpreter would. With
     ``forget`` (a session), those names are no longer the zygote's: what the
     session imports under them from then on stays."""
@@ -3547,10 +3588,10 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
         tree = TreeWatch() if direct else None
         clock = SessionClock()
         if direct:
-            # What collecting artifacts imports, imported before user code
-            # runs: a call's own ``mimetypes.py`` (the session directory is
-            # on sys.path) is then never the one it gets.
-            import fnmatch, mimetypes  # noqa: F401,E401 (SESSION_IMPORTS)
+            # What collecting artifacts imports, imported and kept before
+            # user code runs: a call's own ``mimetypes.py`` (the session
+            # directory is on sys.path) is then never the one it gets.
+            artifact_modules()  # SESSION_IMPORTS
             # pickle's C unpickler, without pickle.py (~1.5 ms to import)
             from _pickle import loads as load_call
         while True:

@@ -248,6 +248,28 @@ async fn comparison_modes_decide_what_matches() {
 }
 
 #[tokio::test]
+async fn function_mode_reads_and_writes_json_with_the_standard_library_whatever_a_case_sends() {
+    // A case's own json.py is the json its code imports; the harness that
+    // reads the case's input and writes the value keeps the standard
+    // library's. Graded twice over: the first cases may run in processes
+    // forked before their zygote imported json.
+    let server = TestServer::start().await;
+    let code = "import json\ndef solve(a):\n    return [a, json.WHO]\n";
+    let tests =
+        json!([{"input": [1], "expected": [1, "mine"]}, {"input": [2], "expected": [2, "mine"]}]);
+    for round in 0..4 {
+        let result = grade(
+            &server,
+            json!({"code": code, "tests": tests, "entry": "solve",
+                   "files": {"json.py": "WHO = 'mine'\ndef dumps(*a, **k):\n    return 'forged'\n"}}),
+        )
+        .await;
+        assert_eq!(verdicts(&result), ["ok", "ok"], "round {round}: {result}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn function_mode_calls_the_entry_and_compares_return_values() {
     let server = TestServer::start().await;
     let code = "def solve(a, b=0):\n    print('noise')\n    if a == 'boom':\n        raise ValueError('bad input')\n    return {'sum': a + b, 'items': [a, b, 0.1 + 0.2]}\n";

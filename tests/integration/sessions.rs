@@ -926,6 +926,54 @@ async fn a_module_a_call_leaves_in_the_session_directory_does_not_break_its_arti
     server.stop().await;
 }
 
+#[tokio::test]
+async fn a_module_a_call_sends_under_the_artifact_walks_names_is_never_the_walks() {
+    // A kept worker's zygote has imported what the artifact walk needs
+    // (fnmatch, mimetypes), so a call sending its own mimetypes.py has the
+    // zygote's taken out of sys.modules for it; the walk keeps its own.
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    ok(&server, &id, "1").await;
+    let (status, _) = server.delete(&format!("/sessions/{id}")).await;
+    assert_eq!(status, 200);
+    common::wait_for_session_spares(&server, 1).await;
+    let id = create(&server, json!({})).await;
+    assert_eq!(
+        server.pool().await["session_spares"],
+        0,
+        "on the kept worker"
+    );
+    for (name, source) in [
+        ("mimetypes.py", "raise SystemExit(9)\n"),
+        ("fnmatch.py", "import os\nos._exit(9)\n"),
+    ] {
+        let (status, body) = server
+            .execute(json!({
+                "session": id,
+                "code": "open('data.csv', 'w').write('a,b')",
+                "files": {name: source},
+            }))
+            .await;
+        assert_eq!(status, 200, "{name}: {body}");
+        assert!(body.get("session_lost").is_none(), "{name}: {body}");
+        let csv = body["artifacts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["path"] == "data.csv")
+            .unwrap_or_else(|| panic!("{name}: {body}"));
+        assert_eq!(csv["mime"], "text/csv", "{name}: {body}");
+    }
+    // The call's own module is the one the call imports.
+    let (status, body) = call(&server, &id, "import mimetypes").await;
+    assert_eq!((status, &body["exit_code"]), (200, &json!(9)), "{body}");
+    assert_eq!(
+        ok(&server, &id, "print('alive')").await["stdout"],
+        "alive\n"
+    );
+    server.stop().await;
+}
+
 /// The paths of the artifacts in a result.
 fn artifact_paths(body: &Value) -> Vec<&str> {
     body["artifacts"]
