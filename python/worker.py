@@ -1322,17 +1322,33 @@ def _cache_run_source(linecache):
 _JSON = None
 
 
-def import_harness_json():
+def import_harness_json(rundir):
     """Import json for call_entry in a run's process forked before its
-    zygote had (see prepare_later_runs): before the run's files are written,
-    so that it is the standard library's, and as if the zygote had imported
-    it, so that a run whose files hold its own json still imports that."""
+    zygote had (see prepare_later_runs): the standard library's, as if the
+    zygote had imported it, so that a run whose files hold its own json
+    still imports that (see shadowed_by_files)."""
     global _JSON
     before = set(sys.modules)
-    import json
-
+    with imports_apart_from(rundir):
+        import json
     _JSON = json
     note_zygote_modules(set(sys.modules) - before)
+
+
+class imports_apart_from:
+    """A ``with`` block whose imports never look in ``dir``: nothing of it
+    is imported, and the import system keeps no listing of it (taken before
+    the run's files are written, with the same mtime, it could hide them
+    from the run's own imports)."""
+
+    def __init__(self, dir):
+        self.dir = dir
+
+    def __enter__(self):
+        sys.path_importer_cache[self.dir] = None
+
+    def __exit__(self, *exc):
+        sys.path_importer_cache.pop(self.dir, None)
 
 
 def call_entry(ns, call):
@@ -1546,7 +1562,7 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
             sys.set_int_max_str_digits(digits)
         _figures["max_pixels"] = msg.get("max_image_pixels")
         if _JSON is None and msg.get("call") is not None:
-            import_harness_json()
+            import_harness_json(rundir)
         write_files(rundir, msg["files"])
         shadowed_by_files(msg["files"])
         set_stdin(msg["stdin"])
@@ -3409,8 +3425,9 @@ def imported_since_fork():
 
 def shadowed_by_files(files, forget=False):
     """Drop the modules the zygote imported after its start (json, pickle's
-    C part and _compat_pickle, learned ones) that the run's own files shadow (``name.py`` or ``name/``), so
-    that the run imports its own, as a fresh interpreter would. With
+    C part and _compat_pickle, learned ones) that the run's own files shadow
+    (``name.py`` or ``name/``), so that the run imports its own, as a fresh
+    interpreter would. With
     ``forget`` (a session), those names are no longer the zygote's: what the
     session imports under them from then on stays."""
     global _zygote_added
@@ -3588,12 +3605,14 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
         tree = TreeWatch() if direct else None
         clock = SessionClock()
         if direct:
-            # What collecting artifacts imports, imported and kept before
-            # user code runs: a call's own ``mimetypes.py`` (the session
-            # directory is on sys.path) is then never the one it gets.
-            artifact_modules()  # SESSION_IMPORTS
-            # pickle's C unpickler, without pickle.py (~1.5 ms to import)
-            from _pickle import loads as load_call
+            with imports_apart_from(rundir):
+                # What collecting artifacts imports, imported and kept
+                # before user code runs: a call's own ``mimetypes.py`` (the
+                # session directory is on sys.path) is then never the one
+                # it gets.
+                artifact_modules()  # SESSION_IMPORTS
+                # pickle's C unpickler, without pickle.py (the zygote has it)
+                from _pickle import loads as load_call
         while True:
             try:
                 frame = req.read()

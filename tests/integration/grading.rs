@@ -251,7 +251,7 @@ async fn comparison_modes_decide_what_matches() {
 async fn function_mode_reads_and_writes_json_with_the_standard_library_whatever_a_case_sends() {
     // A case's own json.py is the json its code imports; the harness that
     // reads the case's input and writes the value keeps the standard
-    // library's. Graded twice over: the first cases may run in processes
+    // library's. Graded four times over: the first cases may run in processes
     // forked before their zygote imported json.
     let server = TestServer::start().await;
     let code = "import json\ndef solve(a):\n    return [a, json.WHO]\n";
