@@ -1322,15 +1322,16 @@ def _cache_run_source(linecache):
 _JSON = None
 
 
-def import_harness_json(rundir):
+def import_harness_json():
     """Import json for call_entry in a run's process forked before its
-    zygote had (see prepare_later_runs): the standard library's, as if the
-    zygote had imported it, so that a run whose files hold its own json
-    still imports that (see shadowed_by_files)."""
+    zygote had (see prepare_later_runs): the standard library's (the run's
+    directory is out of imports until its files are written, see
+    child_main), as if the zygote had imported it, so that a run whose files
+    hold its own json still imports that (see shadowed_by_files)."""
     global _JSON
     before = set(sys.modules)
-    with imports_apart_from(rundir):
-        import json
+    import json
+
     _JSON = json
     note_zygote_modules(set(sys.modules) - before)
 
@@ -1338,8 +1339,9 @@ def import_harness_json(rundir):
 class imports_apart_from:
     """A ``with`` block whose imports never look in ``dir``: nothing of it
     is imported, and the import system keeps no listing of it (taken before
-    the run's files are written, with the same mtime, it could hide them
-    from the run's own imports)."""
+    files are written there, with the same mtime, it could hide them from
+    later imports). A run's directory is kept out so by the worker's own
+    entry for it (see child_main); a session's, by this."""
 
     def __init__(self, dir):
         self.dir = dir
@@ -1505,13 +1507,13 @@ def prepare_later_runs():
     need themselves, and specialize their own code."""
     import linecache, traceback, fnmatch  # noqa: F401,E401
 
+    global _JSON
     present = set(sys.modules)
     import json
     try:
         import _pickle  # noqa: F401
     except ImportError:
         pass
-    global _JSON
     _JSON = json
 
     # A run's own json.py is still its json (see shadowed_by_files).
@@ -1535,9 +1537,6 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         if scope is not None:
             scope_signals(scope)
             os.close(scope)
-        # An import before the directory existed may have cached it as no
-        # place to import from.
-        sys.path_importer_cache.pop(rundir, None)
         # Everything that does not depend on the request is done now, while
         # no client waits: stdin on /dev/null (fd 0 already is), a fresh
         # __main__, and one pass over the request path so that its
@@ -1562,8 +1561,13 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
             sys.set_int_max_str_digits(digits)
         _figures["max_pixels"] = msg.get("max_image_pixels")
         if _JSON is None and msg.get("call") is not None:
-            import_harness_json(rundir)
+            import_harness_json()
         write_files(rundir, msg["files"])
+        # The run's directory was kept out of imports until now (the
+        # worker's entry for it in sys.path_importer_cache, inherited): a
+        # listing of it taken before its files were written, with the same
+        # mtime, could hide them from the run's own imports.
+        sys.path_importer_cache.pop(rundir, None)
         shadowed_by_files(msg["files"])
         set_stdin(msg["stdin"])
         code = msg["code"]
@@ -2327,7 +2331,8 @@ class Worker:
         self.base_tmp = {name: os.environ.get(name) for name in TMP_VARS}
         set_run_dir(self.rundir, {name: private_tmp(self.rundir) for name in TMP_VARS})
         # Not a place the worker (or its zygote) imports from: a run's files
-        # are there.  Each run's child drops this entry.
+        # are there.  Each run's child drops this entry once its files are
+        # written (see child_main).
         sys.path_importer_cache[self.rundir] = None
         self.next = None
         self.session = None  # a Session once a `session` frame switched this worker
