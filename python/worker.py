@@ -220,7 +220,10 @@ _MAX_KEYS = 512
 def _encode(obj, out):
     t = type(obj)
     if t is str:
-        data = obj.encode("utf-8", "surrogateescape")
+        try:
+            data = obj.encode("utf-8")
+        except UnicodeEncodeError:
+            data = utf8_escaped(obj)
         n = len(data)
         if n < 32:
             out.append(_BYTE[0xA0 | n])
@@ -334,6 +337,19 @@ def _encode_other(obj, out):
         raise TypeError("cannot encode %s" % type(obj).__name__)
 
 
+def utf8_escaped(text):
+    """``text``, which holds lone surrogates that UTF-8 cannot carry, as
+    UTF-8 with each escaped: an undecodable byte of a file name (``\\udcff``,
+    as ``os.fsdecode`` makes it) as ``\\xff``, any other as ``\\ud800``.
+    The server takes only valid UTF-8 for a string (a file a run names
+    ``b"\\xff"``, an exception's message, a ``__repr__``'s value)."""
+    try:
+        return (text.encode("utf-8", "surrogateescape")
+                .decode("utf-8", "backslashreplace").encode("utf-8"))
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace")
+
+
 def pure_packb(obj):
     out = []
     _encode(obj, out)
@@ -442,7 +458,10 @@ if not os.environ.get("CODE_EXECUTOR_PURE_CODEC"):
         import msgpack as _msgpack
 
         def packb(obj):
-            return _msgpack.packb(obj, use_bin_type=True)
+            try:
+                return _msgpack.packb(obj, use_bin_type=True)
+            except UnicodeEncodeError:  # a lone surrogate (see utf8_escaped)
+                return pure_packb(obj)
 
         def unpackb(data):
             return _msgpack.unpackb(data, raw=False, strict_map_key=False)
@@ -568,8 +587,7 @@ def write_error(fd, request_id, message, exc=None):
     ``exc`` (being handled) its type and traceback are added."""
     trace = ""
     if exc is not None:
-        import traceback
-
+        traceback = stdlib_traceback()
         message = "%s%s: %s" % (message, type(exc).__name__, exc)
         trace = traceback.format_exc()
     write_frame(fd, {"t": "error", "id": request_id, "message": message, "traceback": trace})
@@ -938,8 +956,7 @@ def exit_code_of(exc):
 def user_traceback(exc):
     """Print ``exc`` to stderr as the interpreter would, without this file's
     frames, and describe it for the result's ``error`` field."""
-    import traceback
-
+    traceback = stdlib_traceback()
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
@@ -1250,7 +1267,7 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000, compile
     # may run before linecache is imported (see prepare_later_runs): the
     # entry is then added when it is.
     entry = (len(code), None, code.splitlines(True), RUN_FILENAME)
-    linecache = sys.modules.get("linecache")
+    linecache = _LINECACHE if _LINECACHE is not None else sys.modules.get("linecache")
     if linecache is not None:
         linecache.cache[RUN_FILENAME] = entry
     else:
@@ -1311,8 +1328,26 @@ _run_source = [None]
 
 
 def _cache_run_source(linecache):
-    if _run_source[0] is not None:
+    # Not a run's own linecache.py, which its code imported first.
+    if _run_source[0] is not None and from_stdlib(linecache):
         linecache.cache[RUN_FILENAME] = _run_source[0]
+
+
+# The standard library's traceback and linecache, once the zygote imported
+# them (see prepare_later_runs): a run's own ``traceback.py`` is its code's,
+# never what prints its traceback.
+_TRACEBACK = _LINECACHE = None
+
+
+def stdlib_traceback():
+    """The traceback module that formats a run's traceback: the zygote's,
+    else imported now (before the zygote prepared; a run's own file of that
+    name that its code imported is then what it finds)."""
+    if _TRACEBACK is not None:
+        return _TRACEBACK
+    import traceback
+
+    return traceback
 
 
 # The standard library's json, as prepare_later_runs or import_harness_json
@@ -1325,7 +1360,7 @@ _JSON = None
 def import_harness_json():
     """Import json for call_entry in a run's process forked before its
     zygote had (see prepare_later_runs): the standard library's (the run's
-    directory is out of imports until its files are written, see
+    directory is out of imports until just before the run's code, see
     child_main), as if the zygote had imported it, so that a run whose files
     hold its own json still imports that (see shadowed_by_files)."""
     global _JSON
@@ -1505,18 +1540,19 @@ def prepare_later_runs():
     had no request for PREPARE_IDLE_MS since it started (a spare in its
     pool: see Worker.serve): the first children import what their runs
     need themselves, and specialize their own code."""
-    import linecache, traceback, fnmatch  # noqa: F401,E401
-
-    global _JSON
+    global _JSON, _TRACEBACK, _LINECACHE
     present = set(sys.modules)
+    import linecache, traceback, fnmatch  # noqa: F401,E401
     import json
     try:
         import _pickle  # noqa: F401
     except ImportError:
         pass
-    _JSON = json
+    _JSON, _TRACEBACK, _LINECACHE = json, traceback, linecache
 
-    # A run's own json.py is still its json (see shadowed_by_files).
+    # A run's own json.py, token.py or traceback.py is still its own, as in
+    # a fresh interpreter (see shadowed_by_files); the bootstrap keeps the
+    # standard library's.
     note_zygote_modules(set(sys.modules) - present)
     specialize_request_path()
     if hasattr(gc, "freeze"):
@@ -1555,6 +1591,10 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         begun = own_usage().get("cpu_ms", 0.0)
         msg = marshal.loads(frame)
         del frame
+        # The request's own files are written before its limits apply: a
+        # file over its file_size_bytes is the run's to read, not a fault
+        # before the run (so are files past a small open_files).
+        write_files(rundir, msg["files"])
         apply_limits(msg["limits"])
         digits = msg.get("int_max_str_digits")
         if digits is not None and hasattr(sys, "set_int_max_str_digits"):
@@ -1562,7 +1602,6 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         _figures["max_pixels"] = msg.get("max_image_pixels")
         if _JSON is None and msg.get("call") is not None:
             import_harness_json()
-        write_files(rundir, msg["files"])
         # The run's directory was kept out of imports until now (the
         # worker's entry for it in sys.path_importer_cache, inherited): a
         # listing of it taken before its files were written, with the same
@@ -3126,7 +3165,11 @@ def zygote_main(sock, worker, worker_pid, scope):
                         # may wait for these, the first result does not.
                         prepared = prepare_zygote()
                     continue
-                msg, ancillary, _, _ = sock.recvmsg(LEARN_MESSAGE_BYTES, rights_size)
+                # The pipe ends come close-on-exec: a process a run starts
+                # inherits its stdin, stdout and stderr, not its request or
+                # report pipe (dup2 clears the flag on fds 1 and 2).
+                msg, ancillary, _, _ = sock.recvmsg(LEARN_MESSAGE_BYTES, rights_size,
+                                                    socket.MSG_CMSG_CLOEXEC)
                 if not msg:
                     raise ChannelClosed()
                 if msg in (b"F", b"W", b"f") or msg[:1] == b"S":
@@ -3377,6 +3420,11 @@ _zygote_modules = frozenset()
 _zygote_added = frozenset()
 
 
+# Packages that import a module never learned (asyncio imports logging):
+# neither they nor their submodules are learned.
+_IMPORTS_NEVER_LEARN = set()
+
+
 def learnable(name):
     """Whether ``name`` may name a module for the zygote to import: a
     stdlib module or one of its submodules, no test or ``__main__``."""
@@ -3430,7 +3478,8 @@ def imported_since_fork():
 
 def shadowed_by_files(files, forget=False):
     """Drop the modules the zygote imported after its start (json, pickle's
-    C part and _compat_pickle, learned ones) that the run's own files shadow
+    C part and _compat_pickle, traceback, linecache and fnmatch and what
+    they import, learned ones) that the run's own files shadow
     (``name.py`` or ``name/``), so that the run imports its own, as a fresh
     interpreter would. With
     ``forget`` (a session), those names are no longer the zygote's: what the
@@ -3440,7 +3489,7 @@ def shadowed_by_files(files, forget=False):
         return
     tops = set()
     for rel, _ in files:
-        first = rel.replace("\\", "/").split("/", 1)
+        first = normalize(rel.replace("\\", "/")).split("/", 1)  # "./json.py" too
         tops.add(first[0][:-3] if len(first) == 1 and first[0].endswith(".py") else first[0])
     for top in tops & _zygote_added:
         for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
@@ -3466,14 +3515,14 @@ def learn_imports(names):
     removed = False
     consumed = imports = 0
     for name in names:
-        if name in sys.modules or not learnable(name):
+        top = name.split(".")[0] if type(name) is str else None
+        if name in sys.modules or not learnable(name) or top in _IMPORTS_NEVER_LEARN:
             consumed += 1
             continue
         if imports == LEARN_PER_GAP:
             break
         consumed += 1
         imports += 1
-        top = name.split(".")[0]
         if not (top in sys.builtin_module_names or _imp.is_frozen(top)
                 or PathFinder.find_spec(top, list(STDLIB_DIRS)) is not None):
             continue
@@ -3485,11 +3534,15 @@ def learn_imports(names):
             except BaseException:  # noqa: B902 - a module that will not import is not learned
                 caught.append(None)
         added = set(sys.modules) - present
+        if any(n.partition(".")[0] in NEVER_LEARN for n in added):
+            _IMPORTS_NEVER_LEARN.add(top)  # its submodules import it
+            caught.append(None)
         if caught or not from_stdlib(sys.modules.get(name)):
             # A deprecated module warns as it is imported, on the run's
             # stderr: each run that imports it keeps doing so itself. One
             # loaded from elsewhere than the interpreter's library (an
-            # import hook's redirection) is not learned.
+            # import hook's redirection) is not learned, nor one that
+            # imports a module never learned (asyncio imports logging).
             for n in added:
                 del sys.modules[n]
             removed = True
@@ -3712,6 +3765,10 @@ def interrupt_call(signum, frame):
         raise KeyboardInterrupt
 
 
+# The sys.stdin a session's last call with stdin got (see session_call).
+_call_stdin = [None]
+
+
 def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnull, clock):
     """Run one call's ``code`` in the session's ``main`` (with its
     ``stdin``, input ``files``, ``argv``, ``cpu_seconds`` and result
@@ -3728,7 +3785,13 @@ def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnu
             write_files(rundir, files, replace=True)
         if stdin:
             set_stdin(stdin)
-            sys.stdin = open(0, "r", closefd=False)
+            sys.stdin = _call_stdin[0] = open(0, "r", closefd=False)
+        elif _call_stdin[0] is not None:
+            # The reader an earlier call got may hold what that call left
+            # unread: a call without stdin reads none of it, only EOF.
+            if sys.stdin is _call_stdin[0]:
+                sys.stdin = open(0, "r", closefd=False)
+            _call_stdin[0] = None
         # The last programs are kept compiled, as the worker keeps them for
         # clean runs (see precompile): a call sent again (a harness, a
         # check) skips the ~50 us of parsing and compiling even a one-liner.
@@ -3754,6 +3817,14 @@ def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnu
     report = {"status": outcome.status, "result": outcome.result, "error": outcome.error}
     clock.stop(begun, report)
     return report
+
+
+def whole_seconds(used):
+    """CPU seconds ``used``, rounded up: RLIMIT_CPU counts whole seconds,
+    and a budget set above ``used`` rounded down would lose up to a second
+    of what the call may use."""
+    whole = int(used)
+    return whole + 1 if used > whole else whole
 
 
 class SessionClock:
@@ -3800,7 +3871,7 @@ class SessionClock:
         if not seconds or resource is None:
             return
         try:
-            soft = int(used) + int(seconds)
+            soft = whole_seconds(used) + int(seconds)
             current, hard = resource.getrlimit(resource.RLIMIT_CPU)
             if keep_higher and (current == resource.RLIM_INFINITY or current >= soft):
                 soft = current
@@ -3821,7 +3892,7 @@ class SessionClock:
             return
         soft = self.soft
         if soft is not None and (soft == resource.RLIM_INFINITY
-                                 or soft >= int(self.used) + int(seconds)):
+                                 or soft >= whole_seconds(self.used) + int(seconds)):
             return
         self.budget(seconds, self.used, keep_higher=True)
 
@@ -4016,7 +4087,8 @@ class Session:
         status = self.child.status
         if status is not None:  # it ended, or was killed for closing its pipe
             code, signum = exit_status(status)
-            how = ("killed by %s" % signal_name(signum)) if signum else ("exited with status %d" % code)
+            how = (("was killed by %s" % signal_name(signum)) if signum
+                   else ("exited with status %d" % code))
             return "the session process %s during this call; its state is gone" % how
         return None
 

@@ -11,7 +11,7 @@ use crate::egress::Policy;
 use crate::env::EnvSettings;
 use crate::error::ExecError;
 use crate::limits::{RequestLimits, ResultLimits, narrow_limits, run_timeout};
-use crate::protocol::{self, ExecFrame, FileEntry, WireSelection};
+use crate::protocol::{self, ExecFrame, FileEntry, WireLimits, WireSelection};
 use crate::session::ActiveCall;
 
 /// A validated request, encoded and bound to its environment.
@@ -83,6 +83,9 @@ pub(super) struct RunContext<'a> {
     pub(super) settings: &'a EnvSettings,
     /// The session's default timeout, for a session call.
     pub(super) session_timeout: Option<f64>,
+    /// The session's limits, for a session call: they stand in for the
+    /// environment's (narrowed to the caller's when the session began).
+    pub(super) session_limits: Option<&'a WireLimits>,
     /// Caps on the request's code and files.
     pub(super) request_limits: &'a RequestLimits,
     /// Workers have a scratch tmpfs of `settings.disk_bytes`, so
@@ -185,7 +188,7 @@ pub(super) fn check(
             WireSelection::Globs(globs)
         }
     };
-    let mut run = settings.run_limits.clone();
+    let mut run = ctx.session_limits.unwrap_or(&settings.run_limits).clone();
     run.cpu_seconds.get_or_insert(timeout.ceil() as u64 + 1);
     if let Some(ceiling) = ctx.client.and_then(|c| c.limits()) {
         run = narrow_limits(&run, ceiling)?;
@@ -328,6 +331,7 @@ impl Executor {
         let ctx = RunContext {
             settings: &entry.settings,
             session_timeout: session.as_ref().map(|c| c.session().timeout()),
+            session_limits: session.as_ref().map(|c| c.session().limits()),
             request_limits: &self.request_limits,
             disk_quota: self.sandbox.disk_quota,
             max_output_bytes: self.max_output_bytes,
@@ -422,6 +426,7 @@ mod tests {
         let ctx = RunContext {
             settings: &settings,
             session_timeout: None,
+            session_limits: None,
             request_limits: &REQUEST_LIMITS,
             disk_quota,
             max_output_bytes: 1 << 20,

@@ -158,7 +158,7 @@ impl Executor {
             entry.spec.name.clone(),
             env_hash.clone(),
             ttl,
-            timeout,
+            (timeout, limits),
             (worker, entry.pool.clone()),
         )?;
         self.audit_record(crate::audit::RecordKind::SessionCreate, |r| {

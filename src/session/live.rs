@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use super::clock::rfc3339;
 use crate::api::SessionInfo;
 use crate::pool::{EnvPool, PooledWorker};
+use crate::protocol::WireLimits;
 
 /// A live session.
 pub struct Session {
@@ -26,6 +27,9 @@ pub struct Session {
     pub(super) ttl: Duration,
     /// Default wall-clock limit of a call, seconds.
     pub(super) timeout: f64,
+    /// The session's limits, fixed at its start: every call runs with
+    /// them (`cpu_seconds` a budget per call).
+    pub(super) limits: WireLimits,
     pub(super) created: SystemTime,
     /// The worker in session mode; `None` once the session was lost or
     /// closed. Holding the lock is holding the session: tokio's mutex is
@@ -52,7 +56,7 @@ impl Session {
         (env, env_name, env_hash): (usize, String, Arc<str>),
         owner: Option<Arc<str>>,
         ttl: Duration,
-        timeout: f64,
+        (timeout, limits): (f64, WireLimits),
         (worker, home): (PooledWorker, EnvPool),
     ) -> Session {
         Session {
@@ -63,6 +67,7 @@ impl Session {
             owner,
             ttl,
             timeout,
+            limits,
             created: SystemTime::now(),
             pid: worker.pid(),
             home,
@@ -101,6 +106,11 @@ impl Session {
     /// Default wall-clock limit of a call, seconds.
     pub fn timeout(&self) -> f64 {
         self.timeout
+    }
+
+    /// The session's limits, which each of its calls runs with.
+    pub fn limits(&self) -> &WireLimits {
+        &self.limits
     }
 
     pub(super) fn touch(&self) {

@@ -16,6 +16,7 @@ use crate::api::SessionInfo;
 use crate::error::ExecError;
 use crate::error::error_chain;
 use crate::pool::{EnvPool, PooledWorker};
+use crate::protocol::WireLimits;
 use crate::worker::{OutputSink, RunOutput, kill_process_tree};
 
 /// How much longer than the termination grace a closed session's worker has
@@ -188,7 +189,7 @@ impl Sessions {
         env_name: String,
         env_hash: Arc<str>,
         ttl: Duration,
-        timeout: f64,
+        call_defaults: (f64, WireLimits),
         (worker, home): (PooledWorker, EnvPool),
     ) -> Result<SessionInfo, ExecError> {
         let id = match new_id() {
@@ -203,7 +204,7 @@ impl Sessions {
             (reservation.env, env_name, env_hash),
             reservation.owner.clone(),
             ttl,
-            timeout,
+            call_defaults,
             (worker, home),
         ));
         let info = session.info();
@@ -259,7 +260,13 @@ impl Sessions {
             );
             return Err(self.unknown(&self.inner.lock(), &session.id));
         }
+        let abandoned = Abandoned {
+            sessions: self,
+            session: &session,
+            armed: true,
+        };
         let outcome = worker.execute(frame, deadline, output).await;
+        abandoned.disarm();
         session.called();
         match outcome {
             Ok(out) => {
@@ -331,6 +338,13 @@ impl Sessions {
 
     /// The session was lost: forget it, remember why, end its worker.
     fn lose(&self, session: &Arc<Session>, worker: Option<PooledWorker>, reason: String) {
+        self.forget_lost(session, reason);
+        tokio::spawn(worker_terminate(worker, self.grace));
+    }
+
+    /// The session was lost: later calls get `unknown_session`, with
+    /// `reason`.
+    fn forget_lost(&self, session: &Arc<Session>, reason: String) {
         tracing::warn!(session = %session.id, "session lost: {reason}");
         {
             let mut inner = self.inner.lock();
@@ -343,7 +357,6 @@ impl Sessions {
             }
             inner.remember(&session.id, reason);
         }
-        tokio::spawn(worker_terminate(worker, self.grace));
     }
 
     /// End sessions idle past their TTL.
@@ -430,6 +443,45 @@ impl Sessions {
 /// A closed session's worker, made ready for another session within
 /// `grace` and kept by its pool for one for `keep`; terminated if it
 /// cannot be (or `keep` is zero).
+/// A session call in flight. Dropped before [`Abandoned::disarm`] (its
+/// client went away mid-call), the call killed the session's process tree
+/// (see `Worker::execute`): the session is lost then, not at its next call
+/// or its expiry, and its worker ended once the call lets go of it.
+struct Abandoned<'a> {
+    sessions: &'a Sessions,
+    session: &'a Arc<Session>,
+    armed: bool,
+}
+
+impl Abandoned<'_> {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.session.called();
+        self.sessions.forget_lost(
+            self.session,
+            "the session process was killed: a call was abandoned mid-run (its client went away)"
+                .into(),
+        );
+        // Never a panic in a drop: without a runtime (its own shutdown),
+        // the worker's process tree is already killed.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (session, grace) = (self.session.clone(), self.sessions.grace);
+            runtime.spawn(async move {
+                let worker = session.worker.lock().await.take();
+                worker_terminate(worker, grace).await;
+            });
+        }
+    }
+}
+
 async fn worker_release(
     worker: Option<PooledWorker>,
     home: &EnvPool,

@@ -10,6 +10,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant, SystemTime};
 
+use futures_util::FutureExt;
 use serde::{Deserialize, Serialize};
 use serde_bytes::Bytes;
 use tokio::io::unix::AsyncFd;
@@ -511,16 +512,39 @@ impl Worker {
         }
         protocol::pickle_into(&SessionCall::of(&params), &mut session.call)
             .map_err(WorkerError::Protocol)?;
-        let write =
-            tokio::time::timeout_at(hard.into(), session.request.write_all(&session.call)).await;
+        // A child that has ended takes no call. A process it forked may
+        // still hold the request pipe open: a call larger than the pipe
+        // holds would then wait for the hard deadline, so the write also
+        // ends with the child.
+        let DirectSession {
+            request,
+            call,
+            ended,
+            ..
+        } = &mut *session;
+        let gone = ended
+            .as_ref()
+            .is_some_and(|pidfd| pidfd.readable().now_or_never().is_some());
+        let write = if gone {
+            Ok(Ok(false))
+        } else {
+            tokio::time::timeout_at(hard.into(), async {
+                tokio::select! {
+                    biased;
+                    written = request.write_all(call) => written.map(|()| true),
+                    () = child_ended(ended) => Ok(false),
+                }
+            })
+            .await
+        };
         if session.call.capacity() > CALL_KEPT {
             session.call = Vec::new();
         }
         let mut awake = false;
         let ended = match write {
             Err(_) => return Err(WorkerError::Unresponsive(deadline)),
-            Ok(Err(_)) => Ended::Unsent,
-            Ok(Ok(())) => {
+            Ok(Err(_) | Ok(false)) => Ended::Unsent,
+            Ok(Ok(true)) => {
                 let cap = params
                     .max_artifacts_bytes
                     .saturating_add(REPORT_ROOM)
@@ -633,6 +657,15 @@ impl Worker {
     }
 }
 
+/// Resolves once the session child has ended (`ended`, its pidfd); never
+/// without one.
+async fn child_ended(ended: &Option<AsyncFd<OwnedFd>>) {
+    match ended {
+        Some(pidfd) => drop(pidfd.readable().await),
+        None => std::future::pending().await,
+    }
+}
+
 /// Wait for the report on call `id` without sleeping, until `until`: read
 /// the report pipe and yield the CPU in turns, gathering what comes in
 /// `report`. The call's end, if it came (`None`: not yet, or the pipe
@@ -693,12 +726,7 @@ async fn watch(
 ) -> Ended {
     let [obuf, ebuf, rbuf] = &mut session.buffers;
     let mut listening = session.stdout.is_watched();
-    let child_ended = async {
-        match &session.ended {
-            Some(pidfd) => drop(pidfd.readable().await),
-            None => std::future::pending().await,
-        }
-    };
+    let child_ended = child_ended(&session.ended);
     tokio::pin!(child_ended);
     loop {
         tokio::select! {

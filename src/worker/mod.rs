@@ -296,6 +296,10 @@ impl Worker {
         }
         let args: Vec<OsString> = vec![
             "-I".into(),
+            // No bytecode written, which `-I` keeps PYTHONDONTWRITEBYTECODE
+            // from saying: not into the environment, nor a run's modules'
+            // into its directory (their `__pycache__` as artifacts).
+            "-B".into(),
             "-u".into(),
             "-c".into(),
             LAUNCH.into(),

@@ -269,3 +269,76 @@ async fn invalid_utf8_output_is_replaced_not_rejected() {
     assert_eq!(body["stdout"], "ok \u{fffd}\u{fffd} end");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn text_utf8_cannot_carry_comes_back_escaped() {
+    // A file name of bytes that are not UTF-8 and an exception's message
+    // with a lone surrogate: the run is answered, each written escaped.
+    let server = TestServer::start().await;
+    for round in 0..3 {
+        let body = server
+            .run("open(b'a\\xffb.txt', 'wb').write(b'x')\nraise ValueError(chr(0xd800) + chr(0xdcfe))")
+            .await;
+        assert_eq!(body["exit_code"], 1, "round {round}: {body}");
+        assert_eq!(body["error"]["type"], "ValueError", "round {round}: {body}");
+        assert_eq!(
+            body["error"]["message"], "\\ud800\\udcfe",
+            "round {round}: {body}"
+        );
+        assert_eq!(
+            body["artifacts"][0]["path"], "a\\xffb.txt",
+            "round {round}: {body}"
+        );
+        assert_eq!(body["artifacts"][0]["size"], 1, "round {round}: {body}");
+    }
+    // The worker that answered them still serves.
+    assert_eq!(server.run("print(4)").await["stdout"], "4\n");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn input_files_are_written_whatever_the_runs_own_limits() {
+    // The request's files are its input: a file over its own
+    // `file_size_bytes`, or more files than its `open_files` leaves room
+    // for, is still written; the limits hold for what the code does.
+    let server = TestServer::start().await;
+    let (status, body) = server
+        .execute(json!({
+            "code": "print(len(open('a.txt').read()))\nopen('b.txt', 'wb').write(b'y' * 100000)",
+            "files": {"a.txt": "x".repeat(1000)},
+            "limits": {"file_size_bytes": 10},
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], "1000\n", "{body}");
+    assert_eq!(body["limit"], "file_size", "{body}");
+    assert_eq!(body["error"]["type"], "OSError", "{body}");
+    let (status, body) = server
+        .execute(json!({
+            "code": "import os\nprint([os.stat(n).st_size for n in ('a.txt', 'b.txt', 'c.txt')])",
+            "files": {"a.txt": "1", "b.txt": "22", "c.txt": "333"},
+            "limits": {"open_files": 3},
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], "[1, 2, 3]\n", "{body}");
+    assert_eq!(body["exit_code"], 0, "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_runs_own_modules_leave_no_bytecode_behind() {
+    // A run's directory goes with it: bytecode cached there would only come
+    // back as artifacts.
+    let server = TestServer::start().await;
+    let (status, body) = server
+        .execute(json!({
+            "code": "import helper, sys\nprint(helper.VALUE, sys.dont_write_bytecode)",
+            "files": {"helper.py": "VALUE = 42"},
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], "42 True\n", "{body}");
+    assert_eq!(body["artifacts"], json!([]), "{body}");
+    server.stop().await;
+}

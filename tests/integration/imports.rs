@@ -234,3 +234,81 @@ async fn a_run_imports_its_own_module_of_a_learned_name() {
     }
     server.stop().await;
 }
+
+/// A run's own module of a name the zygote imported for the bootstrap
+/// (`traceback`, `linecache` and what they import: `token`, `textwrap`, ...)
+/// or for runs (`json`) is the one its code imports, as in a fresh
+/// interpreter, wherever in its files' paths (`./json.py`); the run's
+/// traceback is still printed as the interpreter prints it.
+#[tokio::test]
+async fn a_runs_own_module_of_a_name_the_bootstrap_imported_is_its_own() {
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    let (server, _) = server(&mut fixture, true).await;
+    let probe = "import sys\n[m for m in ('json', 'traceback', 'token') if m in sys.modules]";
+    assert_eq!(
+        settled(&server, probe, "['json', 'traceback', 'token']").await,
+        "['json', 'traceback', 'token']"
+    );
+    let names = ["token", "textwrap", "traceback", "linecache", "json"];
+    let mut files = serde_json::Map::new();
+    for name in names {
+        let path = if name == "json" {
+            "./json.py".to_string()
+        } else {
+            format!("{name}.py")
+        };
+        files.insert(path, json!(format!("WHO = '{name}'\n")));
+    }
+    for round in 0..3 {
+        let (status, body) = server
+            .execute(json!({
+                "code": "import token, textwrap, traceback, linecache, json\n\
+                         print(token.WHO, textwrap.WHO, traceback.WHO, linecache.WHO, json.WHO)\n\
+                         raise ValueError('shown')",
+                "files": files,
+            }))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(
+            body["stdout"], "token textwrap traceback linecache json\n",
+            "round {round}: {body}"
+        );
+        assert_eq!(body["error"]["type"], "ValueError", "round {round}: {body}");
+        assert_eq!(body["error"]["line"], 3, "round {round}: {body}");
+        let stderr = body["stderr"].as_str().unwrap();
+        assert!(
+            stderr.contains("line 3, in <module>\n    raise ValueError('shown')\n")
+                && stderr.ends_with("ValueError: shown\n"),
+            "round {round}: {stderr}"
+        );
+    }
+    server.stop().await;
+}
+
+/// A stdlib module that imports one never learned (asyncio and
+/// concurrent.futures import logging, whose records count time from its
+/// import) is not learned either: no run finds any of them imported.
+#[tokio::test]
+async fn a_module_that_imports_one_never_learned_is_not_learned() {
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    let (server, _) = server(&mut fixture, true).await;
+    for _ in 0..3 {
+        let body = server
+            .run("import asyncio, concurrent.futures, statistics")
+            .await;
+        assert_eq!(body["exit_code"], 0, "{body}");
+    }
+    let probe = "import sys\nsorted(m for m in ('asyncio', 'concurrent.futures', 'logging', \
+                 'statistics') if m in sys.modules)";
+    // statistics, imported as often, is learned meanwhile.
+    assert_eq!(
+        settled(&server, probe, "['statistics']").await,
+        "['statistics']"
+    );
+    assert_eq!(settled(&server, probe, "-").await, "['statistics']");
+    let body = server
+        .run("import time, logging\nround(time.time() - logging._startTime)")
+        .await;
+    assert_eq!(body["result"], "0", "{body}");
+    server.stop().await;
+}

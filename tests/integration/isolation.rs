@@ -133,3 +133,53 @@ print(sum(p.endswith("/run") for p in sys.path))
     assert_eq!(body["stdout"], "True\n0\n", "{body}");
     server.stop().await;
 }
+
+/// What a process a run starts inherits: stdin, stdout and stderr, never
+/// the run's request or report pipe (nor, in a session, its request pipe).
+const INHERITED: &str = "import subprocess, sys\n\
+    listing = 'import os; print(sorted(int(fd) for fd in os.listdir(\"/proc/self/fd\")))'\n\
+    subprocess.run([sys.executable, '-S', '-c', listing], close_fds=False)";
+
+#[tokio::test]
+async fn a_process_a_run_or_session_starts_inherits_only_its_standard_streams() {
+    let server = one_worker().await;
+    for round in 0..3 {
+        // The fourth is the listing's own.
+        let body = server.run(INHERITED).await;
+        assert_eq!(body["stdout"], "[0, 1, 2, 3]\n", "round {round}: {body}");
+    }
+    let (status, info) = server.post("/sessions", serde_json::json!({})).await;
+    assert_eq!(status, 201, "{info}");
+    let (status, body) = server
+        .execute(serde_json::json!({"code": INHERITED, "session": info["id"]}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // The session's process keeps /dev/null and a watch of its directory,
+    // both close-on-exec.
+    assert_eq!(body["stdout"], "[0, 1, 2, 3]\n", "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_run_that_ends_leaving_a_background_process_is_answered_at_once() {
+    let server = one_worker().await;
+    for round in 0..3 {
+        let started = std::time::Instant::now();
+        let (status, body) = server
+            .execute(serde_json::json!({
+                "code": "import os\nos.system('sleep 30 </dev/null >/dev/null 2>&1 &')\nprint('bye', flush=True)\nos._exit(3)",
+                "timeout": 20,
+            }))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "round {round}: answered after {:?}: {body}",
+            started.elapsed()
+        );
+        assert_eq!(body["exit_code"], 3, "round {round}: {body}");
+        assert_eq!(body["timed_out"], false, "round {round}: {body}");
+        assert_eq!(body["stdout"], "bye\n", "round {round}: {body}");
+    }
+    server.stop().await;
+}

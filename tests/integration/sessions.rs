@@ -83,6 +83,14 @@ async fn variables_imports_functions_and_files_persist() {
     assert_eq!(body["stdout"], "'typed\\nlines \u{e9}\\n'\n", "{body}");
     let (_, body) = server.execute(json!({"code": read, "session": id})).await;
     assert_eq!(body["stdout"], "''\n", "{body}");
+    // Even what a call left unread of its stdin: the next call reads EOF.
+    let (_, body) = server
+        .execute(json!({"code": "input()", "session": id, "stdin": "first\nleft over\n"}))
+        .await;
+    assert_eq!(body["result"], "'first'", "{body}");
+    let (_, body) = server.execute(json!({"code": "input()", "session": id})).await;
+    assert_eq!(body["error"]["type"], "EOFError", "{body}");
+    assert_eq!(ok(&server, id, "x").await["result"], "41");
     server.stop().await;
 }
 
@@ -1190,4 +1198,129 @@ async fn a_closed_sessions_worker_is_ended_when_not_to_be_kept_or_the_budget_is_
         );
         server.stop().await;
     }
+}
+
+fn burn(seconds: f64) -> String {
+    format!(
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < {seconds}: pass\nprint('burnt')"
+    )
+}
+
+#[tokio::test]
+async fn a_sessions_limits_hold_in_every_call_and_each_call_gets_its_whole_cpu_budget() {
+    let server = TestServer::start().await;
+    let id = create(
+        &server,
+        json!({"timeout": 20, "limits": {"cpu_seconds": 1}}),
+    )
+    .await;
+    // Each call may use its second, whatever the calls before it used.
+    for round in 0..2 {
+        let body = ok(&server, &id, &burn(0.6)).await;
+        assert_eq!(body["stdout"], "burnt\n", "call {round}: {body}");
+        assert_eq!(body["limit"], Value::Null, "call {round}: {body}");
+    }
+    // A call past it is stopped by it, as a clean run is: not by the
+    // environment's budget (the call's timeout and a second).
+    let started = Instant::now();
+    let body = ok(&server, &id, &burn(10.0)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "stopped after {:?}: {body}",
+        started.elapsed()
+    );
+    assert_eq!(body["limit"], "cpu", "{body}");
+    assert_eq!(body["signal"], "SIGXCPU", "{body}");
+    assert_eq!(body["stdout"], "", "{body}");
+    let lost = body["session_lost"].as_str().expect("the loss is reported");
+    assert!(lost.contains("was killed by SIGXCPU"), "{lost}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_call_larger_than_a_pipe_holds_to_a_session_that_died_is_answered_at_once() {
+    // A process the session's process forked keeps the request pipe open
+    // after it died: writing a large call there never fails.
+    let server = TestServer::start().await;
+    let id = create(&server, json!({"timeout": 20})).await;
+    ok(
+        &server,
+        &id,
+        "import os, threading, time\nif os.fork() == 0:\n    time.sleep(60)\n    os._exit(0)\nthreading.Timer(0.3, os._exit, (5,)).start()",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let started = Instant::now();
+    let (status, body) = server
+        .execute(json!({
+            "session": id,
+            "code": "print('ran')",
+            "files": {"big.txt": "x".repeat(300_000)},
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    answered_promptly(started);
+    assert_eq!(
+        body["session_lost"], "the session process had already exited",
+        "{body}"
+    );
+    assert_eq!(body["stdout"], "", "{body}");
+    let (status, body) = call(&server, &id, "1").await;
+    assert_eq!(status, 404, "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_call_its_client_abandons_ends_the_session_at_once() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    ok(&server, &id, "x = 1").await;
+    let (_, health) = server.get("/health").await;
+    assert_eq!(health["sessions"], 1, "{health}");
+    let abandoned = server
+        .client
+        .post(format!("{}/execute", server.url))
+        .json(&json!({"session": id, "code": "import time\ntime.sleep(30)"}))
+        .timeout(Duration::from_millis(800))
+        .send()
+        .await;
+    assert!(abandoned.is_err(), "the client gave up: {abandoned:?}");
+    // The session's process was killed with the call: the session is gone
+    // from the list and the count at once, not at its next call or expiry.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, listing) = server.get("/sessions").await;
+        let (_, health) = server.get("/health").await;
+        if listing["sessions"] == json!([]) && health["sessions"] == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still live: {listing} {health}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = call(&server, &id, "x").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        common::error_message(&body).contains("abandoned"),
+        "{body}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_exception_whose_text_utf8_cannot_carry_keeps_the_session() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    ok(&server, &id, "x = 1").await;
+    let body = ok(&server, &id, "raise ValueError(chr(0xd800))").await;
+    assert_eq!(body["error"]["type"], "ValueError", "{body}");
+    assert_eq!(body["error"]["message"], "\\ud800", "{body}");
+    assert_eq!(body["exit_code"], 1, "{body}");
+    assert_eq!(body["session_lost"], Value::Null, "{body}");
+    let body = ok(&server, &id, "class A:\n    def __repr__(self):\n        return chr(0xdcff)\nA()").await;
+    assert_eq!(body["result"], "\\xff", "{body}");
+    assert_eq!(ok(&server, &id, "x").await["result"], "1");
+    server.stop().await;
 }
