@@ -1021,6 +1021,18 @@ def errno_of(exc):
     return None
 
 
+def restart_logging_clock():
+    """A run (a session) that finds logging imported (the zygote learned a
+    module that imports it, as asyncio does) counts its records'
+    ``relativeCreated`` from its own start, as a fresh interpreter would."""
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        try:
+            logging._startTime = time.time()
+        except Exception:
+            pass
+
+
 def fresh_main():
     """Install a new, empty ``__main__`` module and return it."""
     import builtins
@@ -1339,6 +1351,18 @@ def _cache_run_source(linecache):
 _TRACEBACK = _LINECACHE = None
 
 
+def import_bootstrap_traceback():
+    """Import traceback and linecache as prepare_later_runs does, in a
+    session's process forked before its zygote prepared: the bootstrap's,
+    whatever modules of those names a call sends."""
+    global _TRACEBACK, _LINECACHE
+    before = set(sys.modules)
+    import linecache, traceback  # noqa: E401
+
+    _TRACEBACK, _LINECACHE = traceback, linecache
+    note_zygote_modules(set(sys.modules) - before)
+
+
 def stdlib_traceback():
     """The traceback module that formats a run's traceback: the zygote's,
     else imported now (before the zygote prepared; a run's own file of that
@@ -1608,6 +1632,7 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         # mtime, could hide them from the run's own imports.
         sys.path_importer_cache.pop(rundir, None)
         shadowed_by_files(msg["files"])
+        restart_logging_clock()
         set_stdin(msg["stdin"])
         code = msg["code"]
         argv = msg["argv"]
@@ -3420,9 +3445,17 @@ _zygote_modules = frozenset()
 _zygote_added = frozenset()
 
 
-# Packages that import a module never learned (asyncio imports logging):
-# neither they nor their submodules are learned.
-_IMPORTS_NEVER_LEARN = set()
+# What a learned module may not import either: logging may come with one
+# (asyncio imports it), since its one piece of state from that moment, the
+# clock of its records, restarts with each run (restart_logging_clock).
+NEVER_PULLED = NEVER_LEARN - {"logging"}
+# Modules that imported one of those: neither they nor their submodules are
+# learned.
+_PULLS_NEVER_LEARNED = set()
+
+
+def pulls_never_learned(name):
+    return any(name == m or name.startswith(m + ".") for m in _PULLS_NEVER_LEARNED)
 
 
 def learnable(name):
@@ -3480,7 +3513,7 @@ def shadowed_by_files(files, forget=False):
     """Drop the modules the zygote imported after its start (json, pickle's
     C part and _compat_pickle, traceback, linecache and fnmatch and what
     they import, learned ones) that the run's own files shadow
-    (``name.py`` or ``name/``), so that the run imports its own, as a fresh
+    (``name.py`` or ``name/__init__.py``), so that the run imports its own, as a fresh
     interpreter would. With
     ``forget`` (a session), those names are no longer the zygote's: what the
     session imports under them from then on stays."""
@@ -3489,8 +3522,13 @@ def shadowed_by_files(files, forget=False):
         return
     tops = set()
     for rel, _ in files:
-        first = normalize(rel.replace("\\", "/")).split("/", 1)  # "./json.py" too
-        tops.add(first[0][:-3] if len(first) == 1 and first[0].endswith(".py") else first[0])
+        parts = normalize(rel.replace("\\", "/")).split("/")  # "./json.py" too
+        if len(parts) == 1 and parts[0].endswith(".py"):
+            tops.add(parts[0][:-3])
+        elif len(parts) == 2 and parts[1] == "__init__.py":
+            # A directory without one (data, a namespace package) never
+            # hides a module, as in a fresh interpreter.
+            tops.add(parts[0])
     for top in tops & _zygote_added:
         for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
             del sys.modules[name]
@@ -3515,14 +3553,14 @@ def learn_imports(names):
     removed = False
     consumed = imports = 0
     for name in names:
-        top = name.split(".")[0] if type(name) is str else None
-        if name in sys.modules or not learnable(name) or top in _IMPORTS_NEVER_LEARN:
+        if name in sys.modules or not learnable(name) or pulls_never_learned(name):
             consumed += 1
             continue
         if imports == LEARN_PER_GAP:
             break
         consumed += 1
         imports += 1
+        top = name.split(".")[0]
         if not (top in sys.builtin_module_names or _imp.is_frozen(top)
                 or PathFinder.find_spec(top, list(STDLIB_DIRS)) is not None):
             continue
@@ -3534,15 +3572,16 @@ def learn_imports(names):
             except BaseException:  # noqa: B902 - a module that will not import is not learned
                 caught.append(None)
         added = set(sys.modules) - present
-        if any(n.partition(".")[0] in NEVER_LEARN for n in added):
-            _IMPORTS_NEVER_LEARN.add(top)  # its submodules import it
+        if any(n.partition(".")[0] in NEVER_PULLED for n in added):
+            _PULLS_NEVER_LEARNED.add(name)  # and so do its submodules
             caught.append(None)
         if caught or not from_stdlib(sys.modules.get(name)):
             # A deprecated module warns as it is imported, on the run's
             # stderr: each run that imports it keeps doing so itself. One
             # loaded from elsewhere than the interpreter's library (an
             # import hook's redirection) is not learned, nor one that
-            # imports a module never learned (asyncio imports logging).
+            # imports a module never learned (concurrent.futures.process
+            # imports multiprocessing).
             for n in added:
                 del sys.modules[n]
             removed = True
@@ -3671,6 +3710,9 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
                 artifact_modules()  # SESSION_IMPORTS
                 # pickle's C unpickler, without pickle.py (the zygote has it)
                 from _pickle import loads as load_call
+                if _TRACEBACK is None:  # forked before its zygote prepared
+                    import_bootstrap_traceback()
+        restart_logging_clock()
         while True:
             try:
                 frame = req.read()

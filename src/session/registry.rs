@@ -338,13 +338,6 @@ impl Sessions {
 
     /// The session was lost: forget it, remember why, end its worker.
     fn lose(&self, session: &Arc<Session>, worker: Option<PooledWorker>, reason: String) {
-        self.forget_lost(session, reason);
-        tokio::spawn(worker_terminate(worker, self.grace));
-    }
-
-    /// The session was lost: later calls get `unknown_session`, with
-    /// `reason`.
-    fn forget_lost(&self, session: &Arc<Session>, reason: String) {
         tracing::warn!(session = %session.id, "session lost: {reason}");
         {
             let mut inner = self.inner.lock();
@@ -356,6 +349,24 @@ impl Sessions {
                 inner.live.remove(&session.id);
             }
             inner.remember(&session.id, reason);
+        }
+        tokio::spawn(worker_terminate(worker, self.grace));
+    }
+
+    /// The session, if still live (not closed, expired or shut down
+    /// meanwhile), was lost: later calls get `unknown_session`, with
+    /// `reason`.
+    fn forget_if_live(&self, session: &Arc<Session>, reason: String) {
+        let mut inner = self.inner.lock();
+        if inner
+            .live
+            .get(&session.id)
+            .is_some_and(|s| Arc::ptr_eq(s, session))
+        {
+            inner.live.remove(&session.id);
+            inner.remember(&session.id, reason);
+            drop(inner);
+            tracing::warn!(session = %session.id, "session lost: a call was abandoned mid-run");
         }
     }
 
@@ -440,9 +451,6 @@ impl Sessions {
     }
 }
 
-/// A closed session's worker, made ready for another session within
-/// `grace` and kept by its pool for one for `keep`; terminated if it
-/// cannot be (or `keep` is zero).
 /// A session call in flight. Dropped before [`Abandoned::disarm`] (its
 /// client went away mid-call), the call killed the session's process tree
 /// (see `Worker::execute`): the session is lost then, not at its next call
@@ -465,7 +473,7 @@ impl Drop for Abandoned<'_> {
             return;
         }
         self.session.called();
-        self.sessions.forget_lost(
+        self.sessions.forget_if_live(
             self.session,
             "the session process was killed: a call was abandoned mid-run (its client went away)"
                 .into(),
@@ -482,6 +490,9 @@ impl Drop for Abandoned<'_> {
     }
 }
 
+/// A closed session's worker, made ready for another session within
+/// `grace` and kept by its pool for one for `keep`; terminated if it
+/// cannot be (or `keep` is zero).
 async fn worker_release(
     worker: Option<PooledWorker>,
     home: &EnvPool,

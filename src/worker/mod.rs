@@ -65,7 +65,7 @@ fn running_alone() -> bool {
 /// cgroup is narrowed to what it really has once it is ready.
 const STARTUP_TASKS: u64 = 1024;
 
-/// What the interpreter runs (`python -I -u -c LAUNCH worker.py CODE
+/// What the interpreter runs (`python -I -B -u -c LAUNCH worker.py CODE
 /// SCRATCH PRELOAD`): the bootstrap's code executed as `__main__`, read from
 /// `CODE` (see [`CodeCache`]) when that holds code of this interpreter's
 /// bytecode magic (its code objects then take this start's `worker.py` path,

@@ -88,7 +88,9 @@ async fn variables_imports_functions_and_files_persist() {
         .execute(json!({"code": "input()", "session": id, "stdin": "first\nleft over\n"}))
         .await;
     assert_eq!(body["result"], "'first'", "{body}");
-    let (_, body) = server.execute(json!({"code": "input()", "session": id})).await;
+    let (_, body) = server
+        .execute(json!({"code": "input()", "session": id}))
+        .await;
     assert_eq!(body["error"]["type"], "EOFError", "{body}");
     assert_eq!(ok(&server, id, "x").await["result"], "41");
     server.stop().await;
@@ -1294,18 +1296,12 @@ async fn a_call_its_client_abandons_ends_the_session_at_once() {
         if listing["sessions"] == json!([]) && health["sessions"] == 0 {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "still live: {listing} {health}"
-        );
+        assert!(Instant::now() < deadline, "still live: {listing} {health}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let (status, body) = call(&server, &id, "x").await;
     assert_eq!(status, 404, "{body}");
-    assert!(
-        common::error_message(&body).contains("abandoned"),
-        "{body}"
-    );
+    assert!(common::error_message(&body).contains("abandoned"), "{body}");
     server.stop().await;
 }
 
@@ -1319,8 +1315,40 @@ async fn an_exception_whose_text_utf8_cannot_carry_keeps_the_session() {
     assert_eq!(body["error"]["message"], "\\ud800", "{body}");
     assert_eq!(body["exit_code"], 1, "{body}");
     assert_eq!(body["session_lost"], Value::Null, "{body}");
-    let body = ok(&server, &id, "class A:\n    def __repr__(self):\n        return chr(0xdcff)\nA()").await;
+    let body = ok(
+        &server,
+        &id,
+        "class A:\n    def __repr__(self):\n        return chr(0xdcff)\nA()",
+    )
+    .await;
     assert_eq!(body["result"], "\\xff", "{body}");
     assert_eq!(ok(&server, &id, "x").await["result"], "1");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_calls_own_traceback_module_is_its_codes_and_its_traceback_still_shows() {
+    // The session may start before its worker's zygote has imported
+    // traceback for the bootstrap: its process then imports its own first.
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    let (status, body) = server
+        .execute(json!({
+            "session": id,
+            "code": "import traceback\nprint(traceback.WHO)\nraise KeyError('shown')",
+            "files": {"traceback.py": "WHO = 'mine'\n"},
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], "mine\n", "{body}");
+    assert_eq!(body["error"]["type"], "KeyError", "{body}");
+    let stderr = body["stderr"].as_str().unwrap();
+    assert!(
+        stderr.starts_with("Traceback (most recent call last):\n")
+            && stderr.contains("line 3, in <module>")
+            && stderr.ends_with("KeyError: 'shown'\n"),
+        "{stderr}"
+    );
+    assert_eq!(ok(&server, &id, "traceback.WHO").await["result"], "'mine'");
     server.stop().await;
 }
