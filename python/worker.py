@@ -1,6 +1,6 @@
 """code-executor worker bootstrap.
 
-Started by the server as ``<prefix>/bin/python -I -u -c LAUNCH worker.py SCRATCH
+Started by the server as ``<prefix>/bin/python -I -B -u -c LAUNCH worker.py SCRATCH
 [PRELOAD,...]``, where LAUNCH (``src/worker/mod.rs``) compiles this file and runs it
 as ``__main__``: run as a script, its syntax tree would stay in memory for the
 worker's life.  Standard library only; runs on CPython 3.8 and later.
@@ -1028,7 +1028,9 @@ def restart_logging_clock():
     logging = sys.modules.get("logging")
     if logging is not None:
         try:
-            logging._startTime = time.time()
+            # Seconds as a float, or nanoseconds as an int from 3.13 on.
+            started = logging._startTime
+            logging._startTime = time.time_ns() if type(started) is int else time.time()
         except Exception:
             pass
 
@@ -1351,12 +1353,12 @@ def _cache_run_source(linecache):
 _TRACEBACK = _LINECACHE = None
 
 
-def import_bootstrap_traceback():
+def import_bootstrap_traceback(before):
     """Import traceback and linecache as prepare_later_runs does, in a
     session's process forked before its zygote prepared: the bootstrap's,
-    whatever modules of those names a call sends."""
+    whatever modules of those names a call sends. A call's own module of a
+    name imported since ``before`` (these, fnmatch, re, ...) is its own."""
     global _TRACEBACK, _LINECACHE
-    before = set(sys.modules)
     import linecache, traceback  # noqa: E401
 
     _TRACEBACK, _LINECACHE = traceback, linecache
@@ -3458,6 +3460,62 @@ def pulls_never_learned(name):
     return any(name == m or name.startswith(m + ".") for m in _PULLS_NEVER_LEARNED)
 
 
+# How long a child may take to import a module the zygote would learn.
+PROBE_SECONDS = 5.0
+
+
+def probe_import(name):
+    """The names of the modules importing ``name`` adds, imported in a
+    child forked for that alone; None if that failed or took over
+    PROBE_SECONDS."""
+    r, w = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:  # EAGAIN at the pids cap: not learned now
+        os.close(r)
+        os.close(w)
+        return None
+    if pid == 0:
+        code = 1
+        try:
+            _signal.set_wakeup_fd(-1)  # the zygote's, not this child's
+            os.close(r)
+            present = set(sys.modules)
+            __import__(name)
+            write_all(w, "\n".join(set(sys.modules) - present).encode("utf-8", "replace"))
+            code = 0
+        except BaseException:  # noqa: B902 - a module that will not import is not learned
+            pass
+        os._exit(code)
+    os.close(w)
+    chunks = []
+    finished = False
+    try:
+        deadline = time.monotonic() + PROBE_SECONDS
+        poller = select.poll()
+        poller.register(r, select.POLLIN)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                break
+            data = os.read(r, 1 << 16)
+            if not data:
+                finished = True
+                break
+            chunks.append(data)
+    finally:
+        os.close(r)
+        if not finished:
+            try:
+                os.kill(pid, _signal.SIGKILL)
+            except OSError:
+                pass
+        _, status = os.waitpid(pid, 0)
+    if not finished or status != 0:
+        return None
+    return b"".join(chunks).decode("utf-8").split("\n")
+
+
 def learnable(name):
     """Whether ``name`` may name a module for the zygote to import: a
     stdlib module or one of its submodules, no test or ``__main__``."""
@@ -3512,20 +3570,23 @@ def imported_since_fork():
 def shadowed_by_files(files, forget=False):
     """Drop the modules the zygote imported after its start (json, pickle's
     C part and _compat_pickle, traceback, linecache and fnmatch and what
-    they import, learned ones) that the run's own files shadow
-    (``name.py`` or ``name/__init__.py``), so that the run imports its own, as a fresh
-    interpreter would. With
-    ``forget`` (a session), those names are no longer the zygote's: what the
-    session imports under them from then on stays."""
+    they import, learned ones) that the run's own files shadow (``name.py``,
+    ``name.pyc``, an extension ``name.*.so``, or a package's
+    ``name/__init__.*``), so that the run imports its own, as a fresh
+    interpreter would. With ``forget`` (a session), those names are no
+    longer the zygote's: what the session imports under them from then on
+    stays."""
     global _zygote_added
     if not _zygote_added or not files:
         return
     tops = set()
     for rel, _ in files:
         parts = normalize(rel.replace("\\", "/")).split("/")  # "./json.py" too
-        if len(parts) == 1 and parts[0].endswith(".py"):
-            tops.add(parts[0][:-3])
-        elif len(parts) == 2 and parts[1] == "__init__.py":
+        if len(parts) == 1:
+            stem, _, suffix = parts[0].partition(".")
+            if suffix in ("py", "pyc") or suffix.endswith("so"):
+                tops.add(stem)
+        elif len(parts) == 2 and parts[1].partition(".")[0] == "__init__":
             # A directory without one (data, a namespace package) never
             # hides a module, as in a fresh interpreter.
             tops.add(parts[0])
@@ -3563,6 +3624,14 @@ def learn_imports(names):
         top = name.split(".")[0]
         if not (top in sys.builtin_module_names or _imp.is_frozen(top)
                 or PathFinder.find_spec(top, list(STDLIB_DIRS)) is not None):
+            continue
+        # What importing it adds, seen in a child forked for that: the
+        # zygote imports nothing it would not keep (a module pulled in and
+        # then dropped would leave its at-fork and exit hooks behind).
+        pulled = probe_import(name)
+        if pulled is None or any(n.partition(".")[0] in NEVER_PULLED for n in pulled):
+            if pulled is not None:
+                _PULLS_NEVER_LEARNED.add(name)  # and so do its submodules
             continue
         present = set(sys.modules)
         with warnings.catch_warnings(record=True) as caught:
@@ -3703,6 +3772,7 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
         clock = SessionClock()
         if direct:
             with imports_apart_from(rundir):
+                before = set(sys.modules)
                 # What collecting artifacts imports, imported and kept
                 # before user code runs: a call's own ``mimetypes.py`` (the
                 # session directory is on sys.path) is then never the one
@@ -3711,7 +3781,7 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
                 # pickle's C unpickler, without pickle.py (the zygote has it)
                 from _pickle import loads as load_call
                 if _TRACEBACK is None:  # forked before its zygote prepared
-                    import_bootstrap_traceback()
+                    import_bootstrap_traceback(before)
         restart_logging_clock()
         while True:
             try:

@@ -341,14 +341,15 @@ impl Sessions {
         tracing::warn!(session = %session.id, "session lost: {reason}");
         {
             let mut inner = self.inner.lock();
+            // Not in place of why it had ended meanwhile (closed, shut down).
             if inner
                 .live
                 .get(&session.id)
                 .is_some_and(|s| Arc::ptr_eq(s, session))
             {
                 inner.live.remove(&session.id);
+                inner.remember(&session.id, reason);
             }
-            inner.remember(&session.id, reason);
         }
         tokio::spawn(worker_terminate(worker, self.grace));
     }

@@ -287,7 +287,7 @@ async fn a_runs_own_module_of_a_name_the_bootstrap_imported_is_its_own() {
     let (status, body) = server
         .execute(json!({
             "code": "import enum, re\nisinstance(re.I, enum.Enum)",
-            "files": {"enum/data.txt": "1", "re/more.txt": "2"},
+            "files": {"enum/data.txt": "1"},
         }))
         .await;
     assert_eq!(status, 200, "{body}");
@@ -312,11 +312,21 @@ async fn a_module_that_imports_one_never_learned_is_not_learned() {
     let probe = "import sys\nsorted(m for m in ('asyncio', 'concurrent.futures.process', 'logging', \
                  'multiprocessing', 'statistics') if m in sys.modules)";
     let learned = "['asyncio', 'logging', 'statistics']";
-    assert_eq!(settled(&server, probe, learned).await, learned);
+    // The zygote learns a few modules in each gap between runs: these are
+    // ~60, each tried in a child of its own first.
+    let mut found = Value::Null;
+    for _ in 0..60 {
+        found = server.run(probe).await["result"].clone();
+        if found == learned {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(found, learned);
     assert_eq!(settled(&server, probe, "-").await, learned);
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     let body = server
-        .run("import time, logging\ntime.time() - logging._startTime < 1")
+        .run("import logging\n0 <= logging.makeLogRecord({}).relativeCreated < 1000")
         .await;
     assert_eq!(body["result"], "True", "{body}");
     server.stop().await;
