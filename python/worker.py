@@ -1353,16 +1353,14 @@ def _cache_run_source(linecache):
 _TRACEBACK = _LINECACHE = None
 
 
-def import_bootstrap_traceback(before):
+def import_bootstrap_traceback():
     """Import traceback and linecache as prepare_later_runs does, in a
     session's process forked before its zygote prepared: the bootstrap's,
-    whatever modules of those names a call sends. A call's own module of a
-    name imported since ``before`` (these, fnmatch, re, ...) is its own."""
+    whatever modules of those names a call sends."""
     global _TRACEBACK, _LINECACHE
     import linecache, traceback  # noqa: E401
 
     _TRACEBACK, _LINECACHE = traceback, linecache
-    note_zygote_modules(set(sys.modules) - before)
 
 
 def stdlib_traceback():
@@ -3265,7 +3263,7 @@ def zygote_main(sock, worker, worker_pid, scope):
                     consumed = 0
                     if learned_kib < LEARN_MAX_KIB and learned_vm_kib < LEARN_MAX_VM_KIB:
                         names = msg[1:].decode("ascii", "replace").split("\n")
-                        kept, consumed, kib, vm_kib = learn_imports(names)
+                        kept, consumed, kib, vm_kib = learn_imports(names, own_fds)
                         note_zygote_modules(kept)
                         learned_kib += kib
                         learned_vm_kib += vm_kib
@@ -3447,6 +3445,12 @@ _zygote_modules = frozenset()
 _zygote_added = frozenset()
 
 
+# What a file's name ends with to be a module (see module_named).
+_ext = sys.modules.get("_frozen_importlib_external")
+MODULE_SUFFIXES = tuple(getattr(_ext, "SOURCE_SUFFIXES", [".py"])
+                        + getattr(_ext, "BYTECODE_SUFFIXES", [".pyc"])
+                        + getattr(_ext, "EXTENSION_SUFFIXES", [".so"]))
+del _ext
 # What a learned module may not import either: logging may come with one
 # (asyncio imports it), since its one piece of state from that moment, the
 # clock of its records, restarts with each run (restart_logging_clock).
@@ -3460,30 +3464,51 @@ def pulls_never_learned(name):
     return any(name == m or name.startswith(m + ".") for m in _PULLS_NEVER_LEARNED)
 
 
-# How long a child may take to import a module the zygote would learn.
-PROBE_SECONDS = 5.0
+# How long the children that try the modules of one learning message may
+# take in all (the worker waits for the answer; see Zygote.learn).
+PROBE_SECONDS = 2.0
 
 
-def probe_import(name):
+def probe_import(name, deadline, zygote_fds):
     """The names of the modules importing ``name`` adds, imported in a
-    child forked for that alone; None if that failed or took over
-    PROBE_SECONDS."""
-    r, w = os.pipe()
+    child forked for that alone (without the zygote's ``zygote_fds``), by
+    the monotonic ``deadline``; None if it failed, warned, started a
+    thread, came from elsewhere than the interpreter's library (see
+    learn_imports), or took too long. Never learned then."""
+    zygote = os.getpid()
+    try:
+        r, w = os.pipe()
+    except OSError:  # EMFILE
+        return None
     try:
         pid = os.fork()
-    except OSError:  # EAGAIN at the pids cap: not learned now
+    except OSError:  # EAGAIN at the pids cap
         os.close(r)
         os.close(w)
         return None
     if pid == 0:
         code = 1
+        me = os.getpid()
         try:
-            _signal.set_wakeup_fd(-1)  # the zygote's, not this child's
-            os.close(r)
-            present = set(sys.modules)
-            __import__(name)
-            write_all(w, "\n".join(set(sys.modules) - present).encode("utf-8", "replace"))
-            code = 0
+            try:
+                die_with_parent()
+            except OSError:
+                pass
+            if os.getppid() == zygote:
+                _signal.set_wakeup_fd(-1)  # the zygote's, not this child's
+                for fd in (r,) + tuple(zygote_fds):
+                    os.close(fd)
+                import warnings
+
+                present = set(sys.modules)
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    __import__(name)
+                if (not caught and from_stdlib(sys.modules.get(name))
+                        and _thread_count() == 0 and os.getpid() == me):
+                    added = "\n".join(set(sys.modules) - present)
+                    write_all(w, added.encode("utf-8", "replace"))
+                    code = 0
         except BaseException:  # noqa: B902 - a module that will not import is not learned
             pass
         os._exit(code)
@@ -3491,7 +3516,6 @@ def probe_import(name):
     chunks = []
     finished = False
     try:
-        deadline = time.monotonic() + PROBE_SECONDS
         poller = select.poll()
         poller.register(r, select.POLLIN)
         while True:
@@ -3567,6 +3591,17 @@ def imported_since_fork():
         return None
 
 
+def module_named(filename):
+    """The module a file of this name is to an import (``json.py``,
+    ``json.pyc``, ``_json.cpython-311-x86_64-linux-gnu.so``), else None."""
+    for suffix in MODULE_SUFFIXES:
+        if filename.endswith(suffix):
+            stem = filename[:-len(suffix)]
+            if stem and "." not in stem:
+                return stem
+    return None
+
+
 def shadowed_by_files(files, forget=False):
     """Drop the modules the zygote imported after its start (json, pickle's
     C part and _compat_pickle, traceback, linecache and fnmatch and what
@@ -3583,10 +3618,8 @@ def shadowed_by_files(files, forget=False):
     for rel, _ in files:
         parts = normalize(rel.replace("\\", "/")).split("/")  # "./json.py" too
         if len(parts) == 1:
-            stem, _, suffix = parts[0].partition(".")
-            if suffix in ("py", "pyc") or suffix.endswith("so"):
-                tops.add(stem)
-        elif len(parts) == 2 and parts[1].partition(".")[0] == "__init__":
+            tops.add(module_named(parts[0]))
+        elif len(parts) == 2 and module_named(parts[1]) == "__init__":
             # A directory without one (data, a namespace package) never
             # hides a module, as in a fresh interpreter.
             tops.add(parts[0])
@@ -3597,7 +3630,7 @@ def shadowed_by_files(files, forget=False):
         _zygote_added = _zygote_added - tops
 
 
-def learn_imports(names):
+def learn_imports(names, zygote_fds=()):
     """Import (in the zygote) those of ``names`` the interpreter's own
     library holds, not imported yet, at most LEARN_PER_GAP of them (a
     module's own imports come after it in a report, see
@@ -3613,11 +3646,12 @@ def learn_imports(names):
     kept = []
     removed = False
     consumed = imports = 0
+    deadline = time.monotonic() + PROBE_SECONDS
     for name in names:
         if name in sys.modules or not learnable(name) or pulls_never_learned(name):
             consumed += 1
             continue
-        if imports == LEARN_PER_GAP:
+        if imports == LEARN_PER_GAP or time.monotonic() >= deadline:
             break
         consumed += 1
         imports += 1
@@ -3628,7 +3662,7 @@ def learn_imports(names):
         # What importing it adds, seen in a child forked for that: the
         # zygote imports nothing it would not keep (a module pulled in and
         # then dropped would leave its at-fork and exit hooks behind).
-        pulled = probe_import(name)
+        pulled = probe_import(name, deadline, zygote_fds)
         if pulled is None or any(n.partition(".")[0] in NEVER_PULLED for n in pulled):
             if pulled is not None:
                 _PULLS_NEVER_LEARNED.add(name)  # and so do its submodules
@@ -3776,12 +3810,14 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
                 # What collecting artifacts imports, imported and kept
                 # before user code runs: a call's own ``mimetypes.py`` (the
                 # session directory is on sys.path) is then never the one
-                # it gets.
+                # the walk gets.
                 artifact_modules()  # SESSION_IMPORTS
                 # pickle's C unpickler, without pickle.py (the zygote has it)
                 from _pickle import loads as load_call
                 if _TRACEBACK is None:  # forked before its zygote prepared
-                    import_bootstrap_traceback(before)
+                    import_bootstrap_traceback()
+                # A call's own module of one of these names is its code's.
+                note_zygote_modules(set(sys.modules) - before)
         restart_logging_clock()
         while True:
             try:

@@ -292,6 +292,16 @@ async fn a_runs_own_module_of_a_name_the_bootstrap_imported_is_its_own() {
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["result"], "True", "{body}");
+    // Nor does a file whose name only looks like a package's or a
+    // module's: `__init__.txt`, `json.also`.
+    let (status, body) = server
+        .execute(json!({
+            "code": "import enum, re, json\n(isinstance(re.I, enum.Enum), json.dumps([1]))",
+            "files": {"enum/__init__.txt": "1", "json.also": "2"},
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"], "(True, '[1]')", "{body}");
     server.stop().await;
 }
 
