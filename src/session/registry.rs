@@ -338,26 +338,15 @@ impl Sessions {
 
     /// The session was lost: forget it, remember why, end its worker.
     fn lose(&self, session: &Arc<Session>, worker: Option<PooledWorker>, reason: String) {
-        tracing::warn!(session = %session.id, "session lost: {reason}");
-        {
-            let mut inner = self.inner.lock();
-            // Not in place of why it had ended meanwhile (closed, shut down).
-            if inner
-                .live
-                .get(&session.id)
-                .is_some_and(|s| Arc::ptr_eq(s, session))
-            {
-                inner.live.remove(&session.id);
-                inner.remember(&session.id, reason);
-            }
-        }
+        self.forget_if_live(session, reason);
         tokio::spawn(worker_terminate(worker, self.grace));
     }
 
     /// The session, if still live (not closed, expired or shut down
-    /// meanwhile), was lost: later calls get `unknown_session`, with
-    /// `reason`.
+    /// meanwhile: why it ended then stays), was lost: later calls get
+    /// `unknown_session`, with `reason`.
     fn forget_if_live(&self, session: &Arc<Session>, reason: String) {
+        tracing::warn!(session = %session.id, "session lost: {reason}");
         let mut inner = self.inner.lock();
         if inner
             .live
@@ -366,8 +355,6 @@ impl Sessions {
         {
             inner.live.remove(&session.id);
             inner.remember(&session.id, reason);
-            drop(inner);
-            tracing::warn!(session = %session.id, "session lost: a call was abandoned mid-run");
         }
     }
 
