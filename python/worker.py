@@ -3504,6 +3504,10 @@ def probe_import(name, deadline, zygote_fds):
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
                     __import__(name)
+                # A deprecated module warns as it is imported, on the
+                # run's stderr: each run that imports it keeps doing so
+                # itself. One loaded from elsewhere than the interpreter's
+                # library (an import hook's redirection) is not learned.
                 if (not caught and from_stdlib(sys.modules.get(name))
                         and _thread_count() == 0 and os.getpid() == me):
                     added = "\n".join(set(sys.modules) - present)
@@ -3630,16 +3634,16 @@ def shadowed_by_files(files, forget=False):
         _zygote_added = _zygote_added - tops
 
 
-def learn_imports(names, zygote_fds=()):
+def learn_imports(names, zygote_fds):
     """Import (in the zygote) those of ``names`` the interpreter's own
     library holds, not imported yet, at most LEARN_PER_GAP of them (a
     module's own imports come after it in a report, see
-    imported_since_fork, and are then imported already); keep those that
-    imported cleanly. Returns the names kept,
+    imported_since_fork, and are then imported already), each once a child
+    forked for it (without the zygote's ``zygote_fds``) imported it cleanly
+    (see probe_import). Returns the names kept,
     how many of ``names`` were dealt with, and the KiB of private memory and
     address space the imports added."""
     import _imp
-    import warnings
     from importlib.machinery import PathFinder
 
     before = own_memory_kib()
@@ -3659,37 +3663,26 @@ def learn_imports(names, zygote_fds=()):
         if not (top in sys.builtin_module_names or _imp.is_frozen(top)
                 or PathFinder.find_spec(top, list(STDLIB_DIRS)) is not None):
             continue
-        # What importing it adds, seen in a child forked for that: the
-        # zygote imports nothing it would not keep (a module pulled in and
-        # then dropped would leave its at-fork and exit hooks behind).
+        # What importing it adds, seen in a child forked for that (which
+        # also refuses what is not to be learned): the zygote imports
+        # nothing it would not keep (a module pulled in and then dropped
+        # would leave its at-fork and exit hooks behind).
         pulled = probe_import(name, deadline, zygote_fds)
-        if pulled is None or any(n.partition(".")[0] in NEVER_PULLED for n in pulled):
-            if pulled is not None:
-                _PULLS_NEVER_LEARNED.add(name)  # and so do its submodules
+        if pulled is None:
+            continue
+        if any(n.partition(".")[0] in NEVER_PULLED for n in pulled):
+            # concurrent.futures.process imports multiprocessing
+            _PULLS_NEVER_LEARNED.add(name)  # and so do its submodules
             continue
         present = set(sys.modules)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                __import__(name)
-            except BaseException:  # noqa: B902 - a module that will not import is not learned
-                caught.append(None)
-        added = set(sys.modules) - present
-        if any(n.partition(".")[0] in NEVER_PULLED for n in added):
-            _PULLS_NEVER_LEARNED.add(name)  # and so do its submodules
-            caught.append(None)
-        if caught or not from_stdlib(sys.modules.get(name)):
-            # A deprecated module warns as it is imported, on the run's
-            # stderr: each run that imports it keeps doing so itself. One
-            # loaded from elsewhere than the interpreter's library (an
-            # import hook's redirection) is not learned, nor one that
-            # imports a module never learned (concurrent.futures.process
-            # imports multiprocessing).
-            for n in added:
+        try:
+            __import__(name)
+        except BaseException:  # noqa: B902 - it imported in the child; not here, not learned
+            for n in set(sys.modules) - present:
                 del sys.modules[n]
             removed = True
             continue
-        kept.extend(added)
+        kept.extend(set(sys.modules) - present)
     if removed:
         gc.collect()
     # As for the start's imports: out of the collector's way, and threading's
