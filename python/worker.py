@@ -1592,7 +1592,7 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
     try:
         # PWD, TMPDIR, sys.path and the plot directory came set from the
         # worker (every run has the same directory).
-        restore_thread_reset()
+        restore_fork_handlers()
         enter_run(worker_pid, rundir, out_w, err_w, parent_fds, _signal.default_int_handler)
         if scope is not None:
             scope_signals(scope)
@@ -2931,47 +2931,78 @@ _FORK_KIND = {wait: kind for kind, wait in _FORK_WARM.items()}
 _FD = struct.Struct("i")
 
 
-# ``threading``'s after-fork handler while the zygote holds it back (see
-# hold_thread_reset): the function and its own code, which each child puts
-# back before anything else runs.
-_held_thread_reset = None
+# The after-fork handlers the zygote holds back from its children (see
+# hold_fork_handlers), by name: each function, its own code, which each
+# child puts back before anything else runs, and what the child does in its
+# stead (or None).
+_held_fork_handlers = {}
 
 
-def _no_thread_reset():
+def _no_fork_handler():
     pass
 
 
-def hold_thread_reset():
-    """Spare the zygote's children ``threading``'s after-fork handler, when
-    ``threading`` was imported before the zygote forked (by ``site``, as
-    most installs' ``.pth`` files do, or by a preload). After a bare fork it
-    costs a child ~0.25 ms of CPU and ~100 copy-on-write page faults; in a
-    run, whose own code touches many of the same pages, ~0.09 ms and ~45
-    faults (``benches/support/worker_cost.py``).
+def hold_fork_handlers():
+    """Spare the zygote's children the after-fork handlers of ``threading``
+    and ``logging``, where the zygote imported them (``site``, as most
+    installs' ``.pth`` files do, a preload, or a learned import such as
+    ``asyncio`` or ``concurrent.futures``). After a bare fork
+    ``threading``'s costs a child ~0.25 ms of CPU and ~100 copy-on-write
+    page faults (``benches/support/worker_cost.py``), ``logging``'s, which
+    walks a weak set of handlers, ~0.25 ms and ~80; in a run, whose own
+    code touches many of the same pages, ~45 faults and ~20-35.
 
-    The handler makes the module's state true in a process forked from one
+    The handlers make the modules' state true in a process forked from one
     that had other threads. The zygote never has any (it is a fork of the
     worker's main thread and runs no code but its own), so its children's
-    state is already true: the same main thread, with the same ident, and
-    no lock held. Each child puts the handler back before anything else
-    runs (restore_thread_reset), so that a fork in a run resets as it always
-    does."""
-    global _held_thread_reset
-    threading = sys.modules.get("threading")
-    reset = getattr(threading, "_after_fork", None)
-    if (type(reset) is not types.FunctionType or reset.__code__.co_freevars
-            or threading.active_count() != 1
-            or threading.current_thread() is not threading.main_thread()):
+    state is already true: the same main thread, with the same ident, and no
+    lock held, but for ``logging``'s module lock, which its handler before
+    the fork takes and which each child resets itself. Each child puts the
+    handlers back before anything else runs (restore_fork_handlers), so
+    that a fork in a run resets as it always does. Nothing is held while the
+    zygote has a thread of its own."""
+    if _thread_count() > 0:
         return
-    _held_thread_reset = (reset, reset.__code__)
-    reset.__code__ = _no_thread_reset.__code__
+    threading = sys.modules.get("threading")
+    if (threading is not None
+            and (threading.active_count() != 1
+                 or threading.current_thread() is not threading.main_thread())):
+        return
+    hold_fork_handler("threading", "_after_fork", None)
+    logging = sys.modules.get("logging")
+    lock = getattr(logging, "_lock", None)
+    if hasattr(lock, "_at_fork_reinit"):
+        hold_fork_handler("logging", "_after_at_fork_child_reinit_locks", lock._at_fork_reinit)
 
 
-def restore_thread_reset():
-    """Put ``threading``'s after-fork handler back (in a run's child)."""
-    if _held_thread_reset is not None:
-        reset, code = _held_thread_reset
-        reset.__code__ = code
+def hold_fork_handler(module, name, instead):
+    """Hold back ``module.name``, if it is a plain function (see
+    hold_fork_handlers)."""
+    key = module + "." + name
+    if key in _held_fork_handlers:
+        return
+    handler = getattr(sys.modules.get(module), name, None)
+    if type(handler) is not types.FunctionType or handler.__code__.co_freevars:
+        return
+    _held_fork_handlers[key] = (handler, handler.__code__, instead)
+    handler.__code__ = _no_fork_handler.__code__
+
+
+def restore_fork_handlers():
+    """Put the held after-fork handlers back (in a child of the zygote), and
+    do what they would have done that this child needs."""
+    for handler, code, instead in _held_fork_handlers.values():
+        handler.__code__ = code
+        if instead is not None:
+            instead()
+
+
+def release_fork_handlers():
+    """Stop holding the after-fork handlers back (in the zygote, once it
+    has a thread of its own)."""
+    for handler, code, _ in _held_fork_handlers.values():
+        handler.__code__ = code
+    _held_fork_handlers.clear()
 
 
 class ZygoteLost(Exception):
@@ -3171,7 +3202,7 @@ def zygote_main(sock, worker, worker_pid, scope):
         poller.register(sock.fileno(), select.POLLIN)
         poller.register(wake_r, select.POLLIN)
         rights_size = socket.CMSG_SPACE(4 * _FD.size)
-        hold_thread_reset()
+        hold_fork_handlers()
         # Memory and address space the learned imports added (see learn_imports).
         learned_kib = learned_vm_kib = 0
         forked = set()  # run children not reported yet
@@ -3268,6 +3299,7 @@ def zygote_main(sock, worker, worker_pid, scope):
                         learned_kib += kib
                         learned_vm_kib += vm_kib
                         if _thread_count() > 0:  # an import started a thread: stop there
+                            release_fork_handlers()
                             sys.stderr.write("code-executor: a learned import started a thread\n")
                             learned_kib = LEARN_MAX_KIB
                     more = learned_kib < LEARN_MAX_KIB and learned_vm_kib < LEARN_MAX_VM_KIB
@@ -3495,6 +3527,7 @@ def probe_import(name, deadline, zygote_fds):
             except OSError:
                 pass
             if os.getppid() == zygote:
+                restore_fork_handlers()
                 _signal.set_wakeup_fd(-1)  # the zygote's, not this child's
                 for fd in (r,) + tuple(zygote_fds):
                     os.close(fd)
@@ -3685,12 +3718,12 @@ def learn_imports(names, zygote_fds):
         kept.extend(set(sys.modules) - present)
     if removed:
         gc.collect()
-    # As for the start's imports: out of the collector's way, and threading's
-    # after-fork handler held back if one of them imported it.
+    # As for the start's imports: out of the collector's way, and the
+    # after-fork handlers of threading and logging held back if one of them
+    # imported them.
     if hasattr(gc, "freeze"):
         gc.freeze()
-    if _held_thread_reset is None:
-        hold_thread_reset()
+    hold_fork_handlers()
     after = own_memory_kib()
     return kept, consumed, max(0, after[0] - before[0]), max(0, after[1] - before[1])
 
@@ -3781,7 +3814,7 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
     (see "Sessions")."""
     status = 70
     try:
-        restore_thread_reset()  # held back in the zygote (see hold_thread_reset)
+        restore_fork_handlers()  # held back in the zygote (see hold_fork_handlers)
         # SIGINT interrupts only while user code runs (see interrupt_call).
         enter_run(worker_pid, rundir, out_w, err_w, parent_fds, interrupt_call)
         if scope is not None:  # the zygote, idle now, stays out of reach

@@ -339,5 +339,58 @@ async fn a_module_that_imports_one_never_learned_is_not_learned() {
         .run("import logging\n0 <= logging.makeLogRecord({}).relativeCreated < 1000")
         .await;
     assert_eq!(body["result"], "True", "{body}");
+    // The zygote's children skip logging's after-fork handler, yet find its
+    // locks free, and a fork in a run resets them as Python's handler does.
+    let body = server.run(LOGGING_AFTER_FORKS).await;
+    assert_eq!(body["exit_code"], 0, "{body}");
+    assert_eq!(body["stdout"], "the child logs\nchild exited 0\n", "{body}");
+    assert_eq!(body["result"], "True", "{body}");
+    assert!(
+        body["stderr"].as_str().unwrap().contains("from a thread"),
+        "{body}"
+    );
     server.stop().await;
 }
+
+/// A run that logs from a second thread (it would wait forever for a
+/// logging lock held at the fork), then forks while another thread holds a
+/// handler's lock and logs through that handler in the child.
+const LOGGING_AFTER_FORKS: &str = r#"
+import logging, os, sys, threading, time
+thread = threading.Thread(target=lambda: logging.getLogger("t").warning("from a thread"))
+thread.start()
+thread.join(5)
+free = not thread.is_alive()
+handler = logging.StreamHandler(sys.stdout)
+log = logging.getLogger("f")
+log.addHandler(handler)
+log.propagate = False
+held, done = threading.Event(), threading.Event()
+def hold():
+    with handler.lock:
+        held.set()
+        done.wait()
+holder = threading.Thread(target=hold)
+holder.start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    log.warning("the child logs")
+    sys.stdout.flush()
+    os._exit(0)
+done.set()
+holder.join()
+deadline = time.monotonic() + 5
+while True:
+    ended, status = os.waitpid(pid, os.WNOHANG)
+    if ended:
+        print("child exited", os.waitstatus_to_exitcode(status))
+        break
+    if time.monotonic() > deadline:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        print("the child is stuck")
+        break
+    time.sleep(0.01)
+free
+"#;
