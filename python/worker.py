@@ -2957,10 +2957,12 @@ def hold_fork_handlers():
     worker's main thread and runs no code but its own), so its children's
     state is already true: the same main thread, with the same ident, and no
     lock held, but for ``logging``'s module lock, which its handler before
-    the fork takes and which each child resets itself. Each child puts the
-    handlers back before anything else runs (restore_fork_handlers), so
-    that a fork in a run resets as it always does. Nothing is held while the
-    zygote has a thread of its own."""
+    the fork takes and which each child resets itself; ``logging``'s is held
+    only while each handler the zygote has resets nothing else
+    (handlers_reset_only_locks). Each child puts the handlers back before
+    anything else runs (restore_fork_handlers), so that a fork in a run
+    resets as it always does. Nothing is held while the zygote has a thread
+    of its own (a thread of its worker, a preload's, is not in it)."""
     if _thread_count() > 0:
         return
     threading = sys.modules.get("threading")
@@ -2971,8 +2973,26 @@ def hold_fork_handlers():
     hold_fork_handler("threading", "_after_fork", None)
     logging = sys.modules.get("logging")
     lock = getattr(logging, "_lock", None)
-    if hasattr(lock, "_at_fork_reinit"):
+    if hasattr(lock, "_at_fork_reinit") and handlers_reset_only_locks(logging):
         hold_fork_handler("logging", "_after_at_fork_child_reinit_locks", lock._at_fork_reinit)
+    else:
+        release_fork_handlers("logging._after_at_fork_child_reinit_locks")
+
+
+def handlers_reset_only_locks(logging):
+    """Whether each logging handler the zygote has resets nothing after a
+    fork but its own lock (``logging``'s own ``_at_fork_reinit``, as every
+    handler of the standard library), which no handler of the zygote holds
+    as it forks. A handler of another library may reset more (a pid, a
+    queue, a thread): its children then run logging's handler."""
+    handlers = getattr(logging, "_at_fork_reinit_lock_weakset", None)
+    if handlers is None:
+        return False
+    for handler in list(handlers):
+        reset = getattr(type(handler), "_at_fork_reinit", None)
+        if getattr(reset, "__module__", None) != "logging":
+            return False
+    return True
 
 
 def hold_fork_handler(module, name, instead):
@@ -2997,12 +3017,13 @@ def restore_fork_handlers():
             instead()
 
 
-def release_fork_handlers():
-    """Stop holding the after-fork handlers back (in the zygote, once it
-    has a thread of its own)."""
-    for handler, code, _ in _held_fork_handlers.values():
-        handler.__code__ = code
-    _held_fork_handlers.clear()
+def release_fork_handlers(*keys):
+    """Stop holding the after-fork handlers of ``keys`` back, or all of
+    them (in the zygote, once it has a thread of its own)."""
+    for key in keys or list(_held_fork_handlers):
+        held = _held_fork_handlers.pop(key, None)
+        if held is not None:
+            held[0].__code__ = held[1]
 
 
 class ZygoteLost(Exception):
@@ -3182,6 +3203,7 @@ class Zygote:
 
 def zygote_main(sock, worker, worker_pid, scope):
     """Body of the zygote; never returns."""
+    global _THREADS_INHERITED
     import _socket as socket
 
     code = 0
@@ -3202,6 +3224,7 @@ def zygote_main(sock, worker, worker_pid, scope):
         poller.register(sock.fileno(), select.POLLIN)
         poller.register(wake_r, select.POLLIN)
         rights_size = socket.CMSG_SPACE(4 * _FD.size)
+        _THREADS_INHERITED = _thread_count()
         hold_fork_handlers()
         # Memory and address space the learned imports added (see learn_imports).
         learned_kib = learned_vm_kib = 0
@@ -3716,6 +3739,9 @@ def learn_imports(names, zygote_fds):
             removed = True
             continue
         kept.extend(set(sys.modules) - present)
+        if _thread_count() > 0:  # no more forks with a handler held (see the caller)
+            release_fork_handlers()
+            break
     if removed:
         gc.collect()
     # As for the start's imports: out of the collector's way, and the
@@ -3728,11 +3754,16 @@ def learn_imports(names, zygote_fds):
     return kept, consumed, max(0, after[0] - before[0]), max(0, after[1] - before[1])
 
 
+# Threads the zygote's count starts with: those of its worker (a preload's),
+# which a fork leaves counted but not running.
+_THREADS_INHERITED = 0
+
+
 def _thread_count():
     """Threads this process started, the main one aside."""
     import _thread
 
-    return _thread._count()
+    return _thread._count() - _THREADS_INHERITED
 
 
 def own_memory_kib():

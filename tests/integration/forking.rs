@@ -153,6 +153,59 @@ stop.set(); t.join()
     }
 }
 
+/// A preload that keeps a logging handler of its own, which resets more
+/// than its lock after a fork (the pid it logs for), and leaves a thread
+/// running in the worker.
+const OWN_HANDLER: &str = r#"
+import logging, os, threading
+
+class PidHandler(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.pid = os.getpid()
+
+    def _at_fork_reinit(self):
+        super()._at_fork_reinit()
+        self.pid = os.getpid()
+
+    def emit(self, record):
+        pass
+
+HANDLER = PidHandler()
+logging.getLogger("ownhandler").addHandler(HANDLER)
+BACKGROUND = threading.Thread(target=threading.Event().wait, daemon=True)
+BACKGROUND.start()
+"#;
+
+#[tokio::test]
+async fn a_preloads_logging_handler_is_reset_in_every_run_as_after_any_fork() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("logs");
+    let python = Interpreter::primary();
+    create_prefix(&prefix, python);
+    std::fs::write(
+        site_packages(&prefix, python).join("ownhandler.py"),
+        OWN_HANDLER,
+    )
+    .unwrap();
+    let server = TestServer::with_config(Config {
+        env: EnvChoice::Python(prefix.join("bin/python")),
+        pool_size: 1,
+        preload: vec!["ownhandler".into()],
+        ..common::config()
+    })
+    .await;
+    let code = "import os, threading, ownhandler\n\
+                (ownhandler.HANDLER.pid == os.getpid(), ownhandler.BACKGROUND.is_alive(), \
+                 threading.active_count())";
+    // The first run comes before its zygote prepares, the others after.
+    for _ in 0..4 {
+        let out = server.run(code).await;
+        assert_eq!(out["result"], "(True, False, 1)", "{out}");
+    }
+    server.stop().await;
+}
+
 /// A module whose import leaves a large heap behind (~30 MiB of small
 /// objects and the tables that hold them), as a heavy preload does.
 const BIG_HEAP: &str = "DATA = [str(i) * 3 for i in range(300_000)]\n\
