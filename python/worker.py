@@ -2988,9 +2988,12 @@ def handlers_reset_only_locks(logging):
     handlers = getattr(logging, "_at_fork_reinit_lock_weakset", None)
     if handlers is None:
         return False
+    own = {vars(cls)["_at_fork_reinit"] for cls in (logging.Handler, logging.NullHandler)
+           if "_at_fork_reinit" in vars(cls)}
     for handler in list(handlers):
-        reset = getattr(type(handler), "_at_fork_reinit", None)
-        if getattr(reset, "__module__", None) != "logging":
+        # As logging's handler finds it: the instance's own, if it has one.
+        reset = getattr(handler, "_at_fork_reinit", None)
+        if getattr(reset, "__func__", None) not in own:
             return False
     return True
 
@@ -3018,8 +3021,9 @@ def restore_fork_handlers():
 
 
 def release_fork_handlers(*keys):
-    """Stop holding the after-fork handlers of ``keys`` back, or all of
-    them (in the zygote, once it has a thread of its own)."""
+    """Stop holding the after-fork handlers of ``keys`` back (logging's,
+    once a handler resets more than its lock), or all of them (once the
+    zygote has a thread of its own)."""
     for key in keys or list(_held_fork_handlers):
         held = _held_fork_handlers.pop(key, None)
         if held is not None:
@@ -3317,11 +3321,11 @@ def zygote_main(sock, worker, worker_pid, scope):
                     consumed = 0
                     if learned_kib < LEARN_MAX_KIB and learned_vm_kib < LEARN_MAX_VM_KIB:
                         names = msg[1:].decode("ascii", "replace").split("\n")
-                        kept, consumed, kib, vm_kib = learn_imports(names, own_fds)
+                        kept, consumed, kib, vm_kib, threaded = learn_imports(names, own_fds)
                         note_zygote_modules(kept)
                         learned_kib += kib
                         learned_vm_kib += vm_kib
-                        if _thread_count() > 0:  # an import started a thread: stop there
+                        if threaded or _thread_count() > 0:  # an import started a thread: stop there
                             release_fork_handlers()
                             sys.stderr.write("code-executor: a learned import started a thread\n")
                             learned_kib = LEARN_MAX_KIB
@@ -3697,14 +3701,15 @@ def learn_imports(names, zygote_fds):
     imported_since_fork, and are then imported already), each once a child
     forked for it (without the zygote's ``zygote_fds``) imported it cleanly
     (see probe_import). Returns the names kept,
-    how many of ``names`` were dealt with, and the KiB of private memory and
-    address space the imports added."""
+    how many of ``names`` were dealt with, the KiB of private memory and
+    address space the imports added, and whether one of them started a
+    thread here (learning then stops)."""
     import _imp
     from importlib.machinery import PathFinder
 
     before = own_memory_kib()
     kept = []
-    removed = False
+    removed = threaded = False
     consumed = imports = 0
     deadline = time.monotonic() + PROBE_SECONDS
     for name in names:
@@ -3737,9 +3742,12 @@ def learn_imports(names, zygote_fds):
             for n in set(sys.modules) - present:
                 del sys.modules[n]
             removed = True
-            continue
-        kept.extend(set(sys.modules) - present)
-        if _thread_count() > 0:  # no more forks with a handler held (see the caller)
+        else:
+            kept.extend(set(sys.modules) - present)
+        if _thread_count() > 0:
+            # It started a thread here: no fork from here on with a handler
+            # held, and no more learning (see the caller).
+            threaded = True
             release_fork_handlers()
             break
     if removed:
@@ -3749,9 +3757,11 @@ def learn_imports(names, zygote_fds):
     # imported them.
     if hasattr(gc, "freeze"):
         gc.freeze()
-    hold_fork_handlers()
+    if not threaded:
+        hold_fork_handlers()
     after = own_memory_kib()
-    return kept, consumed, max(0, after[0] - before[0]), max(0, after[1] - before[1])
+    return (kept, consumed, max(0, after[0] - before[0]), max(0, after[1] - before[1]),
+            threaded)
 
 
 # Threads the zygote's count starts with: those of its worker (a preload's),

@@ -352,6 +352,45 @@ async fn a_module_that_imports_one_never_learned_is_not_learned() {
     server.stop().await;
 }
 
+/// A preload that leaves a thread running in the worker (one its zygote,
+/// a fork of it, does not have) stops no learning.
+#[tokio::test]
+async fn a_preload_that_leaves_a_thread_running_stops_no_learning() {
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    let prefix = fixture.create_env("threaded", Interpreter::primary());
+    std::fs::write(
+        site_packages(&prefix, Interpreter::primary()).join("background.py"),
+        "import threading\n\
+         threading.Thread(target=threading.Event().wait, daemon=True).start()\n",
+    )
+    .unwrap();
+    let server = TestServer::with_config(Config {
+        env: EnvChoice::Python(prefix.join("bin/python")),
+        pool_size: 1,
+        learn_imports: true,
+        preload: vec!["background".into()],
+        ..common::config()
+    })
+    .await;
+    for _ in 0..3 {
+        let body = server.run("import statistics").await;
+        assert_eq!(body["exit_code"], 0, "{body}");
+    }
+    let probe = "import sys\n'statistics' in sys.modules";
+    let mut found = Value::Null;
+    for _ in 0..60 {
+        let body = server.run(probe).await;
+        assert_eq!(body["stderr"], "", "{body}");
+        found = body["result"].clone();
+        if found == "True" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(found, "True");
+    server.stop().await;
+}
+
 /// A run that logs from a second thread (it would wait forever for a
 /// logging lock held at the fork), then forks while another thread holds a
 /// handler's lock and logs through that handler in the child.
