@@ -2948,9 +2948,11 @@ def hold_fork_handlers():
     installs' ``.pth`` files do, a preload, or a learned import such as
     ``asyncio`` or ``concurrent.futures``). After a bare fork
     ``threading``'s costs a child ~0.25 ms of CPU and ~100 copy-on-write
-    page faults (``benches/support/worker_cost.py``), ``logging``'s, which
-    walks a weak set of handlers, ~0.25 ms and ~80; in a run, whose own
-    code touches many of the same pages, ~45 faults and ~20-35.
+    page faults (``benches/support/worker_cost.py``); ``logging``'s, which
+    walks a weak set of handlers, ~0.25 ms and ~80 (the same fork-and-exit
+    loop in a process that imported ``asyncio``, ``threading``'s held); in
+    a run, whose own code touches many of the same pages, ~45 faults and
+    ~20-35.
 
     The handlers make the modules' state true in a process forked from one
     that had other threads. The zygote never has any (it is a fork of the
@@ -2963,12 +2965,11 @@ def hold_fork_handlers():
     anything else runs (restore_fork_handlers), so that a fork in a run
     resets as it always does. Nothing is held while the zygote has a thread
     of its own (a thread of its worker, a preload's, is not in it)."""
-    if _thread_count() > 0:
-        return
     threading = sys.modules.get("threading")
-    if (threading is not None
-            and (threading.active_count() != 1
-                 or threading.current_thread() is not threading.main_thread())):
+    if _thread_count() > 0 or (threading is not None and (
+            threading.active_count() != 1
+            or threading.current_thread() is not threading.main_thread())):
+        release_fork_handlers()
         return
     hold_fork_handler("threading", "_after_fork", None)
     logging = sys.modules.get("logging")

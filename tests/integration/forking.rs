@@ -155,7 +155,8 @@ stop.set(); t.join()
 
 /// A preload that keeps a logging handler of its own, which resets more
 /// than its lock after a fork (the pid it logs for), and leaves a thread
-/// running in the worker.
+/// running in the worker (not in its zygote, whose children's `threading`
+/// state stays true).
 const OWN_HANDLER: &str = r#"
 import logging, os, threading
 
@@ -177,33 +178,53 @@ BACKGROUND = threading.Thread(target=threading.Event().wait, daemon=True)
 BACKGROUND.start()
 "#;
 
+/// The same with the reset set on a stock handler itself.
+const OWN_RESET: &str = r#"
+import logging, os, threading
+
+HANDLER = logging.Handler()
+HANDLER.pid = os.getpid()
+
+def reset(handler=HANDLER):
+    logging.Handler._at_fork_reinit(handler)
+    handler.pid = os.getpid()
+
+HANDLER._at_fork_reinit = reset
+BACKGROUND = threading.Thread(target=threading.Event().wait, daemon=True)
+BACKGROUND.start()
+"#;
+
 #[tokio::test]
 async fn a_preloads_logging_handler_is_reset_in_every_run_as_after_any_fork() {
-    let dir = tempfile::tempdir().unwrap();
-    let prefix = dir.path().join("logs");
-    let python = Interpreter::primary();
-    create_prefix(&prefix, python);
-    std::fs::write(
-        site_packages(&prefix, python).join("ownhandler.py"),
-        OWN_HANDLER,
-    )
-    .unwrap();
-    let server = TestServer::with_config(Config {
-        env: EnvChoice::Python(prefix.join("bin/python")),
-        pool_size: 1,
-        preload: vec!["ownhandler".into()],
-        ..common::config()
-    })
-    .await;
-    let code = "import os, threading, ownhandler\n\
-                (ownhandler.HANDLER.pid == os.getpid(), ownhandler.BACKGROUND.is_alive(), \
-                 threading.active_count())";
-    // The first run comes before its zygote prepares, the others after.
-    for _ in 0..4 {
-        let out = server.run(code).await;
-        assert_eq!(out["result"], "(True, False, 1)", "{out}");
+    for (module, source) in [("ownhandler", OWN_HANDLER), ("ownreset", OWN_RESET)] {
+        let dir = tempfile::tempdir().unwrap();
+        let prefix = dir.path().join("logs");
+        let python = Interpreter::primary();
+        create_prefix(&prefix, python);
+        std::fs::write(
+            site_packages(&prefix, python).join(format!("{module}.py")),
+            source,
+        )
+        .unwrap();
+        let server = TestServer::with_config(Config {
+            env: EnvChoice::Python(prefix.join("bin/python")),
+            pool_size: 1,
+            preload: vec![module.into()],
+            ..common::config()
+        })
+        .await;
+        let code = format!(
+            "import os, threading, {module}\n\
+             ({module}.HANDLER.pid == os.getpid(), {module}.BACKGROUND.is_alive(), \
+              threading.active_count())"
+        );
+        // The first run comes before its zygote prepares, the others after.
+        for _ in 0..4 {
+            let out = server.run(&code).await;
+            assert_eq!(out["result"], "(True, False, 1)", "{module}: {out}");
+        }
+        server.stop().await;
     }
-    server.stop().await;
 }
 
 /// A module whose import leaves a large heap behind (~30 MiB of small
