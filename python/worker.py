@@ -1354,9 +1354,9 @@ _TRACEBACK = _LINECACHE = None
 
 
 def import_bootstrap_traceback():
-    """Import traceback and linecache as prepare_later_runs does, in a
-    session's process forked before its zygote prepared: the bootstrap's,
-    whatever modules of those names a call sends."""
+    """Import traceback and linecache, the bootstrap's, whatever modules of
+    those names a run or call sends: in the zygote as it prepares
+    (prepare_later_runs), or in a session's process forked before that."""
     global _TRACEBACK, _LINECACHE
     import linecache, traceback  # noqa: E401
 
@@ -1564,15 +1564,16 @@ def prepare_later_runs():
     had no request for PREPARE_IDLE_MS since it started (a spare in its
     pool: see Worker.serve): the first children import what their runs
     need themselves, and specialize their own code."""
-    global _JSON, _TRACEBACK, _LINECACHE
+    global _JSON
     present = set(sys.modules)
-    import linecache, traceback, fnmatch  # noqa: F401,E401
+    import_bootstrap_traceback()
+    import fnmatch  # noqa: F401
     import json
     try:
         import _pickle  # noqa: F401
     except ImportError:
         pass
-    _JSON, _TRACEBACK, _LINECACHE = json, traceback, linecache
+    _JSON = json
 
     # A run's own json.py, token.py or traceback.py is still its own, as in
     # a fresh interpreter (see shadowed_by_files); the bootstrap keeps the
@@ -3326,8 +3327,7 @@ def zygote_main(sock, worker, worker_pid, scope):
                         note_zygote_modules(kept)
                         learned_kib += kib
                         learned_vm_kib += vm_kib
-                        if threaded or _thread_count() > 0:  # an import started a thread: stop there
-                            release_fork_handlers()
+                        if threaded:  # an import started a thread: stop there
                             sys.stderr.write("code-executor: a learned import started a thread\n")
                             learned_kib = LEARN_MAX_KIB
                     more = learned_kib < LEARN_MAX_KIB and learned_vm_kib < LEARN_MAX_VM_KIB
