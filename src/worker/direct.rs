@@ -688,9 +688,28 @@ fn await_report_awake(
     report: &mut Vec<u8>,
     until: Instant,
 ) -> Option<Ended> {
-    let rbuf = &mut session.buffers[2];
+    let DirectSession {
+        report: pipe,
+        buffers: [_, _, rbuf],
+        ..
+    } = session;
+    read_report_until(pipe, rbuf, id, cap, report, until)
+}
+
+/// Read the report pipe `pipe` into `report` through `rbuf` until the end
+/// of call `id` is whole (see [`await_report_awake`]), the pipe is empty
+/// at or after `until` (`None`; an `until` passed reads just what is in the
+/// pipe now), or it closes or fails (`None`).
+fn read_report_until(
+    pipe: &pipe::Receiver,
+    rbuf: &mut [u8],
+    id: u64,
+    cap: u64,
+    report: &mut Vec<u8>,
+    until: Instant,
+) -> Option<Ended> {
     loop {
-        match nix::unistd::read(session.report.as_fd(), rbuf) {
+        match nix::unistd::read(pipe.as_fd(), rbuf) {
             Ok(0) => return None,
             Ok(n) => {
                 if let Some(ended) = gather_report(report, &rbuf[..n], id, cap) {
@@ -748,7 +767,11 @@ async fn watch(
             () = &mut child_ended => return Ended::Exit,
             () = tokio::time::sleep_until(if listening { wake } else { wake.min(listen_at) }.into()) => {
                 if listening || wake <= listen_at {
-                    return Ended::Interrupt;
+                    // A report that came as the time ran out ends the
+                    // call: `select!` may have picked this branch over it.
+                    let now = Instant::now();
+                    return read_report_until(&session.report, rbuf, params.id, cap, report, now)
+                        .unwrap_or(Ended::Interrupt);
                 }
                 listening = true;
                 let watched = session.stdout.watch().and_then(|()| session.stderr.watch());
@@ -978,6 +1001,63 @@ mod tests {
         );
         // The part that came is kept for the call's watch to complete.
         assert_eq!(report, framed[..6]);
+        drop(report_w);
+    }
+
+    #[tokio::test]
+    async fn a_report_in_the_pipe_when_the_time_runs_out_ends_the_call() {
+        let params: CallParams<'_> = serde_json::from_str(
+            r#"{"id": 9, "code": "", "files": [], "argv": [],
+                "limits": {"cpu_seconds": null}, "timeout": 0.0, "max_output": 1024,
+                "max_artifact_bytes": 0, "max_artifacts_bytes": 0,
+                "max_result_chars": 0, "artifacts": false}"#,
+        )
+        .unwrap();
+        // `select!` picks among ready branches at random: with the time
+        // already out and the report already in, every round must still
+        // read the report.
+        for _ in 0..64 {
+            let (mut session, report_w) = session_with_report_pipe();
+            session.stdout.watch().unwrap();
+            session.stderr.watch().unwrap();
+            nix::unistd::write(&report_w, &report_on(9, 4)).unwrap();
+            let (mut out, mut err) = (Capture::new(1024), Capture::new(1024));
+            let past = Instant::now() - Duration::from_millis(1);
+            let mut report = Vec::new();
+            let ended = watch(
+                &mut session,
+                &params,
+                1 << 20,
+                &mut report,
+                &mut out,
+                &mut err,
+                None,
+                past,
+                past,
+            )
+            .await;
+            assert_eq!(status_of(Some(ended)), Some(4.0));
+            drop(report_w);
+        }
+        // With no report, the time running out interrupts the call.
+        let (mut session, report_w) = session_with_report_pipe();
+        session.stdout.watch().unwrap();
+        session.stderr.watch().unwrap();
+        let (mut out, mut err) = (Capture::new(1024), Capture::new(1024));
+        let past = Instant::now() - Duration::from_millis(1);
+        let ended = watch(
+            &mut session,
+            &params,
+            1 << 20,
+            &mut Vec::new(),
+            &mut out,
+            &mut err,
+            None,
+            past,
+            past,
+        )
+        .await;
+        assert!(matches!(ended, Ended::Interrupt));
         drop(report_w);
     }
 
