@@ -4698,12 +4698,15 @@ def clear_dir(path, budget=CLEAN_SECONDS):
                     try:
                         if not is_dir:
                             os.unlink(entry, dir_fd=fd)
-                        elif fd == root:
-                            try:
-                                # Most are empty by now: one rmdir, no walk.
-                                os.rmdir(entry, dir_fd=root)
-                            except OSError:
-                                todo.append(entry)
+                            continue
+                        try:
+                            # Most are empty by now: one rmdir, no walk.
+                            os.rmdir(entry, dir_fd=fd)
+                            continue
+                        except OSError:
+                            pass
+                        if fd == root:
+                            todo.append(entry)
                         else:
                             # Moving a directory rewrites its "..": it must
                             # be writable (a run may have made it 0555).
