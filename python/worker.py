@@ -4663,7 +4663,8 @@ def clear_dir(path, budget=CLEAN_SECONDS):
     point to); return None once it is empty, else why it is not.
 
     No recursion and no path longer than one name, so that no depth of tree
-    can fail it: each directory found is renamed up into ``path`` itself and
+    can fail it: a directory found empty goes with one rmdir; any other is
+    renamed up into ``path`` itself (one found in ``path`` stays there) and
     emptied in turn, with its own subdirectories moved up likewise. A mode a
     run took away (a directory made 0555 or 0000) is given back first: the
     run's files are this user's. Bounded by ``budget`` seconds."""

@@ -693,13 +693,16 @@ fn await_report_awake(
         buffers: [_, _, rbuf],
         ..
     } = session;
-    read_report_until(pipe, rbuf, id, cap, report, until)
+    // A closed pipe is left to the call's watch.
+    read_report_until(pipe, rbuf, id, cap, report, until).filter(|e| !matches!(e, Ended::Exit))
 }
 
 /// Read the report pipe `pipe` into `report` through `rbuf` until the end
-/// of call `id` is whole (see [`await_report_awake`]), the pipe is empty
-/// at or after `until` (`None`; an `until` passed reads just what is in the
-/// pipe now), or it closes or fails (`None`).
+/// of call `id` is whole (see [`await_report_awake`]; `Ended::Exit`: the
+/// pipe closed), or `until` has come (`None`): an `until` passed reads the
+/// pipe once. Bounded by `until` even while user code keeps the pipe full
+/// (of reports on other calls, which are dropped). `None` too when the read
+/// fails.
 fn read_report_until(
     pipe: &pipe::Receiver,
     rbuf: &mut [u8],
@@ -710,20 +713,19 @@ fn read_report_until(
 ) -> Option<Ended> {
     loop {
         match nix::unistd::read(pipe.as_fd(), rbuf) {
-            Ok(0) => return None,
+            Ok(0) => return Some(Ended::Exit),
             Ok(n) => {
                 if let Some(ended) = gather_report(report, &rbuf[..n], id, cap) {
                     return Some(ended);
                 }
             }
-            Err(nix::errno::Errno::EAGAIN) => {
-                if Instant::now() >= until {
-                    return None;
-                }
-                let _ = nix::sched::sched_yield();
-            }
+            Err(nix::errno::Errno::EAGAIN) => {}
             Err(_) => return None,
         }
+        if Instant::now() >= until {
+            return None;
+        }
+        let _ = nix::sched::sched_yield();
     }
 }
 
@@ -768,7 +770,8 @@ async fn watch(
             () = tokio::time::sleep_until(if listening { wake } else { wake.min(listen_at) }.into()) => {
                 if listening || wake <= listen_at {
                     // A report that came as the time ran out ends the
-                    // call: `select!` may have picked this branch over it.
+                    // call (`select!` may have picked this branch over
+                    // it), as a report pipe that closed does.
                     let now = Instant::now();
                     return read_report_until(&session.report, rbuf, params.id, cap, report, now)
                         .unwrap_or(Ended::Interrupt);
@@ -922,15 +925,21 @@ mod tests {
     /// A session's pipes with nothing behind them, and the write end of
     /// its report pipe.
     fn session_with_report_pipe() -> (DirectSession, OwnedFd) {
+        let (pipes, report_w) = session_pipes();
+        let session = DirectSession::new(pipes, None, Duration::from_secs(1)).unwrap();
+        (session, report_w)
+    }
+
+    /// The server's ends of a session's pipes, as [`DirectSession::new`]
+    /// takes them, and the write end of its report pipe.
+    fn session_pipes() -> ([OwnedFd; 4], OwnedFd) {
         let pipe = || nix::unistd::pipe().unwrap();
         let (request_r, request_w) = pipe();
         let (stdout, _) = pipe();
         let (stderr, _) = pipe();
         let (report, report_w) = pipe();
         drop(request_r);
-        let pipes = [request_w, stdout, stderr, report];
-        let session = DirectSession::new(pipes, None, Duration::from_secs(1)).unwrap();
-        (session, report_w)
+        ([request_w, stdout, stderr, report], report_w)
     }
 
     /// A framed report on call `id` with `status`.
@@ -1059,6 +1068,94 @@ mod tests {
         .await;
         assert!(matches!(ended, Ended::Interrupt));
         drop(report_w);
+    }
+
+    /// A call's [`watch`] with its time already out, in a runtime of its
+    /// own on a thread of its own: what it ended with, if it did within
+    /// `within`.
+    fn watch_past_deadline(pipes: [OwnedFd; 4], id: u64, within: Duration) -> Option<Ended> {
+        let (done, ended) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let mut session = DirectSession::new(pipes, None, Duration::from_secs(1)).unwrap();
+                let json = format!(
+                    r#"{{"id": {id}, "code": "", "files": [], "argv": [],
+                        "limits": {{"cpu_seconds": null}}, "timeout": 0.0, "max_output": 1024,
+                        "max_artifact_bytes": 0, "max_artifacts_bytes": 0,
+                        "max_result_chars": 0, "artifacts": false}}"#
+                );
+                let params: CallParams<'_> = serde_json::from_str(&json).unwrap();
+                session.stdout.watch().unwrap();
+                session.stderr.watch().unwrap();
+                let (mut out, mut err) = (Capture::new(1024), Capture::new(1024));
+                let past = Instant::now() - Duration::from_millis(1);
+                let ended = watch(
+                    &mut session,
+                    &params,
+                    1 << 20,
+                    &mut Vec::new(),
+                    &mut out,
+                    &mut err,
+                    None,
+                    past,
+                    past,
+                )
+                .await;
+                let _ = done.send(ended);
+            });
+        });
+        ended.recv_timeout(within).ok()
+    }
+
+    /// Fill the pipe `w` writes to (non-blocking by now) with reports on
+    /// no call: how many bytes went in.
+    fn fill_with_junk(w: &OwnedFd) -> usize {
+        let junk = [0u8, 0, 0, 1, 0xc0].repeat(4096);
+        let mut written = 0;
+        while let Ok(n) = nix::unistd::write(w, &junk) {
+            written += n;
+        }
+        written
+    }
+
+    #[test]
+    fn a_report_pipe_kept_full_by_user_code_does_not_hold_off_the_interrupt() {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        let (pipes, report_w) = session_pipes();
+        // A pipe of 16 reads' worth, full of reports on no call. User code
+        // can keep it full for ever: at its deadline the watch reads it
+        // once, not until it is empty.
+        fcntl(
+            report_w.as_fd(),
+            FcntlArg::F_SETPIPE_SZ(16 * READ_CHUNK as i32),
+        )
+        .unwrap();
+        fcntl(report_w.as_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).unwrap();
+        assert!(fill_with_junk(&report_w) >= 16 * READ_CHUNK);
+        // Open still once the session is dropped, for the count below.
+        let _read_end = pipes[3].try_clone().unwrap();
+        let ended = watch_past_deadline(pipes, 9, Duration::from_secs(20));
+        let ended = ended.expect("the watch never ended");
+        assert!(matches!(ended, Ended::Interrupt));
+        // One read at the deadline (a few more if `select!` took the
+        // report's branch first), not sixteen.
+        let read = fill_with_junk(&report_w);
+        assert!(read > 0 && read <= 4 * READ_CHUNK, "read {read} bytes");
+    }
+
+    #[test]
+    fn a_report_pipe_closed_when_the_time_runs_out_ends_the_call_as_an_exit() {
+        for _ in 0..16 {
+            let (pipes, report_w) = session_pipes();
+            drop(report_w);
+            let ended = watch_past_deadline(pipes, 9, Duration::from_secs(20));
+            let ended = ended.expect("the watch never ended");
+            assert!(matches!(ended, Ended::Exit));
+        }
     }
 
     #[tokio::test]
