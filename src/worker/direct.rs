@@ -1013,61 +1013,21 @@ mod tests {
         drop(report_w);
     }
 
-    #[tokio::test]
-    async fn a_report_in_the_pipe_when_the_time_runs_out_ends_the_call() {
-        let params: CallParams<'_> = serde_json::from_str(
-            r#"{"id": 9, "code": "", "files": [], "argv": [],
-                "limits": {"cpu_seconds": null}, "timeout": 0.0, "max_output": 1024,
-                "max_artifact_bytes": 0, "max_artifacts_bytes": 0,
-                "max_result_chars": 0, "artifacts": false}"#,
-        )
-        .unwrap();
+    #[test]
+    fn a_report_in_the_pipe_when_the_time_runs_out_ends_the_call() {
         // `select!` picks among ready branches at random: with the time
         // already out and the report already in, every round must still
         // read the report.
+        let within = Duration::from_secs(20);
         for _ in 0..64 {
-            let (mut session, report_w) = session_with_report_pipe();
-            session.stdout.watch().unwrap();
-            session.stderr.watch().unwrap();
+            let (pipes, report_w) = session_pipes();
             nix::unistd::write(&report_w, &report_on(9, 4)).unwrap();
-            let (mut out, mut err) = (Capture::new(1024), Capture::new(1024));
-            let past = Instant::now() - Duration::from_millis(1);
-            let mut report = Vec::new();
-            let ended = watch(
-                &mut session,
-                &params,
-                1 << 20,
-                &mut report,
-                &mut out,
-                &mut err,
-                None,
-                past,
-                past,
-            )
-            .await;
-            assert_eq!(status_of(Some(ended)), Some(4.0));
-            drop(report_w);
+            assert_eq!(status_of(watch_past_deadline(pipes, 9, within)), Some(4.0));
         }
         // With no report, the time running out interrupts the call.
-        let (mut session, report_w) = session_with_report_pipe();
-        session.stdout.watch().unwrap();
-        session.stderr.watch().unwrap();
-        let (mut out, mut err) = (Capture::new(1024), Capture::new(1024));
-        let past = Instant::now() - Duration::from_millis(1);
-        let ended = watch(
-            &mut session,
-            &params,
-            1 << 20,
-            &mut Vec::new(),
-            &mut out,
-            &mut err,
-            None,
-            past,
-            past,
-        )
-        .await;
-        assert!(matches!(ended, Ended::Interrupt));
-        drop(report_w);
+        let (pipes, _report_w) = session_pipes();
+        let ended = watch_past_deadline(pipes, 9, within);
+        assert!(matches!(ended, Some(Ended::Interrupt)));
     }
 
     /// A call's [`watch`] with its time already out, in a runtime of its
