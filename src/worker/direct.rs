@@ -204,7 +204,45 @@ struct Report {
     error: Option<ReportError>,
     cpu_ms: Option<f64>,
     peak_rss_kb: Option<f64>,
+    /// The first [`MAX_ARTIFACTS`] with plain paths and types, decoded one
+    /// at a time (see [`plain_artifacts`]).
+    #[serde(deserialize_with = "plain_artifacts")]
     artifacts: Vec<WireArtifact>,
+}
+
+/// A report's artifacts: the first [`MAX_ARTIFACTS`] whose paths are plain
+/// relative paths and whose types are plain, each decoded and dropped in
+/// turn; the rest skipped undecoded. A report user code forged may list
+/// millions (an empty map is one byte, an artifact with its defaults ~90):
+/// the server never holds more than it keeps.
+fn plain_artifacts<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<WireArtifact>, D::Error> {
+    struct Plain;
+    impl<'de> serde::de::Visitor<'de> for Plain {
+        type Value = Vec<WireArtifact>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of artifacts")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut kept = Vec::new();
+            while kept.len() < MAX_ARTIFACTS {
+                match seq.next_element::<WireArtifact>()? {
+                    Some(a) if plain_relative(&a.path) && plain_mime(&a.mime) => kept.push(a),
+                    Some(_) => {}
+                    None => return Ok(kept),
+                }
+            }
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok(kept)
+        }
+    }
+    deserializer.deserialize_seq(Plain)
 }
 
 /// Just the call a report is on.
@@ -853,10 +891,11 @@ fn report_output(report: Report, params: &CallParams<'_>) -> RunOutput {
     let artifacts = report
         .artifacts
         .into_iter()
-        .filter(|a| plain_relative(&a.path) && plain_mime(&a.mime))
-        .take(MAX_ARTIFACTS)
         .map(|mut a| {
             if let Some(data) = &a.data {
+                // What the report says of its size counts for nothing
+                // where its content is here.
+                a.size = data.len() as u64;
                 total = total.saturating_add(data.len() as u64);
                 if total > max_total {
                     a.data = None;
@@ -951,6 +990,111 @@ mod tests {
         framed
     }
 
+    /// The parameters of call `id` as JSON (artifacts up to 1 MiB in all).
+    fn call_params(id: u64) -> String {
+        format!(
+            r#"{{"id": {id}, "code": "", "files": [], "argv": [],
+                "limits": {{"cpu_seconds": null}}, "timeout": 0.0, "max_output": 1024,
+                "max_artifact_bytes": 1048576, "max_artifacts_bytes": 1048576,
+                "max_result_chars": 0, "artifacts": true}}"#
+        )
+    }
+
+    /// An artifact as a session child reports it.
+    #[derive(Serialize)]
+    struct Listed<'a> {
+        path: &'a str,
+        size: u64,
+        mime: &'a str,
+        #[serde(with = "serde_bytes")]
+        data: Option<&'a [u8]>,
+    }
+
+    /// A framed report on call `id` listing `artifacts`.
+    fn report_listing(id: u64, artifacts: &[Listed<'_>]) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct Listing<'a> {
+            id: u64,
+            status: u8,
+            artifacts: &'a [Listed<'a>],
+        }
+        let body = rmp_serde::to_vec_named(&Listing {
+            id,
+            status: 0,
+            artifacts,
+        })
+        .unwrap();
+        let mut framed = (body.len() as u32).to_be_bytes().to_vec();
+        framed.extend(body);
+        framed
+    }
+
+    #[test]
+    fn a_forged_list_of_artifacts_is_read_one_at_a_time_and_cut_at_the_cap() {
+        let plain = Listed {
+            path: "out/a.txt",
+            size: 1,
+            mime: "text/plain",
+            data: None,
+        };
+        let outside = Listed {
+            path: "../a.txt",
+            ..plain
+        };
+        let mut listed = vec![outside];
+        listed.extend((0..5 * MAX_ARTIFACTS).map(|_| Listed { ..plain }));
+        let mut buf = report_listing(9, &listed);
+        let cap = buf.len() as u64;
+        let Some(Ok(report)) = take_report(&mut buf, 9, cap) else {
+            panic!("no report");
+        };
+        // Kept as read: the plain ones, up to the cap; none past it held.
+        assert_eq!(report.artifacts.len(), MAX_ARTIFACTS);
+        assert!(report.artifacts.iter().all(|a| a.path == "out/a.txt"));
+        // Not a list at all: the report reads as an empty one.
+        let mut body =
+            rmp_serde::to_vec_named(&serde_json::json!({"id": 9, "status": 3, "artifacts": 7}))
+                .unwrap();
+        let mut buf = (body.len() as u32).to_be_bytes().to_vec();
+        buf.append(&mut body);
+        let Some(Ok(report)) = take_report(&mut buf, 9, cap) else {
+            panic!("no report");
+        };
+        assert_eq!((report.status, report.artifacts.len()), (0.0, 0));
+    }
+
+    #[test]
+    fn an_artifacts_size_is_its_contents_not_what_its_report_says() {
+        let json = call_params(9);
+        let params: CallParams<'_> = serde_json::from_str(&json).unwrap();
+        let listed = [
+            Listed {
+                path: "a.bin",
+                size: 0,
+                mime: "application/octet-stream",
+                data: Some(&[7; 300]),
+            },
+            Listed {
+                path: "big.bin",
+                size: 1 << 40,
+                mime: "application/octet-stream",
+                data: None,
+            },
+        ];
+        let mut buf = report_listing(9, &listed);
+        let Some(Ok(report)) = take_report(&mut buf, 9, 1 << 20) else {
+            panic!("no report");
+        };
+        let out = report_output(report, &params);
+        let sizes: Vec<_> = out
+            .artifacts
+            .iter()
+            .map(|a| (a.path.as_str(), a.size))
+            .collect();
+        // One whose contents are not here keeps its stated size.
+        assert_eq!(sizes, [("a.bin", 300), ("big.bin", 1 << 40)]);
+    }
+
     fn status_of(ended: Option<Ended>) -> Option<f64> {
         match ended {
             Some(Ended::Report(report)) => Some(report.status),
@@ -1042,12 +1186,7 @@ mod tests {
                 .unwrap();
             runtime.block_on(async move {
                 let mut session = DirectSession::new(pipes, None, Duration::from_secs(1)).unwrap();
-                let json = format!(
-                    r#"{{"id": {id}, "code": "", "files": [], "argv": [],
-                        "limits": {{"cpu_seconds": null}}, "timeout": 0.0, "max_output": 1024,
-                        "max_artifact_bytes": 0, "max_artifacts_bytes": 0,
-                        "max_result_chars": 0, "artifacts": false}}"#
-                );
+                let json = call_params(id);
                 let params: CallParams<'_> = serde_json::from_str(&json).unwrap();
                 session.stdout.watch().unwrap();
                 session.stderr.watch().unwrap();
