@@ -174,6 +174,17 @@ MAX_ARTIFACTS = 1000
 # (see report_cap): the error's message and traceback (MAX_ERROR_CHARS
 # each, up to 4 bytes a character), the imported names, the numbers.
 REPORT_ROOM = 1 << 20
+# The most containers and items a report the worker reads decodes into: one
+# holds under a hundred (its fields, its error's, up to LEARN_REPORTED
+# imported names). User code can write its own report, and a frame of empty
+# maps, one byte each, would make a Python object of every byte.
+REPORT_ITEMS = 1 << 16
+TOO_MANY_ITEMS = "msgpack data holds too many items"
+# The most reads of one pipe per wake-up: a run whose processes keep a pipe
+# full does not hold its worker off its deadline; what is left is read on
+# the next one. After the run, when nothing writes any more, the same
+# number reads a pipe of the largest size (1 MiB, pipe-max-size) to its end.
+PIPE_READS = 17
 # How long a run that does not stream goes before its worker watches its
 # stdout and stderr: a short run's output is read once it has reported, so
 # its print does not wake the worker first. A run that fills a pipe (64 KiB)
@@ -411,7 +422,15 @@ def _decode(buf, pos):
     raise ValueError("unsupported msgpack type byte 0x%02x" % b)
 
 
+# How many more containers and items a decoding may make (see
+# report_unpackb): a budget for reports, none for the server's frames.
+_items = [float("inf")]
+
+
 def _decode_array(buf, pos, n):
+    _items[0] -= n + 1
+    if _items[0] < 0:
+        raise ValueError(TOO_MANY_ITEMS)
     items = []
     for _ in range(n):
         item, pos = _decode(buf, pos)
@@ -420,6 +439,9 @@ def _decode_array(buf, pos, n):
 
 
 def _decode_map(buf, pos, n):
+    _items[0] -= 2 * n + 1
+    if _items[0] < 0:
+        raise ValueError(TOO_MANY_ITEMS)
     result = {}
     for _ in range(n):
         b = buf[pos]
@@ -452,7 +474,15 @@ def pure_unpackb(data):
     return value
 
 
-packb, unpackb = pure_packb, pure_unpackb
+def pure_report_unpackb(data):
+    _items[0] = REPORT_ITEMS
+    try:
+        return pure_unpackb(data)
+    finally:
+        _items[0] = float("inf")
+
+
+packb, unpackb, report_unpackb = pure_packb, pure_unpackb, pure_report_unpackb
 if not os.environ.get("CODE_EXECUTOR_PURE_CODEC"):
     try:
         import msgpack as _msgpack
@@ -465,6 +495,22 @@ if not os.environ.get("CODE_EXECUTOR_PURE_CODEC"):
 
         def unpackb(data):
             return _msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+        def report_unpackb(data):
+            # Each container counted as it is made (the hooks see it whole;
+            # no one is longer than REPORT_ITEMS): the sum stays within
+            # about twice the budget.
+            left = [REPORT_ITEMS]
+
+            def counted(container):
+                left[0] -= len(container) + 1
+                if left[0] < 0:
+                    raise ValueError(TOO_MANY_ITEMS)
+                return container
+
+            return _msgpack.unpackb(data, raw=False, strict_map_key=False,
+                                    max_array_len=REPORT_ITEMS, max_map_len=REPORT_ITEMS,
+                                    object_hook=counted, list_hook=counted)
     except Exception:
         pass
 
@@ -1913,8 +1959,14 @@ def report_cap(msg):
     """The most bytes a report on ``msg`` can need: its value's repr (up to
     4 bytes a character, and the note that says it was cut), a returned
     value, a session call's artifacts, and REPORT_ROOM."""
-    return (4 * (msg["max_result_chars"] + 64) + msg["max_artifact_bytes"]
-            + msg["max_artifacts_bytes"] + REPORT_ROOM)
+    return min(4 * (msg["max_result_chars"] + 64) + msg["max_artifact_bytes"]
+               + msg["max_artifacts_bytes"] + REPORT_ROOM, NO_REPORT_LENGTH - 1)
+
+
+# The length over every cap (report_cap stays below it) that a report
+# buffer holds once no report can come on the pipe.
+NO_REPORT_LENGTH = 0xFFFFFFFF
+NO_REPORT = NO_REPORT_LENGTH.to_bytes(4, "big")
 
 
 def read_report(fd, buf, cap):
@@ -1922,8 +1974,9 @@ def read_report(fd, buf, cap):
     ``buf``; return (report or None, whether the pipe closed). User code
     can write to the pipe too: a report announced longer than ``cap`` bytes
     is none, and what comes after its length is read and dropped, so that
-    a run cannot make its worker hold what it writes there."""
-    while True:
+    a run cannot make its worker hold what it writes there; nor, keeping
+    the pipe full, keep the worker reading (PIPE_READS)."""
+    for _ in range(PIPE_READS):
         try:
             data = os.read(fd, READ_CHUNK)
         except BlockingIOError:
@@ -1955,8 +2008,11 @@ def complete_report(buf, cap):
             return {"status": status, "result": None, "error": None, "cpu_ms": cpu,
                     "peak_rss_kb": peak}
     try:
-        return unpackb(bytes(buf[4:4 + n]))
+        return report_unpackb(bytes(buf[4:4 + n]))
     except Exception:
+        # No report can follow one that is not: what comes next is
+        # dropped, as after a length over the cap, not decoded again.
+        buf[:] = NO_REPORT
         return None
 
 
@@ -2762,7 +2818,7 @@ class Worker:
         del learning.pending[:consumed]
 
     def drain(self, fd, capture, poller, stream_id=None):
-        while True:
+        for _ in range(PIPE_READS):
             try:
                 data = os.read(fd, READ_CHUNK)
             except BlockingIOError:
@@ -4183,7 +4239,7 @@ class TreeWatch:
         if not self.pending.poll(0):  # no events (a read would raise, ~2 us)
             return True
         changed = False
-        while True:
+        for _ in range(PIPE_READS):
             try:
                 if not os.read(self.fd, READ_CHUNK):
                     break
@@ -4192,6 +4248,8 @@ class TreeWatch:
             except OSError:
                 break
             changed = True
+        else:
+            return False  # events keep coming: read the rest next time
         self.stop()  # user code closed or replaced the descriptor
         return False
 

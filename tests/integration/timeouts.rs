@@ -157,3 +157,81 @@ async fn a_request_may_lower_its_limits_but_not_raise_them() {
     assert_eq!(status, 400);
     server.stop().await;
 }
+
+/// A server of one worker that reads its runs' pipes a byte at a time
+/// (`READ_CHUNK`): a run's own processes then keep any pipe of theirs full
+/// against it, as faster writers could against the worker as it is.
+async fn slow_reading_server() -> (TestServer, tempfile::TempDir) {
+    common::server_with_patched_worker("w.READ_CHUNK = 1\n", |_| {}).await
+}
+
+/// Three processes write to stdout without end.
+const FILL_STDOUT: &str = "import os
+for _ in range(2):
+    if os.fork() == 0:
+        break
+chunk = b'x' * 4096
+while True:
+    os.write(1, chunk)";
+
+/// Three processes write to the run's report pipe without end: a length
+/// over any report's cap, then zeros.
+const FILL_REPORT_PIPE: &str = "import fcntl, os, stat
+fds = []
+for fd in range(3, 256):
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            continue
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_WRONLY:
+            continue
+    except OSError:
+        continue
+    fds.append(fd)
+    os.write(fd, bytes([0xff, 0xff, 0xff, 0xf0]))
+print('filling', len(fds), flush=True)
+for _ in range(2):
+    if os.fork() == 0:
+        break
+chunk = bytes(4096)
+while True:
+    for fd in fds:
+        os.write(fd, chunk)";
+
+/// A run whose processes keep one of its pipes full ends at its timeout,
+/// answered by its worker: the worker reads a pipe so much per wake-up
+/// (`PIPE_READS`), then looks at the clock. Reading on until the pipe was
+/// empty, it never did: the server gave up on it 3 s later and replaced it.
+async fn a_pipe_kept_full_does_not_hold_off_the_timeout(code: &str, stdout: &str) {
+    let (server, _dir) = slow_reading_server().await;
+    let before = common::worker_pids(&server);
+    let started = Instant::now();
+    let (status, body) = server.execute(json!({"code": code, "timeout": 1})).await;
+    let elapsed = started.elapsed();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["timed_out"], true, "{body}");
+    assert_eq!(body["limit"], "timeout", "{body}");
+    assert!(
+        body["stdout"].as_str().unwrap().starts_with(stdout),
+        "{body}"
+    );
+    assert!(elapsed >= Duration::from_millis(950), "{elapsed:?}");
+    assert!(elapsed < Duration::from_millis(2500), "took {elapsed:?}");
+    assert_eq!(
+        common::worker_pids(&server),
+        before,
+        "the worker was replaced"
+    );
+    let body = server.run("print('after')").await;
+    assert_eq!(body["stdout"], "after\n", "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_run_that_keeps_its_stdout_full_ends_at_its_timeout() {
+    a_pipe_kept_full_does_not_hold_off_the_timeout(FILL_STDOUT, "xxxx").await;
+}
+
+#[tokio::test]
+async fn a_run_that_keeps_its_report_pipe_full_ends_at_its_timeout() {
+    a_pipe_kept_full_does_not_hold_off_the_timeout(FILL_REPORT_PIPE, "filling 1\n").await;
+}

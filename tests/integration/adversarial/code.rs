@@ -285,8 +285,15 @@ async fn a_flood_on_the_report_pipe_is_dropped_not_held_by_the_worker() {
     assert_eq!(body["exit_code"], 0, "{body}");
     assert_eq!(body["timed_out"], false, "{body}");
     // No process of the sandbox (the worker least of all) ever held the
-    // 768 MiB: each one's peak resident memory stays far below it.
-    for pid in super::sandbox_processes(&base) {
+    // 768 MiB.
+    assert_no_process_peaked_past(&base, 256 << 10);
+    arena.assert_recovered().await;
+}
+
+/// Each process of the sandbox under `base` peaked below `kib` KiB of
+/// resident memory.
+fn assert_no_process_peaked_past(base: &std::path::Path, kib: u64) {
+    for pid in super::sandbox_processes(base) {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         let peak_kib: u64 = status
             .lines()
@@ -294,12 +301,72 @@ async fn a_flood_on_the_report_pipe_is_dropped_not_held_by_the_worker() {
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap_or(0);
         assert!(
-            peak_kib < 256 << 10,
+            peak_kib < kib,
             "{} peaked at {peak_kib} KiB",
             super::lineage(pid)
         );
     }
+}
+
+/// Writes a whole report, well under the report's cap, to the run's report
+/// pipe: a map whose `status` is an array of 8 Mi empty maps, one byte each.
+/// Decoded, that is a Python object per byte (over 600 MiB in the worker).
+const REPORT_OF_EMPTY_MAPS: &str = "import fcntl, os, stat
+n = 8 << 20
+body = b'\\x81\\xa6status\\xdd' + n.to_bytes(4, 'big') + b'\\x80' * n
+frame = len(body).to_bytes(4, 'big') + body
+sent = 0
+for fd in range(3, 256):
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            continue
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_WRONLY:
+            continue
+    except OSError:
+        continue
+    os.write(fd, frame)
+    sent += 1
+print('sent', sent)";
+
+/// A report of millions of empty maps is no report (a worker decodes at
+/// most `REPORT_ITEMS` containers and items of one); the run ends by its
+/// exit, soon, and no process of the sandbox holds what it wrote.
+async fn a_report_of_millions_of_items_is_no_report(arena: Arena) {
+    let base = arena.server.executor.base_dir().to_path_buf();
+    let started = Instant::now();
+    let body = arena.attack(run(REPORT_OF_EMPTY_MAPS, 60.0)).await;
+    let elapsed = started.elapsed();
+    assert_eq!(body["stdout"], "sent 1\n", "{body}");
+    assert_eq!(body["exit_code"], 0, "{body}");
+    assert_eq!(body["error"], json!(null), "{body}");
+    assert_eq!(body["timed_out"], false, "{body}");
+    // Decoded, it took the worker 4-5 s here.
+    assert!(elapsed < Duration::from_secs(3), "took {elapsed:?}");
+    assert_no_process_peaked_past(&base, 256 << 10);
     arena.assert_recovered().await;
+}
+
+#[tokio::test]
+async fn a_report_of_millions_of_items_is_no_report_to_the_workers_own_codec() {
+    a_report_of_millions_of_items_is_no_report(Arena::start().await).await;
+}
+
+#[tokio::test]
+async fn a_report_of_millions_of_items_is_no_report_to_the_msgpack_package() {
+    let python = common::pyenvs::codec_python().await;
+    let arena = Arena::with_config(code_executor::Config {
+        env: code_executor::config::EnvChoice::Python(python),
+        pool_size: 1,
+        ..common::config()
+    })
+    .await;
+    // The worker decodes with the package: the run's process, forked from
+    // the worker's, has it loaded without importing it.
+    let body = arena
+        .attack(run("import sys\nprint('msgpack' in sys.modules)", 10.0))
+        .await;
+    assert_eq!(body["stdout"], "True\n", "{body}");
+    a_report_of_millions_of_items_is_no_report(arena).await;
 }
 
 #[tokio::test]

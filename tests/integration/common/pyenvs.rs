@@ -14,6 +14,17 @@ pub async fn plot_python() -> PathBuf {
         .clone()
 }
 
+/// The interpreter of the `codec` venv: `msgpack`, the C codec a worker
+/// uses in its stead of its own where an environment has it. A failed
+/// install fails the test.
+pub async fn codec_python() -> PathBuf {
+    static CODEC: OnceCell<PathBuf> = OnceCell::const_new();
+    CODEC
+        .get_or_init(|| async { setup("codec", &target_venv("codec")).await })
+        .await
+        .clone()
+}
+
 /// The `kubernetes-validate` program of the `kubernetes` venv, kept under
 /// /tmp (it holds ~150 MB of schemas) and shared by every test process
 /// (setup.sh takes a file lock). A failed install fails the test.
