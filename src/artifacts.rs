@@ -5,7 +5,8 @@
 //! them again: the bearer token's digest over HTTP, `stdio` for the stdio
 //! client.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -15,7 +16,7 @@ use parking_lot::Mutex;
 pub struct ArtifactLimits {
     /// Time to live of a run's artifacts.
     pub ttl: Duration,
-    /// Bytes (decoded) the whole store may hold.
+    /// Bytes the whole store may hold (see [`StoredArtifact::held`]).
     pub max_bytes: u64,
     /// Bytes one owner's artifacts may hold.
     pub max_owner_bytes: u64,
@@ -31,6 +32,11 @@ impl Default for ArtifactLimits {
     }
 }
 
+/// What a file's entry costs the store beyond its content, path and type.
+const FILE_OVERHEAD: u64 = 96;
+/// What a run costs the store beyond its files (its id, owner, place in line).
+const RUN_OVERHEAD: u64 = 128;
+
 /// One stored file.
 #[derive(Debug, Clone)]
 pub struct StoredArtifact {
@@ -38,8 +44,29 @@ pub struct StoredArtifact {
     pub mime: String,
     /// Decoded size.
     pub size: u64,
-    /// The content, base64 (as runs report it and MCP blobs carry it).
-    pub base64: String,
+    /// The content, base64 (as runs report it and MCP blobs carry it);
+    /// shared, so a read copies none of it under the store's lock.
+    pub base64: Arc<str>,
+}
+
+impl StoredArtifact {
+    /// What the file counts against the caps: its decoded content (as its
+    /// base64 says, whatever its `size`), its path and type, and its entry.
+    /// A run of a thousand empty files with long names is not free.
+    fn held(&self) -> u64 {
+        let content = self.size.max(self.base64.len() as u64 / 4 * 3);
+        content + self.path.len() as u64 + self.mime.len() as u64 + FILE_OVERHEAD
+    }
+}
+
+/// What [`ArtifactStore::put`] kept of a run.
+#[derive(Debug)]
+pub struct Kept {
+    /// The run's id.
+    pub run: String,
+    /// Whether each file given, in order, is kept (one too large for an
+    /// owner's whole cap is not).
+    pub files: Vec<bool>,
 }
 
 /// A run's artifacts.
@@ -49,15 +76,48 @@ struct StoredRun {
     owner: String,
     stored: Instant,
     files: Vec<StoredArtifact>,
+    /// What it counts against the caps.
     bytes: u64,
+}
+
+/// The runs kept, oldest first, with their totals.
+#[derive(Debug, Default)]
+struct Runs {
+    line: VecDeque<StoredRun>,
+    bytes: u64,
+    owners: HashMap<String, u64>,
+}
+
+impl Runs {
+    fn push(&mut self, run: StoredRun) {
+        self.bytes += run.bytes;
+        *self.owners.entry(run.owner.clone()).or_default() += run.bytes;
+        self.line.push_back(run);
+    }
+
+    fn remove(&mut self, i: usize) {
+        let Some(run) = self.line.remove(i) else {
+            return;
+        };
+        self.bytes -= run.bytes;
+        if let Some(bytes) = self.owners.get_mut(&run.owner) {
+            *bytes -= run.bytes;
+            if *bytes == 0 {
+                self.owners.remove(&run.owner);
+            }
+        }
+    }
+
+    fn owner_bytes(&self, owner: &str) -> u64 {
+        self.owners.get(owner).copied().unwrap_or(0)
+    }
 }
 
 /// The store; one per server, shared by every front end.
 #[derive(Debug)]
 pub struct ArtifactStore {
     limits: ArtifactLimits,
-    /// Runs, oldest first.
-    runs: Mutex<VecDeque<StoredRun>>,
+    runs: Mutex<Runs>,
     /// Source of run ids, with a random part so they cannot be guessed.
     salt: u64,
     next: std::sync::atomic::AtomicU64,
@@ -77,7 +137,7 @@ impl ArtifactStore {
             });
         ArtifactStore {
             limits,
-            runs: Mutex::new(VecDeque::new()),
+            runs: Mutex::new(Runs::default()),
             salt,
             next: std::sync::atomic::AtomicU64::new(1),
         }
@@ -87,44 +147,56 @@ impl ArtifactStore {
         self.limits
     }
 
-    /// Keep `files` for `owner`; the run's id. Files larger than the owner's
-    /// whole cap are not kept (named in the result as such by the caller).
-    pub fn put(&self, owner: &str, files: Vec<StoredArtifact>) -> String {
-        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let id = format!("{:016x}{n:x}", self.salt.rotate_left(n as u32 % 64) ^ n);
+    /// Keep `files` for `owner`, evicting the oldest runs past the caps:
+    /// the owner's own past its cap, then anyone's past the server's. What
+    /// was kept, or None when nothing was (no file fits a cap, or the run
+    /// alone is past one).
+    pub fn put(&self, owner: &str, files: Vec<StoredArtifact>) -> Option<Kept> {
+        let largest = self.limits.max_owner_bytes.min(self.limits.max_bytes);
+        let kept: Vec<bool> = files.iter().map(|f| f.held() <= largest).collect();
         let files: Vec<StoredArtifact> = files
             .into_iter()
-            .filter(|f| f.size <= self.limits.max_owner_bytes.min(self.limits.max_bytes))
+            .zip(&kept)
+            .filter_map(|(f, &k)| k.then_some(f))
             .collect();
-        let bytes = files.iter().map(|f| f.size).sum();
+        if files.is_empty() {
+            return None;
+        }
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = format!("{:016x}{n:x}", self.salt.rotate_left(n as u32 % 64) ^ n);
+        let bytes = RUN_OVERHEAD + files.iter().map(StoredArtifact::held).sum::<u64>();
         let mut runs = self.runs.lock();
         self.expire(&mut runs);
-        runs.push_back(StoredRun {
+        runs.push(StoredRun {
             id: id.clone(),
             owner: owner.to_string(),
             stored: Instant::now(),
             files,
             bytes,
         });
-        // Oldest first: the owner's own past its cap, then anyone's past
-        // the server's.
-        while owner_bytes(&runs, owner) > self.limits.max_owner_bytes {
-            let Some(i) = runs.iter().position(|r| r.owner == owner) else {
+        while runs.owner_bytes(owner) > self.limits.max_owner_bytes {
+            let Some(i) = runs.line.iter().position(|r| r.owner == owner) else {
                 break;
             };
             runs.remove(i);
         }
-        while runs.iter().map(|r| r.bytes).sum::<u64>() > self.limits.max_bytes {
-            runs.pop_front();
+        while runs.bytes > self.limits.max_bytes && !runs.line.is_empty() {
+            runs.remove(0);
         }
-        id
+        // The newest run, last in line unless it went itself.
+        let stored = runs.line.back().is_some_and(|r| r.id == id);
+        stored.then_some(Kept {
+            run: id,
+            files: kept,
+        })
     }
 
     /// The file `path` of run `run`, if `owner` stored it and it is live.
     pub fn get(&self, owner: &str, run: &str, path: &str) -> Option<StoredArtifact> {
         let mut runs = self.runs.lock();
         self.expire(&mut runs);
-        runs.iter()
+        runs.line
+            .iter()
             .find(|r| r.id == run && r.owner == owner)?
             .files
             .iter()
@@ -137,14 +209,16 @@ impl ArtifactStore {
     pub fn list(&self, owner: &str) -> Vec<(String, StoredArtifact)> {
         let mut runs = self.runs.lock();
         self.expire(&mut runs);
-        runs.iter()
+        let none: Arc<str> = Arc::from("");
+        runs.line
+            .iter()
             .filter(|r| r.owner == owner)
             .flat_map(|r| {
                 r.files.iter().map(|f| {
                     (
                         r.id.clone(),
                         StoredArtifact {
-                            base64: String::new(),
+                            base64: none.clone(),
                             ..f.clone()
                         },
                     )
@@ -153,21 +227,15 @@ impl ArtifactStore {
             .collect()
     }
 
-    fn expire(&self, runs: &mut VecDeque<StoredRun>) {
+    fn expire(&self, runs: &mut Runs) {
         while runs
+            .line
             .front()
             .is_some_and(|r| r.stored.elapsed() > self.limits.ttl)
         {
-            runs.pop_front();
+            runs.remove(0);
         }
     }
-}
-
-fn owner_bytes(runs: &VecDeque<StoredRun>, owner: &str) -> u64 {
-    runs.iter()
-        .filter(|r| r.owner == owner)
-        .map(|r| r.bytes)
-        .sum()
 }
 
 /// `artifact://<run>/<path>`.
@@ -213,43 +281,126 @@ mod tests {
             path: path.into(),
             mime: "text/plain".into(),
             size,
-            base64: "eA==".into(),
+            base64: Arc::from("eA=="),
         }
+    }
+
+    fn put(store: &ArtifactStore, owner: &str, files: Vec<StoredArtifact>) -> String {
+        store.put(owner, files).expect("the run is kept").run
     }
 
     #[test]
     fn owners_see_their_own_and_caps_evict_the_oldest() {
         let store = ArtifactStore::new(ArtifactLimits {
             ttl: Duration::from_secs(60),
-            max_bytes: 100,
-            max_owner_bytes: 60,
+            max_bytes: 10_000,
+            max_owner_bytes: 6_000,
         });
-        let a1 = store.put("a", vec![file("x", 30)]);
-        let b1 = store.put("b", vec![file("y", 30)]);
+        let a1 = put(&store, "a", vec![file("x", 3_000)]);
+        let b1 = put(&store, "b", vec![file("y", 3_000)]);
         assert!(store.get("a", &a1, "x").is_some());
         assert!(store.get("b", &a1, "x").is_none(), "another owner's");
-        let a2 = store.put("a", vec![file("x", 40)]);
-        // a's cap (60) evicted a1, not b's run.
+        let a2 = put(&store, "a", vec![file("x", 4_000)]);
+        // a's cap evicted a1, not b's run.
         assert!(store.get("a", &a1, "x").is_none());
         assert!(store.get("a", &a2, "x").is_some());
         assert!(store.get("b", &b1, "y").is_some());
-        let _c = store.put("c", vec![file("z", 50)]);
-        // The server's cap (100): the oldest run left (b1) goes.
+        let _c = put(&store, "c", vec![file("z", 5_000)]);
+        // The server's cap: the oldest run left (b1) goes.
         assert!(store.get("b", &b1, "y").is_none());
         assert_eq!(store.list("a").len(), 1);
         assert_ne!(a1, a2);
     }
 
     #[test]
-    fn artifacts_expire() {
+    fn paths_and_entries_count_against_the_caps_not_only_content() {
+        let store = ArtifactStore::new(ArtifactLimits {
+            ttl: Duration::from_secs(60),
+            max_bytes: 1 << 20,
+            max_owner_bytes: 100_000,
+        });
+        // Empty files with 4 KiB names: ~40 KiB a run, though no content.
+        let named = |run: usize| -> Vec<StoredArtifact> {
+            (0..10)
+                .map(|i| StoredArtifact {
+                    base64: Arc::from(""),
+                    ..file(&format!("{run}-{i}-{}", "n".repeat(4096)), 0)
+                })
+                .collect()
+        };
+        let first = store.put("a", named(0)).expect("kept");
+        let path = |run: usize, i: usize| format!("{run}-{i}-{}", "n".repeat(4096));
+        assert!(store.get("a", &first.run, &path(0, 0)).is_some());
+        put(&store, "a", named(1));
+        assert!(store.get("a", &first.run, &path(0, 0)).is_some());
+        // A third run puts the owner past 100,000 bytes: the first goes.
+        put(&store, "a", named(2));
+        assert!(store.get("a", &first.run, &path(0, 0)).is_none());
+        assert_eq!(store.list("a").len(), 20);
+    }
+
+    #[test]
+    fn put_says_which_files_it_kept() {
+        let store = ArtifactStore::new(ArtifactLimits {
+            ttl: Duration::from_secs(60),
+            max_bytes: 1 << 20,
+            max_owner_bytes: 10_000,
+        });
+        let kept = store
+            .put(
+                "a",
+                vec![file("small", 10), file("big", 20_000), file("other", 20)],
+            )
+            .expect("kept");
+        assert_eq!(kept.files, [true, false, true]);
+        assert!(store.get("a", &kept.run, "small").is_some());
+        assert!(store.get("a", &kept.run, "big").is_none());
+        assert!(store.get("a", &kept.run, "other").is_some());
+        // Nothing fits: nothing kept.
+        assert!(store.put("a", vec![file("big", 20_000)]).is_none());
+        // Each file fits, the run does not: it goes, and the owner's
+        // earlier run with it.
+        assert!(
+            store
+                .put("a", vec![file("p", 6_000), file("q", 6_000)])
+                .is_none()
+        );
+        assert!(store.get("a", &kept.run, "small").is_none());
+        assert!(store.list("a").is_empty());
+    }
+
+    #[test]
+    fn a_file_counts_its_content_whatever_its_size_says() {
+        let store = ArtifactStore::new(ArtifactLimits {
+            ttl: Duration::from_secs(60),
+            max_bytes: 1 << 20,
+            max_owner_bytes: 10_000,
+        });
+        let lying = StoredArtifact {
+            base64: Arc::from("A".repeat(20_000)),
+            ..file("x", 0)
+        };
+        assert!(store.put("a", vec![lying]).is_none());
+    }
+
+    #[test]
+    fn artifacts_expire_and_free_their_room() {
         let store = ArtifactStore::new(ArtifactLimits {
             ttl: Duration::from_millis(20),
-            ..ArtifactLimits::default()
+            max_bytes: 10_000,
+            max_owner_bytes: 10_000,
         });
-        let run = store.put("a", vec![file("x", 1)]);
+        let run = put(&store, "a", vec![file("x", 6_000)]);
+        let other = put(&store, "b", vec![file("y", 1)]);
         assert!(store.get("a", &run, "x").is_some());
         std::thread::sleep(Duration::from_millis(40));
         assert!(store.get("a", &run, "x").is_none());
+        // The expired runs count no more: this one evicts nothing live.
+        let fresh = put(&store, "b", vec![file("z", 6_000)]);
+        let again = put(&store, "a", vec![file("w", 3_000)]);
+        assert!(store.get("b", &fresh, "z").is_some());
+        assert!(store.get("a", &again, "w").is_some());
+        assert!(store.get("b", &other, "y").is_none());
     }
 
     #[test]

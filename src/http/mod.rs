@@ -368,10 +368,11 @@ async fn artifact(
             ),
         ));
     };
-    let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, &found.base64)
-        .map_err(|e| {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-    })?;
+    let bytes = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        found.base64.as_bytes(),
+    )
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     Ok(([(header::CONTENT_TYPE, found.mime)], bytes).into_response())
 }
 

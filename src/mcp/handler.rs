@@ -556,27 +556,32 @@ impl McpHandler {
     /// Put a run's artifacts in the store (for `owner`) and give each its
     /// `uri`.
     fn keep_artifacts(&self, owner: &str, result: &mut ExecResult) {
+        // The artifacts with content, by their place in the result.
+        let mut given = Vec::new();
         let files: Vec<StoredArtifact> = result
             .artifacts
             .iter()
-            .filter_map(|a| {
+            .enumerate()
+            .filter_map(|(i, a)| {
+                let base64 = a.base64.as_deref()?;
+                given.push(i);
                 Some(StoredArtifact {
                     path: a.path.clone(),
                     mime: a.mime.clone(),
                     size: a.size,
-                    base64: a.base64.clone()?,
+                    base64: base64.into(),
                 })
             })
             .collect();
         if files.is_empty() {
             return;
         }
-        let store = self.executor.artifacts();
-        let run = store.put(owner, files);
-        for a in &mut result.artifacts {
-            if a.base64.is_some() && store.get(owner, &run, &a.path).is_some() {
-                a.uri = Some(artifacts::uri(&run, &a.path));
-            }
+        let Some(kept) = self.executor.artifacts().put(owner, files) else {
+            return;
+        };
+        for (i, _) in given.into_iter().zip(kept.files).filter(|(_, k)| *k) {
+            let a = &mut result.artifacts[i];
+            a.uri = Some(artifacts::uri(&kept.run, &a.path));
         }
     }
 }
@@ -645,7 +650,7 @@ impl ServerHandler for McpHandler {
             .and_then(|(run, path)| self.executor.artifacts().get(&owner, run, path));
         match found {
             Some(a) => Ok(rmcp::model::ReadResourceResult::new(vec![
-                rmcp::model::ResourceContents::blob(a.base64, request.uri.clone())
+                rmcp::model::ResourceContents::blob(a.base64.to_string(), request.uri.clone())
                     .with_mime_type(a.mime),
             ])
             .into()),

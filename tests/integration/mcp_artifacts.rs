@@ -169,6 +169,92 @@ async fn a_large_artifact_is_kept_until_it_expires() {
     server.stop().await;
 }
 
+/// A run's artifacts as an MCP result lists them: (path, uri).
+fn linked(out: &rmcp::model::CallToolResult) -> Vec<(String, Option<String>)> {
+    out.structured_content.as_ref().unwrap()["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["path"].as_str().unwrap().to_string(),
+                a["uri"].as_str().map(str::to_string),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn each_of_a_thousand_files_is_linked_and_readable() {
+    let server = server(common::python()).await;
+    let client = connect_http(&format!("{}/mcp", server.url), Some(TOKEN)).await;
+    let out = call(
+        &client,
+        "execute_code",
+        json!({"code": "for i in range(1000):\n    open(f'f{i:04}.txt', 'w').write(str(i) * 3)"}),
+    )
+    .await
+    .unwrap();
+    assert_ne!(out.is_error, Some(true), "{out:?}");
+    let links = linked(&out);
+    assert_eq!(links.len(), 1000);
+    for (i, (path, uri)) in links.iter().enumerate() {
+        assert_eq!(path, &format!("f{i:04}.txt"));
+        let uri = uri
+            .as_deref()
+            .unwrap_or_else(|| panic!("{path} has no uri"));
+        assert!(uri.ends_with(&format!("/{path}")), "{uri}");
+    }
+    for i in [0, 499, 999] {
+        let uri = links[i].1.as_deref().unwrap();
+        let url = format!("{}/artifacts/{}", server.url, &uri["artifact://".len()..]);
+        let resp = server
+            .client
+            .get(&url)
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{url}");
+        assert_eq!(resp.text().await.unwrap(), i.to_string().repeat(3));
+    }
+    assert_eq!(client.list_all_resources().await.unwrap().len(), 1000);
+    client.cancel().await.unwrap();
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn empty_files_with_long_names_count_against_the_clients_cap() {
+    let mut config = common::config();
+    config.token = Some(TOKEN.into());
+    // Room for one run below of 100 empty files with 200-byte names
+    // (~31 KB with their entries), not two.
+    config.artifacts.max_owner_bytes = 50_000;
+    let server = TestServer::with_config(config).await;
+    let client = connect_http(&format!("{}/mcp", server.url), Some(TOKEN)).await;
+    let code = |tag: &str| json!({"code": format!("for i in range(100):\n    open(f'{tag}{{i:03}}' + 'n' * 196, 'w').close()")});
+    let first = linked(&call(&client, "execute_code", code("a")).await.unwrap());
+    assert_eq!(first.len(), 100);
+    assert!(first.iter().all(|(_, uri)| uri.is_some()));
+    let second = linked(&call(&client, "execute_code", code("b")).await.unwrap());
+    assert!(second.iter().all(|(_, uri)| uri.is_some()));
+    // The second run evicted the first: only its files are listed.
+    let listed: Vec<String> = client
+        .list_all_resources()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.name[..4].to_string())
+        .collect();
+    assert_eq!(listed.len(), 100, "{listed:?}");
+    assert!(
+        listed.iter().all(|name| name.starts_with('b')),
+        "{listed:?}"
+    );
+    client.cancel().await.unwrap();
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn execute_code_takes_what_execute_takes_and_refuses_alike() {
     let server = server(common::python()).await;
