@@ -182,8 +182,9 @@ REPORT_ITEMS = 1 << 16
 TOO_MANY_ITEMS = "msgpack data holds too many items"
 # The most reads of one pipe per wake-up: a run whose processes keep a pipe
 # full does not hold its worker off its deadline; what is left is read on
-# the next one. After the run, when nothing writes any more, the same
-# number reads a pipe of the largest size (1 MiB, pipe-max-size) to its end.
+# the next one. After the run the same number reads a pipe of the largest
+# size an unprivileged process can give it (1 MiB, pipe-max-size's default)
+# to its end.
 PIPE_READS = 17
 # How long a run that does not stream goes before its worker watches its
 # stdout and stderr: a short run's output is read once it has reported, so
@@ -497,20 +498,25 @@ if not os.environ.get("CODE_EXECUTOR_PURE_CODEC"):
             return _msgpack.unpackb(data, raw=False, strict_map_key=False)
 
         def report_unpackb(data):
-            # Each container counted as it is made (the hooks see it whole;
-            # no one is longer than REPORT_ITEMS): the sum stays within
-            # about twice the budget.
+            # Each container counted as the pure decoder counts it, once it
+            # is made (none is longer than REPORT_ITEMS): the sum stays
+            # within twice the budget. A map's pairs, not its dict, which
+            # repeated keys would make short.
             left = [REPORT_ITEMS]
 
-            def counted(container):
-                left[0] -= len(container) + 1
+            def counted(items):
+                left[0] -= len(items) + 1
                 if left[0] < 0:
                     raise ValueError(TOO_MANY_ITEMS)
-                return container
+                return items
+
+            def counted_pairs(pairs):
+                left[0] -= len(pairs)  # a key and a value each
+                return dict(counted(pairs))
 
             return _msgpack.unpackb(data, raw=False, strict_map_key=False,
                                     max_array_len=REPORT_ITEMS, max_map_len=REPORT_ITEMS,
-                                    object_hook=counted, list_hook=counted)
+                                    object_pairs_hook=counted_pairs, list_hook=counted)
     except Exception:
         pass
 
@@ -2278,7 +2284,9 @@ def supervise(worker, child, msg, start, disk=None, session=None, ended=None):
     until it ends: drain its stdout and stderr (at most ``max_output`` bytes
     of each kept, sent on as ``output`` frames when ``stream`` asks), read its
     report, and enforce the deadline and the ``disk`` watch.  The child's
-    pipes are drained empty before this returns.
+    pipes are drained before this returns: what is written in them meanwhile
+    is read up to a full pipe (see PIPE_READS); more is cut off, and its
+    stream marked ``truncated``.
 
     A clean run (``session`` None) ends when its child reports, or exits and
     closes its report pipe; at its deadline, over its disk quota or when the
@@ -2306,7 +2314,7 @@ def supervise(worker, child, msg, start, disk=None, session=None, ended=None):
     for fd in (child.ctl_r, exits):
         poller.register(fd, select.POLLIN)
     # The output pipes are watched from the start only when streamed (see
-    # QUIET); they are drained empty once the run is over in any case.
+    # QUIET); they are drained once the run is over in any case.
     quiet = None
     if stream_id is None:
         quiet = start + QUIET
@@ -2818,6 +2826,9 @@ class Worker:
         del learning.pending[:consumed]
 
     def drain(self, fd, capture, poller, stream_id=None):
+        """Read what ``fd`` holds into ``capture``, PIPE_READS reads at most;
+        with no ``poller`` (the run is over) what is left past them is cut
+        off: something still writes, or the pipe was made larger."""
         for _ in range(PIPE_READS):
             try:
                 data = os.read(fd, READ_CHUNK)
@@ -2833,6 +2844,8 @@ class Worker:
             kept = capture.feed(data)
             if stream_id is not None and kept:
                 write_frame(self.wfd, {"t": "output", "id": stream_id, "stream": capture.name, "data": kept})
+        if poller is None:
+            capture.truncated = True
 
     def serve(self):
         if self.next is None:

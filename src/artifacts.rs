@@ -55,7 +55,9 @@ impl StoredArtifact {
     /// A run of a thousand empty files with long names is not free.
     fn held(&self) -> u64 {
         let content = self.size.max(self.base64.len() as u64 / 4 * 3);
-        content + self.path.len() as u64 + self.mime.len() as u64 + FILE_OVERHEAD
+        content
+            .saturating_add(self.path.len() as u64 + self.mime.len() as u64)
+            .saturating_add(FILE_OVERHEAD)
     }
 }
 
@@ -149,11 +151,14 @@ impl ArtifactStore {
 
     /// Keep `files` for `owner`, evicting the oldest runs past the caps:
     /// the owner's own past its cap, then anyone's past the server's. What
-    /// was kept, or None when nothing was (no file fits a cap, or the run
-    /// alone is past one).
+    /// was kept, or None when nothing was: no file fits a cap, or the run
+    /// alone is past one (then it evicts nothing).
     pub fn put(&self, owner: &str, files: Vec<StoredArtifact>) -> Option<Kept> {
         let largest = self.limits.max_owner_bytes.min(self.limits.max_bytes);
-        let kept: Vec<bool> = files.iter().map(|f| f.held() <= largest).collect();
+        let kept: Vec<bool> = files
+            .iter()
+            .map(|f| f.held().saturating_add(RUN_OVERHEAD) <= largest)
+            .collect();
         let files: Vec<StoredArtifact> = files
             .into_iter()
             .zip(&kept)
@@ -164,7 +169,13 @@ impl ArtifactStore {
         }
         let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let id = format!("{:016x}{n:x}", self.salt.rotate_left(n as u32 % 64) ^ n);
-        let bytes = RUN_OVERHEAD + files.iter().map(StoredArtifact::held).sum::<u64>();
+        let bytes = files
+            .iter()
+            .map(StoredArtifact::held)
+            .fold(RUN_OVERHEAD, u64::saturating_add);
+        if bytes > largest {
+            return None;
+        }
         let mut runs = self.runs.lock();
         self.expire(&mut runs);
         runs.push(StoredRun {
@@ -358,15 +369,33 @@ mod tests {
         assert!(store.get("a", &kept.run, "other").is_some());
         // Nothing fits: nothing kept.
         assert!(store.put("a", vec![file("big", 20_000)]).is_none());
-        // Each file fits, the run does not: it goes, and the owner's
-        // earlier run with it.
+        // Each file fits, the run does not: nothing of it is kept, and
+        // it evicts nothing.
         assert!(
             store
                 .put("a", vec![file("p", 6_000), file("q", 6_000)])
                 .is_none()
         );
-        assert!(store.get("a", &kept.run, "small").is_none());
-        assert!(store.list("a").is_empty());
+        assert!(store.get("a", &kept.run, "small").is_some());
+        assert_eq!(store.list("a").len(), 2);
+    }
+
+    #[test]
+    fn a_run_past_the_servers_cap_evicts_no_one() {
+        let store = ArtifactStore::new(ArtifactLimits {
+            ttl: Duration::from_secs(60),
+            max_bytes: 10_000,
+            max_owner_bytes: 20_000,
+        });
+        let a = put(&store, "a", vec![file("x", 3_000)]);
+        let b = put(&store, "b", vec![file("y", 3_000)]);
+        assert!(
+            store
+                .put("c", vec![file("p", 6_000), file("q", 6_000)])
+                .is_none()
+        );
+        assert!(store.get("a", &a, "x").is_some());
+        assert!(store.get("b", &b, "y").is_some());
     }
 
     #[test]
@@ -386,14 +415,14 @@ mod tests {
     #[test]
     fn artifacts_expire_and_free_their_room() {
         let store = ArtifactStore::new(ArtifactLimits {
-            ttl: Duration::from_millis(20),
+            ttl: Duration::from_millis(500),
             max_bytes: 10_000,
             max_owner_bytes: 10_000,
         });
         let run = put(&store, "a", vec![file("x", 6_000)]);
         let other = put(&store, "b", vec![file("y", 1)]);
         assert!(store.get("a", &run, "x").is_some());
-        std::thread::sleep(Duration::from_millis(40));
+        std::thread::sleep(Duration::from_millis(600));
         assert!(store.get("a", &run, "x").is_none());
         // The expired runs count no more: this one evicts nothing live.
         let fresh = put(&store, "b", vec![file("z", 6_000)]);

@@ -162,3 +162,90 @@ async fn ten_megabytes_of_binary_round_trip_intact() {
     assert!(back == data, "binary payload changed in transit");
     assert!(repr.starts_with("b'\\x00\\x07"), "{:.40}", repr);
 }
+
+/// Decodes reports with the worker's `report_unpackb`, run by `python`
+/// (with `env`): a legitimate one, and forged ones past its item budget
+/// in each shape a budget could miss. Prints which codec decoded and what
+/// each payload came to.
+const REPORT_BUDGET: &str = r#"
+import json, sys
+import worker as w
+
+def outcome(data):
+    try:
+        value = w.report_unpackb(data)
+    except ValueError as e:
+        return str(e)
+    return value
+
+def header(byte, n, width):
+    return bytes([byte]) + n.to_bytes(width, "big")
+
+report = {"status": 1, "result": "'x'", "cpu_ms": 1.5, "peak_rss_kb": 9000,
+          "error": {"type": "E", "message": "m", "traceback": "t", "line": 3, "errno": None},
+          "imported": ["json.decoder"] * 64,
+          "artifacts": [{"path": "a", "mime": "text/plain", "size": 1, "data": b"x"}] * 1000}
+forged = {
+    # One array longer than the budget.
+    "wide": header(0xDD, 70000, 4) + b"\x80" * 70000,
+    # 90,000 one-item arrays, 300 to an array.
+    "nested": header(0xDC, 300, 2) + (header(0xDC, 300, 2) + b"\x91\x00" * 300) * 300,
+    # 64 maps of 4,096 pairs, every pair the same key: each dict is short.
+    "repeated keys": header(0xDC, 64, 2) + (header(0xDE, 4096, 2) + b"\xa1k\x00" * 4096) * 64,
+}
+print(json.dumps({
+    "codec": w.report_unpackb.__name__,
+    "msgpack": "msgpack" in sys.modules,
+    "report": outcome(w.pure_packb(report)) == report,
+    **{name: outcome(data) for name, data in forged.items()},
+}))
+"#;
+
+async fn report_budget(python: &std::path::Path, env: &[(&str, &str)]) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("worker.py"),
+        code_executor::executor::WORKER_SCRIPT,
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(python)
+        .args(["-c", REPORT_BUDGET])
+        .env("PYTHONPATH", dir.path())
+        .envs(env.iter().copied())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn assert_forged_reports_refused(found: &serde_json::Value) {
+    assert_eq!(found["report"], true, "a real report decodes: {found}");
+    for name in ["wide", "nested", "repeated keys"] {
+        let said = found[name].as_str().unwrap_or_default();
+        assert!(
+            said == "msgpack data holds too many items" || said.contains("exceeds max_"),
+            "{name}: {found}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_worker_codec_refuses_reports_past_its_item_budget() {
+    let found = report_budget(&common::python(), &[("CODE_EXECUTOR_PURE_CODEC", "1")]).await;
+    assert_eq!(found["codec"], "pure_report_unpackb", "{found}");
+    assert_forged_reports_refused(&found);
+}
+
+#[tokio::test]
+async fn the_msgpack_package_refuses_reports_past_the_item_budget() {
+    let python = common::pyenvs::codec_python().await;
+    let found = report_budget(&python, &[]).await;
+    assert_eq!(found["codec"], "report_unpackb", "{found}");
+    assert_eq!(found["msgpack"], true, "{found}");
+    assert_forged_reports_refused(&found);
+}

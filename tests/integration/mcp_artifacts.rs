@@ -224,6 +224,48 @@ async fn each_of_a_thousand_files_is_linked_and_readable() {
 }
 
 #[tokio::test]
+async fn only_the_files_kept_are_linked_each_to_its_own() {
+    let mut config = common::config();
+    config.token = Some(TOKEN.into());
+    config.mcp_max_artifact_bytes = 50_000;
+    config.artifacts.max_owner_bytes = 10_000;
+    let server = TestServer::with_config(config).await;
+    let client = connect_http(&format!("{}/mcp", server.url), Some(TOKEN)).await;
+    // b.bin is over the run's cap (no content); c.bin is within it but
+    // over the client's share of the store.
+    let code = "open('a.txt', 'w').write('a' * 10)\nopen('b.bin', 'wb').write(bytes(60_000))\nopen('c.bin', 'wb').write(bytes(20_000))\nopen('d.txt', 'w').write('d' * 10)";
+    let out = call(&client, "execute_code", json!({ "code": code }))
+        .await
+        .unwrap();
+    let links = linked(&out);
+    let paths: Vec<&str> = links.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(paths, ["a.txt", "b.bin", "c.bin", "d.txt"]);
+    let linked_to: Vec<Option<&str>> = links
+        .iter()
+        .map(|(_, uri)| uri.as_deref().map(|u| u.rsplit('/').next().unwrap()))
+        .collect();
+    assert_eq!(linked_to, [Some("a.txt"), None, None, Some("d.txt")]);
+    for (path, uri) in links.iter().filter(|(_, uri)| uri.is_some()) {
+        let url = format!(
+            "{}/artifacts/{}",
+            server.url,
+            &uri.as_deref().unwrap()["artifact://".len()..]
+        );
+        let resp = server
+            .client
+            .get(&url)
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{url}");
+        assert_eq!(resp.text().await.unwrap(), path[..1].repeat(10));
+    }
+    client.cancel().await.unwrap();
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn empty_files_with_long_names_count_against_the_clients_cap() {
     let mut config = common::config();
     config.token = Some(TOKEN.into());

@@ -205,17 +205,21 @@ async fn a_pipe_kept_full_does_not_hold_off_the_timeout(code: &str, stdout: &str
     let (server, _dir) = slow_reading_server().await;
     let before = common::worker_pids(&server);
     let started = Instant::now();
-    let (status, body) = server.execute(json!({"code": code, "timeout": 1})).await;
+    let (status, mut body) = server.execute(json!({"code": code, "timeout": 1})).await;
     let elapsed = started.elapsed();
+    // Up to 1 MiB of output: checked, then left out of the messages.
+    let out = body["stdout"].take();
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["timed_out"], true, "{body}");
     assert_eq!(body["limit"], "timeout", "{body}");
     assert!(
-        body["stdout"].as_str().unwrap().starts_with(stdout),
-        "{body}"
+        out.as_str().unwrap().starts_with(stdout),
+        "{:?}",
+        &out.as_str().unwrap()[..40.min(out.as_str().unwrap().len())]
     );
+    // The server would have given up at 4 s.
     assert!(elapsed >= Duration::from_millis(950), "{elapsed:?}");
-    assert!(elapsed < Duration::from_millis(2500), "took {elapsed:?}");
+    assert!(elapsed < Duration::from_millis(3500), "took {elapsed:?}");
     assert_eq!(
         common::worker_pids(&server),
         before,
