@@ -169,6 +169,19 @@ async fn a_large_artifact_is_kept_until_it_expires() {
     server.stop().await;
 }
 
+/// `GET /artifacts/{run}/{path}` of an `artifact://{run}/{path}` URI, with
+/// the token.
+async fn download(server: &TestServer, uri: &str) -> reqwest::Response {
+    let url = format!("{}/artifacts/{}", server.url, &uri["artifact://".len()..]);
+    server
+        .client
+        .get(&url)
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+}
+
 /// A run's artifacts as an MCP result lists them: (path, uri).
 fn linked(out: &rmcp::model::CallToolResult) -> Vec<(String, Option<String>)> {
     out.structured_content.as_ref().unwrap()["artifacts"]
@@ -206,16 +219,8 @@ async fn each_of_a_thousand_files_is_linked_and_readable() {
         assert!(uri.ends_with(&format!("/{path}")), "{uri}");
     }
     for i in [0, 499, 999] {
-        let uri = links[i].1.as_deref().unwrap();
-        let url = format!("{}/artifacts/{}", server.url, &uri["artifact://".len()..]);
-        let resp = server
-            .client
-            .get(&url)
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200, "{url}");
+        let resp = download(&server, links[i].1.as_deref().unwrap()).await;
+        assert_eq!(resp.status(), 200);
         assert_eq!(resp.text().await.unwrap(), i.to_string().repeat(3));
     }
     assert_eq!(client.list_all_resources().await.unwrap().len(), 1000);
@@ -246,19 +251,8 @@ async fn only_the_files_kept_are_linked_each_to_its_own() {
         .collect();
     assert_eq!(linked_to, [Some("a.txt"), None, None, Some("d.txt")]);
     for (path, uri) in links.iter().filter(|(_, uri)| uri.is_some()) {
-        let url = format!(
-            "{}/artifacts/{}",
-            server.url,
-            &uri.as_deref().unwrap()["artifact://".len()..]
-        );
-        let resp = server
-            .client
-            .get(&url)
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200, "{url}");
+        let resp = download(&server, uri.as_deref().unwrap()).await;
+        assert_eq!(resp.status(), 200, "{path}");
         assert_eq!(resp.text().await.unwrap(), path[..1].repeat(10));
     }
     client.cancel().await.unwrap();

@@ -174,27 +174,18 @@ chunk = b'x' * 4096
 while True:
     os.write(1, chunk)";
 
-/// Three processes write to the run's report pipe without end: a length
-/// over any report's cap, then zeros.
-const FILL_REPORT_PIPE: &str = "import fcntl, os, stat
-fds = []
-for fd in range(3, 256):
-    try:
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            continue
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_WRONLY:
-            continue
-    except OSError:
-        continue
-    fds.append(fd)
+/// Three processes write to the run's report pipe without end (after
+/// [`common::with_writable_pipes`]): a length over any report's cap, then
+/// zeros.
+const FILL_REPORT_PIPE: &str = "for fd in pipes:
     os.write(fd, bytes([0xff, 0xff, 0xff, 0xf0]))
-print('filling', len(fds), flush=True)
+print('filling', len(pipes), flush=True)
 for _ in range(2):
     if os.fork() == 0:
         break
 chunk = bytes(4096)
 while True:
-    for fd in fds:
+    for fd in pipes:
         os.write(fd, chunk)";
 
 /// A run whose processes keep one of its pipes full ends at its timeout,
@@ -237,5 +228,9 @@ async fn a_run_that_keeps_its_stdout_full_ends_at_its_timeout() {
 
 #[tokio::test]
 async fn a_run_that_keeps_its_report_pipe_full_ends_at_its_timeout() {
-    a_pipe_kept_full_does_not_hold_off_the_timeout(FILL_REPORT_PIPE, "filling 1\n").await;
+    a_pipe_kept_full_does_not_hold_off_the_timeout(
+        &common::with_writable_pipes(FILL_REPORT_PIPE),
+        "filling 1\n",
+    )
+    .await;
 }

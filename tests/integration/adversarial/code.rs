@@ -257,29 +257,21 @@ async fn a_fake_report_on_the_control_pipe_cannot_forge_the_result() {
 }
 
 /// Writes a report's length announcing ~4 GiB, then 768 MiB, to every pipe
-/// the run holds open for writing besides stdout and stderr: its report pipe.
-const REPORT_FLOOD: &str = "import fcntl, os, stat
-chunk = bytes(1 << 20)
-flooded = 0
-for fd in range(3, 256):
-    try:
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            continue
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_WRONLY:
-            continue
-    except OSError:
-        continue
+/// the run holds open for writing besides stdout and stderr: its report pipe
+/// (after [`common::with_writable_pipes`]).
+const REPORT_FLOOD: &str = "chunk = bytes(1 << 20)
+for fd in pipes:
     os.write(fd, bytes([0xff, 0xff, 0xff, 0xf0]))
     for _ in range(768):
         os.write(fd, chunk)
-    flooded += 1
-print('flooded', flooded)";
+print('flooded', len(pipes))";
 
 #[tokio::test]
 async fn a_flood_on_the_report_pipe_is_dropped_not_held_by_the_worker() {
     let arena = Arena::start().await;
     let base = arena.server.executor.base_dir().to_path_buf();
-    let body = arena.attack(run(REPORT_FLOOD, 60.0)).await;
+    let code = common::with_writable_pipes(REPORT_FLOOD);
+    let body = arena.attack(run(&code, 60.0)).await;
     // Read as no report, as garbage there is: the run ends by its exit.
     assert_eq!(body["stdout"], "flooded 1\n", "{body}");
     assert_eq!(body["exit_code"], 0, "{body}");
@@ -309,24 +301,15 @@ fn assert_no_process_peaked_past(base: &std::path::Path, kib: u64) {
 }
 
 /// Writes a whole report, well under the report's cap, to the run's report
-/// pipe: a map whose `status` is an array of 8 Mi empty maps, one byte each.
-/// Decoded, that is a Python object per byte (over 600 MiB in the worker).
-const REPORT_OF_EMPTY_MAPS: &str = "import fcntl, os, stat
-n = 8 << 20
+/// pipe (after [`common::with_writable_pipes`]): a map whose `status` is an
+/// array of 8 Mi empty maps, one byte each. Decoded, that is a Python object
+/// per byte (over 600 MiB in the worker).
+const REPORT_OF_EMPTY_MAPS: &str = "n = 8 << 20
 body = b'\\x81\\xa6status\\xdd' + n.to_bytes(4, 'big') + b'\\x80' * n
 frame = len(body).to_bytes(4, 'big') + body
-sent = 0
-for fd in range(3, 256):
-    try:
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            continue
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_WRONLY:
-            continue
-    except OSError:
-        continue
+for fd in pipes:
     os.write(fd, frame)
-    sent += 1
-print('sent', sent)";
+print('sent', len(pipes))";
 
 /// A report of millions of empty maps is no report (a worker decodes at
 /// most `REPORT_ITEMS` containers and items of one); the run ends by its
@@ -334,7 +317,8 @@ print('sent', sent)";
 async fn a_report_of_millions_of_items_is_no_report(arena: Arena) {
     let base = arena.server.executor.base_dir().to_path_buf();
     let started = Instant::now();
-    let body = arena.attack(run(REPORT_OF_EMPTY_MAPS, 60.0)).await;
+    let code = common::with_writable_pipes(REPORT_OF_EMPTY_MAPS);
+    let body = arena.attack(run(&code, 60.0)).await;
     let elapsed = started.elapsed();
     assert_eq!(body["stdout"], "sent 1\n", "{body}");
     assert_eq!(body["exit_code"], 0, "{body}");

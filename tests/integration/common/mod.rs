@@ -82,6 +82,24 @@ pub fn bare_spec(env: &[(&str, &str)]) -> (code_executor::testing::WorkerSpec, t
     (spec, dir)
 }
 
+/// `code` for a run, after Python that sets `pipes`: the descriptors
+/// (3-255) the run holds open for writing on pipes besides stdout and
+/// stderr, its report pipe among them.
+pub fn with_writable_pipes(code: &str) -> String {
+    format!(
+        "import fcntl, os, stat
+pipes = []
+for fd in range(3, 256):
+    try:
+        if (stat.S_ISFIFO(os.fstat(fd).st_mode)
+                and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY):
+            pipes.append(fd)
+    except OSError:
+        pass
+{code}"
+    )
+}
+
 /// The real interpreter behind `python3` on PATH (not a launcher shim).
 pub fn python() -> PathBuf {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
