@@ -499,9 +499,9 @@ if not os.environ.get("CODE_EXECUTOR_PURE_CODEC"):
 
         def report_unpackb(data):
             # Each container counted as the pure decoder counts it, once it
-            # is made (none is longer than REPORT_ITEMS): the sum stays
-            # within twice the budget. A map's pairs, not its dict, which
-            # repeated keys would make short.
+            # is made (none is longer than REPORT_ITEMS): what is made stays
+            # within a few times the budget. A map's pairs, not its dict,
+            # which repeated keys would make short.
             left = [REPORT_ITEMS]
 
             def counted(items):
