@@ -981,13 +981,17 @@ mod tests {
         ([request_w, stdout, stderr, report], report_w)
     }
 
-    /// A framed report on call `id` with `status`.
-    fn report_on(id: u64, status: u8) -> Vec<u8> {
-        let body =
-            rmp_serde::to_vec_named(&serde_json::json!({"id": id, "status": status})).unwrap();
+    /// `report` in msgpack, after its length.
+    fn framed(report: &impl Serialize) -> Vec<u8> {
+        let body = rmp_serde::to_vec_named(report).unwrap();
         let mut framed = (body.len() as u32).to_be_bytes().to_vec();
         framed.extend(body);
         framed
+    }
+
+    /// A framed report on call `id` with `status`.
+    fn report_on(id: u64, status: u8) -> Vec<u8> {
+        framed(&serde_json::json!({"id": id, "status": status}))
     }
 
     /// The parameters of call `id` as JSON (artifacts up to 1 MiB in all).
@@ -1018,15 +1022,11 @@ mod tests {
             status: u8,
             artifacts: &'a [Listed<'a>],
         }
-        let body = rmp_serde::to_vec_named(&Listing {
+        framed(&Listing {
             id,
             status: 0,
             artifacts,
         })
-        .unwrap();
-        let mut framed = (body.len() as u32).to_be_bytes().to_vec();
-        framed.extend(body);
-        framed
     }
 
     #[test]
@@ -1052,11 +1052,7 @@ mod tests {
         assert_eq!(report.artifacts.len(), MAX_ARTIFACTS);
         assert!(report.artifacts.iter().all(|a| a.path == "out/a.txt"));
         // Not a list at all: the report reads as an empty one.
-        let mut body =
-            rmp_serde::to_vec_named(&serde_json::json!({"id": 9, "status": 3, "artifacts": 7}))
-                .unwrap();
-        let mut buf = (body.len() as u32).to_be_bytes().to_vec();
-        buf.append(&mut body);
+        let mut buf = framed(&serde_json::json!({"id": 9, "status": 3, "artifacts": 7}));
         let Some(Ok(report)) = take_report(&mut buf, 9, cap) else {
             panic!("no report");
         };

@@ -283,10 +283,8 @@ async fn a_call_that_keeps_its_report_pipe_full_is_still_interrupted_at_its_time
     let server = TestServer::start().await;
     let id = create(&server, json!({})).await;
     ok(&server, &id, "x = 1").await;
-    let flood = format!(
+    let flood = common::with_writable_pipes(&format!(
         r#"{FORGE_TOOLS}
-import fcntl
-pipes = [fd for fd in range(3, 64) if is_fifo(fd) and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY]
 # Whole frames, at most PIPE_BUF bytes a write: no write is cut short.
 junk = report_on(None) * (4096 // len(report_on(None)))
 try:
@@ -296,7 +294,7 @@ try:
 except KeyboardInterrupt:
     print("interrupted", len(pipes) > 0)
 "#
-    );
+    ));
     let started = Instant::now();
     let answered = tokio::time::timeout(
         Duration::from_secs(60),
@@ -711,8 +709,7 @@ async fn a_forged_report_cannot_name_files_outside_the_session_directory() {
 /// Python for user code that forges reports: `report_on(call_id)` is a
 /// framed report (status 7, two artifacts, one outside the session
 /// directory) on that call, `to_every_pipe(data)` writes `data` to every
-/// pipe the process holds, `is_fifo(fd)` says whether `fd` is one,
-/// `this_call()` is the id of the call running.
+/// pipe the process holds, `this_call()` is the id of the call running.
 const FORGE_TOOLS: &str = r#"
 import os, stat, struct, sys
 def this_call():
@@ -735,11 +732,6 @@ def pack(obj):
 def report_on(call_id):
     report = pack({'id': call_id, 'status': 7, 'artifacts': [{'path': '../../etc/passwd', 'size': 1, 'mime': 'text/plain'}, {'path': 'ok.txt', 'size': 1, 'mime': 'text/plain'}]})
     return struct.pack('!I', len(report)) + report
-def is_fifo(fd):
-    try:
-        return stat.S_ISFIFO(os.fstat(fd).st_mode)
-    except OSError:
-        return False
 def to_every_pipe(data):
     for fd in range(3, 64):
         try:
