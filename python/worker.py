@@ -170,6 +170,17 @@ RUN_FILENAME = "<code>"
 READ_CHUNK = 1 << 16
 MAX_ERROR_CHARS = 64 * 1024
 MAX_ARTIFACTS = 1000
+# The most entries (files, directories, anything) one walk of a run's or
+# session's directory reads: past it the walk stops and its listing says it
+# was cut. The scratch tmpfs holds fewer inodes by default (one per 4 KiB of
+# disk_bytes); without it a run can leave millions, and reading them all
+# would hold the worker for seconds after the run's own deadline.
+WALK_ENTRIES = 1 << 16
+# The clock the kernel stamps files' times with (linux/time.h): a file
+# written after a reading of it never has an earlier time. The precise clock
+# runs ahead of it by a timer tick or more (more where the CPUs were idle):
+# a file made just after a reading of that may carry a time before it.
+_CLOCK_REALTIME_COARSE = 5
 # Room in a report beyond its value's repr, a returned value and artifacts
 # (see report_cap): the error's message and traceback (MAX_ERROR_CHARS
 # each, up to 4 bytes a character), the imported names, the numbers.
@@ -1855,34 +1866,73 @@ def removed_if_empty(path):
 
 def collect_artifacts(rundir, inputs, select, max_each, max_total):
     """Regular files under ``rundir`` that are new or differ from the input
-    file of the same path; symlinks are never followed."""
-    files = ((rel, path, st.st_size) for rel, path, st in walk_files(rundir))
-    return pick_artifacts(files, inputs, select, max_each, max_total)
+    file of the same path; symlinks are never followed. And whether the
+    listing was cut (see pick_artifacts and Walk)."""
+    walk = Walk()
+    files = ((rel, path, st.st_size) for rel, path, st in walk.files(rundir))
+    found, cut = pick_artifacts(files, inputs, select, max_each, max_total)
+    return found, cut or walk.cut
 
 
-def walk_files(root, tree=None):
-    """(relative path, path, stat) of the regular files under ``root``, in
-    name order per directory; symlinks are never followed. ``tree``: a
-    TreeWatch, told of each directory before it is read."""
-    pending = [""]
-    while pending:
-        rel_dir = pending.pop()
-        path = os.path.join(root, rel_dir)
-        if tree is not None:
-            tree.add(path)
-        try:
-            entries = sorted(os.scandir(path), key=lambda e: e.name)
-        except OSError:
-            continue
+class Walk:
+    """One walk of a directory tree: at most WALK_ENTRIES entries are read;
+    ``cut`` says whether there were more."""
+
+    __slots__ = ("left", "cut")
+
+    def __init__(self):
+        self.left = WALK_ENTRIES
+        self.cut = False
+
+    def files(self, root, tree=None):
+        """(relative path, path, stat) of the regular files under ``root``:
+        a directory's files in name order, then its subdirectories' in turn,
+        depth first; symlinks are never followed. ``tree``: a
+        TreeWatch, told of each directory before it is read. Past the entry
+        budget the walk ends, the directory it was reading listed only in
+        part."""
+        pending = [""]
+        while pending and not self.cut:
+            rel_dir = pending.pop()
+            path = os.path.join(root, rel_dir)
+            if tree is not None:
+                tree.add(path)
+            try:
+                entries = self.entries(path)
+            except OSError:
+                continue
+            yield from self.regular(rel_dir, entries, pending)
+
+    def entries(self, path):
+        """The entries of directory ``path`` by name, while the budget lasts."""
+        left = self.left
+        entries = []
+        with os.scandir(path) as it:
+            for entry in it:
+                if not left:
+                    self.cut = True
+                    break
+                left -= 1
+                entries.append(entry)
+        self.left = left
+        entries.sort(key=lambda e: e.name)
+        return entries
+
+    @staticmethod
+    def regular(rel_dir, entries, pending):
+        """The regular files among ``entries`` (see files); directories go
+        on ``pending``, the first to be read first."""
+        dirs = []
         for entry in entries:
             rel = rel_dir + "/" + entry.name if rel_dir else entry.name
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    pending.append(rel)
+                    dirs.append(rel)
                 elif entry.is_file(follow_symlinks=False):
                     yield rel, entry.path, entry.stat(follow_symlinks=False)
             except OSError:
                 continue
+        pending.extend(reversed(dirs))
 
 
 # fnmatch and mimetypes as the artifact walk uses them (see artifact_modules).
@@ -1906,7 +1956,8 @@ def artifact_modules():
 def pick_artifacts(files, inputs, select, max_each, max_total):
     """The artifacts among ``files`` ((relative path, path, size) each):
     those ``select`` matches, except input files left as they were sent; the
-    content of each while the caps allow, else ``omitted``."""
+    content of each while the caps allow, else ``omitted``. And whether
+    there were more than MAX_ARTIFACTS of them (the rest are not listed)."""
     found = []
     total = 0
     mimetypes = None
@@ -1915,10 +1966,10 @@ def pick_artifacts(files, inputs, select, max_each, max_total):
             # At the first file: most runs leave none, and these two import
             # re and urllib.parse.
             fnmatch, mimetypes = artifact_modules()
-        if len(found) >= MAX_ARTIFACTS:
-            break
         if select is not None and not any(fnmatch.fnmatchcase(rel, p) for p in select):
             continue
+        if len(found) >= MAX_ARTIFACTS:
+            return found, True
         try:
             original = inputs.get(rel)
             if original is not None and len(original) == size and read_file(path, size) == original:
@@ -1936,7 +1987,7 @@ def pick_artifacts(files, inputs, select, max_each, max_total):
         except OSError:
             continue
         found.append(item)
-    return found
+    return found, False
 
 
 # ---------------------------------------------------------------------------
@@ -2406,9 +2457,10 @@ def supervise(worker, child, msg, start, disk=None, session=None, ended=None):
     return run
 
 
-def result_frame(msg, run, artifacts):
+def result_frame(msg, run, artifacts, artifacts_cut=False):
     """The ``result`` frame of a run or session call that ``supervise``
-    watched."""
+    watched; ``artifacts_cut``: its listing of artifacts was cut (see
+    pick_artifacts and Walk)."""
     report = run.report or {}
     frame = {
         "t": "result",
@@ -2426,6 +2478,8 @@ def result_frame(msg, run, artifacts):
         "artifacts": artifacts,
         **{k: report[k] for k in ("cpu_ms", "peak_rss_kb") if k in report},
     }
+    if artifacts_cut:
+        frame["artifacts_cut"] = True
     returned = report.get("returned")
     if returned is not None:  # the run's process capped it, unless forged
         frame.update(returned_fields(returned, msg["max_artifact_bytes"]))
@@ -2727,19 +2781,20 @@ class Worker:
             if run.report is not None:
                 imported = run.report.get("imported")
             artifacts = []
+            cut = False
             # Most runs leave their directory empty: it goes now, with one
             # call, and there is nothing to list (nor for the clean-up to).
             if msg["artifacts"] is not False:
                 removed = removed_if_empty(child.rundir)
             if msg["artifacts"] is not False and not removed:
-                artifacts = collect_artifacts(
+                artifacts, cut = collect_artifacts(
                     child.rundir,
                     input_files(msg["files"]),
                     artifact_globs(msg["artifacts"]),
                     msg["max_artifact_bytes"],
                     msg["max_artifacts_bytes"],
                 )
-            reply = result_frame(msg, run, artifacts)
+            reply = result_frame(msg, run, artifacts, cut)
             if msg.get("rusage"):
                 reply.update(run_usage(child))
             if run.ended == "disk":
@@ -3980,6 +4035,7 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
                 before = files if files is not None else snapshot(rundir, tree)
                 inputs = input_files(sent)
                 caps = (max_each, max_total)
+                since_ns = file_clock_ns()
             files = None
             report = session_call(code, stdin, sent, argv, cpu_seconds, cap, main, rundir,
                                   devnull, clock)
@@ -3992,11 +4048,16 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
                 # this call, never the session.
                 clock.at_least(CLEAN_SECONDS + 1)
                 try:
-                    if tree is not None and tree.quiet():
+                    # A cut walk left directories unwatched: quiet or not,
+                    # the tree is walked again.
+                    if tree is not None and tree.quiet() and not before.cut:
                         report["artifacts"], files = [], before
                     else:
-                        report["artifacts"], files = changed_artifacts(
-                            rundir, before, inputs, artifact_globs(select_), *caps, tree=tree)
+                        report["artifacts"], cut, files = changed_artifacts(
+                            rundir, before, since_ns, inputs, artifact_globs(select_), *caps,
+                            tree=tree)
+                        if cut:
+                            report["artifacts_cut"] = True
                 except Exception:
                     report["artifacts"], files = [], None
             write_all(ctl_w, report_frame(report))
@@ -4182,33 +4243,59 @@ class SessionClock:
         self.budget(seconds, self.used, keep_higher=True)
 
 
+def file_clock_ns():
+    """Now by the clock of files' times, in ns since the epoch."""
+    return time.clock_gettime_ns(_CLOCK_REALTIME_COARSE)
+
+
+class Snapshot(dict):
+    """(size, mtime_ns, inode) of every regular file under a directory, by
+    relative path; ``cut``: the walk stopped at its budget (see Walk), so
+    files past it are not in it."""
+
+    __slots__ = ("cut",)
+
+
 def snapshot(root, tree=None):
-    """(size, mtime_ns, inode) of every regular file under ``root`` (see
-    walk_files for ``tree``)."""
-    return {rel: (st.st_size, st.st_mtime_ns, st.st_ino)
-            for rel, _, st in walk_files(root, tree)}
+    """The Snapshot of ``root`` now (see Walk.files for ``tree``)."""
+    walk = Walk()
+    files = Snapshot((rel, (st.st_size, st.st_mtime_ns, st.st_ino))
+                     for rel, _, st in walk.files(root, tree))
+    files.cut = walk.cut
+    return files
 
 
 def written_since(root, since, inputs, select, max_each, max_total):
     """Files under ``root`` modified at or after ``since`` (seconds since the
-    epoch), except the input files named in ``inputs``: the artifacts of a
-    direct call that ended without its report (its snapshot died with it)."""
-    since_ns = int(since * 1e9)
-    found = ((rel, path, st.st_size) for rel, path, st in sorted(walk_files(root))
+    epoch by the clock of file_clock_ns), except the input files named in
+    ``inputs``: the artifacts of a direct call that ended without its report
+    (its snapshot died with it). And whether the listing was cut."""
+    since_ns = int(since * 1e9) - 1000  # what a float's rounding may add
+    walk = Walk()
+    found = ((rel, path, st.st_size) for rel, path, st in sorted(walk.files(root))
              if st.st_mtime_ns >= since_ns and rel not in inputs)
-    return pick_artifacts(found, {}, select, max_each, max_total)
+    found, cut = pick_artifacts(found, {}, select, max_each, max_total)
+    return found, cut or walk.cut
 
 
-def changed_artifacts(root, before, inputs, select, max_each, max_total, tree=None):
+def changed_artifacts(root, before, since_ns, inputs, select, max_each, max_total, tree=None):
     """Files under ``root`` a call created or changed (compared with the
-    snapshot ``before``), except input files left as they were sent; and
-    the snapshot taken now (see walk_files for ``tree``)."""
+    Snapshot ``before``), except input files left as they were sent; whether
+    that listing was cut; and the Snapshot taken now (see Walk.files for
+    ``tree``). Where ``before`` was cut, a file not in it counts as the
+    call's only if modified since ``since_ns`` (the call's start, by
+    file_clock_ns)."""
     after = snapshot(root, tree)
-    changed = sorted(rel for rel, st in after.items() if before.get(rel) != st)
+    if before.cut:
+        changed = sorted(rel for rel, st in after.items()
+                         if before.get(rel, st) != st or (rel not in before and st[1] >= since_ns))
+    else:
+        changed = sorted(rel for rel, st in after.items() if before.get(rel) != st)
     if not changed:
-        return [], after
+        return [], after.cut, after
     found = ((rel, os.path.join(root, rel), after[rel][0]) for rel in changed)
-    return pick_artifacts(found, inputs, select, max_each, max_total), after
+    found, cut = pick_artifacts(found, inputs, select, max_each, max_total)
+    return found, cut or after.cut, after
 
 
 # inotify(7): the events that may change a session directory's snapshot,
@@ -4330,6 +4417,7 @@ class Session:
             before = self.files if self.files is not None else snapshot(child.rundir)
         self.files = None
         start = time.monotonic()
+        since_ns = file_clock_ns()
         unsent = None
         try:
             write_all(child.req_w, hand_off(msg))
@@ -4342,10 +4430,12 @@ class Session:
             raise
         lost = self.why_lost(run.ended, msg["timeout"])
         artifacts = []
+        cut = False
         if select_ is not False:
-            artifacts, self.files = changed_artifacts(
+            artifacts, cut, self.files = changed_artifacts(
                 child.rundir,
                 before,
+                since_ns,
                 input_files(msg["files"]),
                 artifact_globs(select_),
                 msg["max_artifact_bytes"],
@@ -4354,7 +4444,7 @@ class Session:
         if lost is not None:
             self.close()
             self.lost = lost
-        reply = result_frame(msg, run, artifacts)
+        reply = result_frame(msg, run, artifacts, cut)
         reply["session_lost"] = lost
         write_frame(worker.wfd, reply)
 
@@ -4416,10 +4506,11 @@ class Session:
         ended = msg["ended"]
         stopped = self.stop(child)
         artifacts = []
+        cut = False
         if msg.get("artifacts", False) is not False:
-            artifacts = written_since(child.rundir, msg["since"], set(msg["inputs"]),
-                                      artifact_globs(msg["artifacts"]),
-                                      msg["max_artifact_bytes"], msg["max_artifacts_bytes"])
+            artifacts, cut = written_since(child.rundir, msg["since"], set(msg["inputs"]),
+                                           artifact_globs(msg["artifacts"]),
+                                           msg["max_artifact_bytes"], msg["max_artifacts_bytes"])
         lost = self.why_lost(ended, msg["timeout"]) if stopped else ZYGOTE_TOOK_SESSION
         code, signum = exit_status(child.status or 0)
         if ended == "timeout" or not stopped:
@@ -4428,7 +4519,8 @@ class Session:
         self.lost = lost
         write_frame(worker.wfd, {"t": "result", "id": msg["id"], "exit_code": code,
                                  "signal": signum, "timed_out": ended == "timeout",
-                                 "session_lost": lost, "artifacts": artifacts})
+                                 "session_lost": lost, "artifacts": artifacts,
+                                 "artifacts_cut": cut})
 
     def close(self):
         child = self.child

@@ -22,6 +22,7 @@
 //! |                  |           | peak RSS, KiB: as its process measured them just before it    |
 //! |                  |           | reported, if it did; with `rusage`, from reaping it),         |
 //! |                  |           | `disk_exceeded` (true: killed over `limits.disk_bytes`);      |
+//! |                  |           | `artifacts_cut` (true: there were more files than listed);    |
 //! |                  |           | `returned` (str: the JSON of the value `call` returned) or    |
 //! |                  |           | `returned_size` (its bytes, when over `max_artifact_bytes`);  |
 //! |                  |           | in session mode `session_lost` (a reason, or nil)             |
@@ -65,11 +66,13 @@
 //! |                  |           | timeout), answered by a bare `result` once it is sent         |
 //! | server -> worker | `end`     | `id`, `ended` (`timeout`, `exit`, `flood` or `unsent`),       |
 //! |                  |           | `timeout` (s), `artifacts`, `max_artifact_bytes`,             |
-//! |                  |           | `max_artifacts_bytes`, `since` (s since the epoch), `inputs`  |
+//! |                  |           | `max_artifacts_bytes`, `since` (s since the epoch by the      |
+//! |                  |           | coarse clock files' times are stamped with), `inputs`         |
 //! |                  |           | (paths): direct session: the call cannot end by a report; the |
 //! |                  |           | worker kills the session child and answers `result` with      |
 //! |                  |           | `exit_code`, `signal`, `timed_out`, `session_lost` and the    |
-//! |                  |           | files written since `since` (inputs aside) as `artifacts`     |
+//! |                  |           | files written since `since` (inputs aside) as `artifacts`,    |
+//! |                  |           | and `artifacts_cut`                                           |
 //! | server -> worker | `release` | `id`: end the session (it was closed): kill its child and     |
 //! |                  |           | what it left, clear the scratch root and a private /dev/shm,  |
 //! |                  |           | and answer a bare `result` (or `error` with `retire` when     |
@@ -100,7 +103,7 @@
 //! process's request pipe, but it runs in that process already). The child
 //! answers on its report pipe with a 4-byte length and a msgpack map of `id`
 //! (the call's), `status`, `result`, `error`, `artifacts` (as in `result`) and
-//! optional `cpu_ms` and `peak_rss_kb`. User code can write to that pipe too:
+//! optional `cpu_ms`, `peak_rss_kb` and `artifacts_cut`. User code can write to that pipe too:
 //! the server skips reports of other calls and trusts no field.
 //!
 //! The server sends a clean run's `exec` frame in Python's marshal format
@@ -316,6 +319,9 @@ pub struct WorkerFrame {
     pub result: Option<String>,
     pub error: Option<WireError>,
     pub artifacts: Vec<WireArtifact>,
+    /// The run left more files than `artifacts` lists: the worker's walk
+    /// stopped at its entry budget, or more than its most artifacts matched.
+    pub artifacts_cut: bool,
     /// User + system CPU time of the run's process (see the table).
     pub cpu_ms: Option<f64>,
     /// Peak resident set of the run's process, KiB (see the table).

@@ -227,6 +227,11 @@ pub struct ExecResult {
     pub exit_code: i32,
     /// Files the run created or changed, plots included.
     pub artifacts: Vec<Artifact>,
+    /// The run left more files than `artifacts` lists: more than 1000
+    /// matched, or its directory held more entries than one listing reads
+    /// (65,536). Absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub artifacts_truncated: bool,
     /// The run hit its wall-clock timeout and was killed.
     pub timed_out: bool,
     /// Output went over the per-stream cap and was cut.

@@ -183,6 +183,7 @@ fn shape_result(report: RunReport) -> ExecResult {
                 uri: None,
             })
             .collect(),
+        artifacts_truncated: out.artifacts_cut,
         timed_out: out.timed_out,
         truncated,
         duration_ms: (out.duration_ms * 1000.0).round() / 1000.0,

@@ -73,6 +73,9 @@ pub fn run_result(result: &ExecResult, timeout: f64, inline_image_bytes: usize) 
             artifact.path, artifact.size, artifact.mime
         ));
     }
+    if result.artifacts_truncated {
+        text.push_str("\n[more files than listed: the artifact listing was cut]");
+    }
     let mut content = vec![ContentBlock::text(text)];
     content.extend(inline);
     content.extend(links);
@@ -268,6 +271,27 @@ mod tests {
         assert_eq!(out.is_error, Some(false));
         assert_eq!(text_of(&out), "4\n[exit code 0]");
         assert_eq!(out.structured_content.as_ref().unwrap()["stdout"], "4\n");
+    }
+
+    #[test]
+    fn a_cut_listing_of_artifacts_says_so_in_text_and_structure() {
+        let run = ExecResult {
+            stdout: "made\n".into(),
+            artifacts_truncated: true,
+            ..ExecResult::default()
+        };
+        let out = run_result(&run, 30.0, 1 << 16);
+        assert_eq!(
+            text_of(&out),
+            "made\n[exit code 0]\n[more files than listed: the artifact listing was cut]"
+        );
+        let structured = out.structured_content.as_ref().unwrap();
+        assert_eq!(structured["artifacts_truncated"], true);
+        let whole = run_result(&ExecResult::default(), 30.0, 1 << 16);
+        assert!(
+            whole.structured_content.as_ref().unwrap()["artifacts_truncated"].is_null(),
+            "absent when false"
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! "Sessions" in `python/worker.py`).
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use serde::{Deserialize, Serialize};
@@ -208,6 +208,8 @@ struct Report {
     /// at a time (see [`plain_artifacts`]).
     #[serde(deserialize_with = "plain_artifacts")]
     artifacts: Vec<WireArtifact>,
+    /// The child's listing of the call's files was cut.
+    artifacts_cut: bool,
 }
 
 /// A report's artifacts: the first [`MAX_ARTIFACTS`] whose paths are plain
@@ -280,7 +282,8 @@ struct End<'a> {
     ended: &'static str,
     timeout: f64,
     /// The call's artifacts are the files written since `since` (seconds
-    /// since the epoch, when it was sent), input files (`inputs`) aside.
+    /// since the epoch by [`file_clock`], when it was sent), input files
+    /// (`inputs`) aside.
     artifacts: &'a Selection,
     since: f64,
     inputs: Vec<&'a str>,
@@ -531,9 +534,7 @@ impl Worker {
             .map_err(|e| WorkerError::Protocol(protocol::FrameError::Decode(e)))?;
         let session = self.session.as_mut().expect("a direct session");
         let started = Instant::now();
-        let since = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
+        let since = file_clock();
         let hard = started + deadline;
         let mut out = Capture::new(params.max_output);
         let mut err = Capture::new(params.max_output);
@@ -868,6 +869,17 @@ fn take_report(buf: &mut Vec<u8>, id: u64, cap: u64) -> Option<Result<Report, ()
     found
 }
 
+/// Now, in seconds since the epoch, by the clock the kernel stamps files'
+/// times with (`CLOCK_REALTIME_COARSE`): a file written after this reading
+/// never has an earlier time. The precise clock runs ahead of it by a tick
+/// or more (the coarse clock is updated by the timer tick, later where the
+/// CPUs were idle), so a file made just after a precise reading may carry
+/// a time before it.
+fn file_clock() -> f64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME_COARSE)
+        .map_or(0.0, |t| t.tv_sec() as f64 + t.tv_nsec() as f64 * 1e-9)
+}
+
 /// A call's result from its report, trusting nothing in it: values out of
 /// their ranges are dropped, artifacts with paths that are not plain
 /// relative paths are dropped, and contents past `max_total` bytes in all
@@ -917,6 +929,7 @@ fn report_output(report: Report, params: &CallParams<'_>) -> RunOutput {
         }),
         error,
         artifacts,
+        artifacts_cut: report.artifacts_cut,
         cpu_ms: report
             .cpu_ms
             .filter(|v| v.is_finite() && (0.0..1e15).contains(v)),

@@ -192,6 +192,8 @@ pub struct RunOutput {
     pub error: Option<protocol::WireError>,
     /// Files the run created or changed.
     pub artifacts: Vec<protocol::WireArtifact>,
+    /// There were more than `artifacts` lists (see `protocol::WorkerFrame`).
+    pub artifacts_cut: bool,
     /// CPU time (user + system) of the run's process: measured by the run
     /// before it reported (when it did), or from reaping it when the exec
     /// frame asked for `rusage`.
@@ -694,6 +696,7 @@ impl Worker {
                         result: frame.result,
                         error: frame.error,
                         artifacts: frame.artifacts,
+                        artifacts_cut: frame.artifacts_cut,
                         cpu_ms: frame.cpu_ms,
                         peak_rss_kb: frame.peak_rss_kb,
                         session_lost: frame.session_lost,

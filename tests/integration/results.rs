@@ -316,6 +316,79 @@ async fn artifacts_over_a_cap_are_listed_but_omitted() {
 }
 
 #[tokio::test]
+async fn a_run_that_leaves_over_a_thousand_files_lists_a_thousand_and_says_so() {
+    let server = TestServer::start().await;
+    let make = |n: usize| format!("for i in range({n}):\n    open('f%05d' % i, 'w').close()");
+    let body = server.run(&make(1000)).await;
+    assert_eq!(body["artifacts"].as_array().unwrap().len(), 1000, "{body}");
+    assert!(body.get("artifacts_truncated").is_none(), "{body}");
+    let body = server.run(&make(1001)).await;
+    let artifacts = body["artifacts"].as_array().unwrap();
+    assert_eq!(artifacts.len(), 1000, "{body}");
+    assert_eq!(artifacts[999]["path"], "f00999", "{body}");
+    assert_eq!(body["artifacts_truncated"], true, "{body}");
+    // What the globs select is what counts.
+    let (status, body) = server
+        .execute(json!({"code": make(1001), "artifacts": ["f0000*"]}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["artifacts"].as_array().unwrap().len(), 10, "{body}");
+    assert!(body.get("artifacts_truncated").is_none(), "{body}");
+    server.stop().await;
+}
+
+/// A worker whose walks of a run's directory read at most 100 entries.
+async fn walk_budget_of_100() -> (TestServer, tempfile::TempDir) {
+    common::server_with_patched_worker("w.WALK_ENTRIES = 100\n", |_| {}).await
+}
+
+#[tokio::test]
+async fn the_walk_of_a_runs_files_stops_at_its_budget_and_says_so() {
+    let (server, _dir) = walk_budget_of_100().await;
+    // 99 entries: the whole directory is read.
+    let spread = |dirs: usize, each: usize| {
+        format!(
+            "import os\nfor d in range({dirs}):\n    os.mkdir('d%d' % d)\n    for i in range({each}):\n        open('d%d/f%03d.txt' % (d, i), 'w').close()\nopen('z.png', 'wb').close()"
+        )
+    };
+    let (status, body) = server
+        .execute(json!({"code": spread(2, 48), "artifacts": ["*.png"]}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["artifacts"][0]["path"], "z.png", "{body}");
+    assert!(body.get("artifacts_truncated").is_none(), "{body}");
+    // 4 + 3 x 40 entries: the walk stops in the last directory it reads
+    // (d2), and the answer says its listing is cut.
+    let (status, body) = server
+        .execute(json!({"code": spread(3, 40), "artifacts": ["d2/*"]}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["exit_code"], 0, "{body}");
+    assert_eq!(body["artifacts_truncated"], true, "{body}");
+    let listed = body["artifacts"].as_array().unwrap();
+    assert!(
+        !listed.is_empty() && listed.len() < 40,
+        "some of d2, not all: {body}"
+    );
+    assert!(
+        listed
+            .iter()
+            .all(|a| a["path"].as_str().unwrap().starts_with("d2/")),
+        "{body}"
+    );
+    // The worker goes on, its directory clean.
+    let (status, body) = server
+        .execute(json!({"code": "import os\nprint(os.listdir('.'))"}))
+        .await;
+    assert_eq!(
+        (status, body["stdout"].as_str()),
+        (200, Some("[]\n")),
+        "{body}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn matplotlib_figures_come_back_as_png_artifacts() {
     let python = pyenvs::plot_python().await;
     let server = TestServer::with_config(code_executor::Config {

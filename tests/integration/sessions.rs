@@ -1394,3 +1394,79 @@ async fn a_calls_own_traceback_module_is_its_codes_and_its_traceback_still_shows
     assert_eq!(ok(&server, &id, "traceback.WHO").await["result"], "'mine'");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_session_directory_past_the_walk_budget_still_gets_only_each_calls_files() {
+    let (server, _dir) = common::server_with_patched_worker("w.WALK_ENTRIES = 100\n", |c| {
+        c.sessions.interrupt_grace = Duration::from_millis(300);
+    })
+    .await;
+    let id = create(&server, json!({})).await;
+    let make =
+        "import os\nos.mkdir('old')\nfor i in range(150):\n    open('old/f%03d' % i, 'w').close()";
+    let body = ok(&server, &id, make).await;
+    assert_eq!(body["artifacts_truncated"], true, "{body}");
+    let listed = artifact_paths(&body);
+    assert!(
+        (50..100).contains(&listed.len()),
+        "the first 99 entries' files: {body}"
+    );
+    // Older than the next call by more than a timer tick (file times lag
+    // the clock by up to one).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Files the last walk did not reach come into this one's reach: they
+    // are not this call's, and are not listed.
+    let remove: Vec<String> = listed[..10]
+        .iter()
+        .map(|p| format!("os.remove({p:?})"))
+        .collect();
+    let code = format!(
+        "import os\n{}\nopen('new.txt', 'w').write('n')",
+        remove.join("\n")
+    );
+    let body = ok(&server, &id, &code).await;
+    assert_eq!(artifact_paths(&body), ["new.txt"], "{body}");
+    assert_eq!(body["artifacts_truncated"], true, "{body}");
+    let body = ok(&server, &id, "x = 1").await;
+    assert_eq!(artifact_paths(&body), Vec::<&str>::new(), "{body}");
+    assert_eq!(body["artifacts_truncated"], true, "{body}");
+    let body = ok(&server, &id, "open('new.txt', 'a').write('m')").await;
+    assert_eq!(artifact_paths(&body), ["new.txt"], "{body}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A call killed at its timeout: its files are those written since it
+    // began, cut alike.
+    let (status, body) = server
+        .execute(json!({"session": id, "timeout": 0.5, "code": "import os, signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nos.mkdir('more')\nfor i in range(150):\n    open('more/g%03d' % i, 'w').close()\nwhile True:\n    pass"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["timed_out"], true, "{body}");
+    assert!(body["session_lost"].is_string(), "{body}");
+    assert_eq!(body["artifacts_truncated"], true, "{body}");
+    let listed = artifact_paths(&body);
+    assert!(
+        !listed.is_empty() && listed.iter().all(|p| p.starts_with("more/")),
+        "{body}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_call_killed_at_its_timeout_gets_the_files_it_wrote_as_it_began() {
+    // File times lag the clock by up to a timer tick: a file made a moment
+    // after the call was sent may carry a time before it (an empty one
+    // keeps the time it was made with; a write would give it a later one).
+    let mut config = common::config();
+    config.sessions.interrupt_grace = Duration::from_millis(300);
+    let server = TestServer::with_config(config).await;
+    for round in 0..3 {
+        let id = create(&server, json!({})).await;
+        ok(&server, &id, "x = 1").await;
+        let (status, body) = server
+            .execute(json!({"session": id, "timeout": 0.5, "code": "open('f.txt', 'w').close()\nimport signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"}))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body["session_lost"].is_string(), "round {round}: {body}");
+        assert_eq!(artifact_paths(&body), ["f.txt"], "round {round}: {body}");
+    }
+    server.stop().await;
+}
