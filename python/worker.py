@@ -172,14 +172,15 @@ MAX_ERROR_CHARS = 64 * 1024
 MAX_ARTIFACTS = 1000
 # The most entries (files, directories, anything) one walk of a run's or
 # session's directory reads: past it the walk stops and its listing says it
-# was cut. The scratch tmpfs holds fewer inodes by default (one per 4 KiB of
-# disk_bytes); without it a run can leave millions, and reading them all
+# was cut. The scratch tmpfs holds that many inodes by default (one per
+# 4 KiB of disk_bytes, some the worker's own); a larger disk_bytes holds
+# more, and without the tmpfs a run can leave millions: reading them all
 # would hold the worker for seconds after the run's own deadline.
 WALK_ENTRIES = 1 << 16
 # The clock the kernel stamps files' times with (linux/time.h): a file
-# written after a reading of it never has an earlier time. The precise clock
-# runs ahead of it by a timer tick or more (more where the CPUs were idle):
-# a file made just after a reading of that may carry a time before it.
+# written after a reading of it never has an earlier time, one written
+# before it in the same timer tick the same time. The precise clock runs
+# ahead of it by a tick or more (more where the CPUs were idle).
 _CLOCK_REALTIME_COARSE = 5
 # Room in a report beyond its value's repr, a returned value and artifacts
 # (see report_cap): the error's message and traceback (MAX_ERROR_CHARS
@@ -1907,14 +1908,16 @@ class Walk:
         """The entries of directory ``path`` by name, while the budget lasts."""
         left = self.left
         entries = []
-        with os.scandir(path) as it:
-            for entry in it:
-                if not left:
-                    self.cut = True
-                    break
-                left -= 1
-                entries.append(entry)
-        self.left = left
+        try:
+            with os.scandir(path) as it:
+                for entry in it:
+                    if not left:
+                        self.cut = True
+                        break
+                    left -= 1
+                    entries.append(entry)
+        finally:
+            self.left = left
         entries.sort(key=lambda e: e.name)
         return entries
 
@@ -1968,12 +1971,12 @@ def pick_artifacts(files, inputs, select, max_each, max_total):
             fnmatch, mimetypes = artifact_modules()
         if select is not None and not any(fnmatch.fnmatchcase(rel, p) for p in select):
             continue
-        if len(found) >= MAX_ARTIFACTS:
-            return found, True
         try:
             original = inputs.get(rel)
             if original is not None and len(original) == size and read_file(path, size) == original:
                 continue
+            if len(found) >= MAX_ARTIFACTS:
+                return found, True
             item = {
                 "path": rel,
                 "size": size,
@@ -4035,7 +4038,6 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
                 before = files if files is not None else snapshot(rundir, tree)
                 inputs = input_files(sent)
                 caps = (max_each, max_total)
-                since_ns = file_clock_ns()
             files = None
             report = session_call(code, stdin, sent, argv, cpu_seconds, cap, main, rundir,
                                   devnull, clock)
@@ -4048,16 +4050,16 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
                 # this call, never the session.
                 clock.at_least(CLEAN_SECONDS + 1)
                 try:
-                    # A cut walk left directories unwatched: quiet or not,
-                    # the tree is walked again.
-                    if tree is not None and tree.quiet() and not before.cut:
-                        report["artifacts"], files = [], before
+                    # Quiet: the walk would read what the last one read (a
+                    # cut walk watched every directory it read, and those it
+                    # did not reach come after it).
+                    if tree is not None and tree.quiet():
+                        report["artifacts"], files, cut = [], before, before.cut
                     else:
                         report["artifacts"], cut, files = changed_artifacts(
-                            rundir, before, since_ns, inputs, artifact_globs(select_), *caps,
-                            tree=tree)
-                        if cut:
-                            report["artifacts_cut"] = True
+                            rundir, before, inputs, artifact_globs(select_), *caps, tree=tree)
+                    if cut:
+                        report["artifacts_cut"] = True
                 except Exception:
                     report["artifacts"], files = [], None
             write_all(ctl_w, report_frame(report))
@@ -4251,26 +4253,35 @@ def file_clock_ns():
 class Snapshot(dict):
     """(size, mtime_ns, inode) of every regular file under a directory, by
     relative path; ``cut``: the walk stopped at its budget (see Walk), so
-    files past it are not in it."""
+    files past it are not in it; ``taken_ns``: when the walk began, by
+    file_clock_ns."""
 
-    __slots__ = ("cut",)
+    __slots__ = ("cut", "taken_ns")
 
 
 def snapshot(root, tree=None):
     """The Snapshot of ``root`` now (see Walk.files for ``tree``)."""
     walk = Walk()
+    taken_ns = file_clock_ns()
     files = Snapshot((rel, (st.st_size, st.st_mtime_ns, st.st_ino))
                      for rel, _, st in walk.files(root, tree))
     files.cut = walk.cut
+    files.taken_ns = taken_ns
     return files
 
 
 def written_since(root, since, inputs, select, max_each, max_total):
     """Files under ``root`` modified at or after ``since`` (seconds since the
-    epoch by the clock of file_clock_ns), except the input files named in
-    ``inputs``: the artifacts of a direct call that ended without its report
-    (its snapshot died with it). And whether the listing was cut."""
-    since_ns = int(since * 1e9) - 1000  # what a float's rounding may add
+    epoch), except the input files named in ``inputs``: the artifacts of a
+    direct call that ended without its report (its snapshot died with it).
+    And whether the listing was cut.
+
+    Files' times come from the coarse clock (see file_clock_ns), up to a
+    tick behind ``since``'s: a file the call made at its start and never
+    wrote may carry a time before it, and is missed; comparing with the
+    coarse clock instead would take in what the call before wrote in the
+    same tick."""
+    since_ns = int(since * 1e9)
     walk = Walk()
     found = ((rel, path, st.st_size) for rel, path, st in sorted(walk.files(root))
              if st.st_mtime_ns >= since_ns and rel not in inputs)
@@ -4278,17 +4289,20 @@ def written_since(root, since, inputs, select, max_each, max_total):
     return found, cut or walk.cut
 
 
-def changed_artifacts(root, before, since_ns, inputs, select, max_each, max_total, tree=None):
-    """Files under ``root`` a call created or changed (compared with the
-    Snapshot ``before``), except input files left as they were sent; whether
-    that listing was cut; and the Snapshot taken now (see Walk.files for
-    ``tree``). Where ``before`` was cut, a file not in it counts as the
-    call's only if modified since ``since_ns`` (the call's start, by
-    file_clock_ns)."""
+def changed_artifacts(root, before, inputs, select, max_each, max_total, tree=None):
+    """Files under ``root`` created or changed since the Snapshot ``before``
+    (a call's, and what an earlier call's threads wrote since), except input
+    files left as they were sent; whether that listing was cut; and the
+    Snapshot taken now (see Walk.files for ``tree``). Where ``before`` was
+    cut, a file not in it counts only if modified after that walk began
+    (one modified in the same tick of the file clock just after it began is
+    missed: what a walk follows is most often what the call wrote just
+    before it, in that tick)."""
     after = snapshot(root, tree)
     if before.cut:
+        taken = before.taken_ns
         changed = sorted(rel for rel, st in after.items()
-                         if before.get(rel, st) != st or (rel not in before and st[1] >= since_ns))
+                         if before.get(rel, st) != st or (rel not in before and st[1] > taken))
     else:
         changed = sorted(rel for rel, st in after.items() if before.get(rel) != st)
     if not changed:
@@ -4312,7 +4326,7 @@ class TreeWatch:
     stats every file (~10 us for an empty directory, ~5 us more a file), on
     every call however little it did; this costs one ``poll``.
 
-    Every directory is watched before it is read (see walk_files), so what
+    Every directory is watched before it is read (see Walk.files), so what
     changes after its read raises an event, and what changed before is in
     the snapshot. Any event means "walk": the snapshot's comparison, not
     the events, still says which files changed. inotify does not see writes
@@ -4417,7 +4431,6 @@ class Session:
             before = self.files if self.files is not None else snapshot(child.rundir)
         self.files = None
         start = time.monotonic()
-        since_ns = file_clock_ns()
         unsent = None
         try:
             write_all(child.req_w, hand_off(msg))
@@ -4435,7 +4448,6 @@ class Session:
             artifacts, cut, self.files = changed_artifacts(
                 child.rundir,
                 before,
-                since_ns,
                 input_files(msg["files"]),
                 artifact_globs(select_),
                 msg["max_artifact_bytes"],

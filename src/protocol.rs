@@ -66,8 +66,7 @@
 //! |                  |           | timeout), answered by a bare `result` once it is sent         |
 //! | server -> worker | `end`     | `id`, `ended` (`timeout`, `exit`, `flood` or `unsent`),       |
 //! |                  |           | `timeout` (s), `artifacts`, `max_artifact_bytes`,             |
-//! |                  |           | `max_artifacts_bytes`, `since` (s since the epoch by the      |
-//! |                  |           | coarse clock files' times are stamped with), `inputs`         |
+//! |                  |           | `max_artifacts_bytes`, `since` (s since the epoch), `inputs`  |
 //! |                  |           | (paths): direct session: the call cannot end by a report; the |
 //! |                  |           | worker kills the session child and answers `result` with      |
 //! |                  |           | `exit_code`, `signal`, `timed_out`, `session_lost` and the    |

@@ -8,7 +8,7 @@
 //! "Sessions" in `python/worker.py`).
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::FutureExt;
 use serde::{Deserialize, Serialize};
@@ -282,8 +282,7 @@ struct End<'a> {
     ended: &'static str,
     timeout: f64,
     /// The call's artifacts are the files written since `since` (seconds
-    /// since the epoch by [`file_clock`], when it was sent), input files
-    /// (`inputs`) aside.
+    /// since the epoch, when it was sent), input files (`inputs`) aside.
     artifacts: &'a Selection,
     since: f64,
     inputs: Vec<&'a str>,
@@ -534,7 +533,9 @@ impl Worker {
             .map_err(|e| WorkerError::Protocol(protocol::FrameError::Decode(e)))?;
         let session = self.session.as_mut().expect("a direct session");
         let started = Instant::now();
-        let since = file_clock();
+        let since = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
         let hard = started + deadline;
         let mut out = Capture::new(params.max_output);
         let mut err = Capture::new(params.max_output);
@@ -867,17 +868,6 @@ fn take_report(buf: &mut Vec<u8>, id: u64, cap: u64) -> Option<Result<Report, ()
     };
     buf.drain(..at);
     found
-}
-
-/// Now, in seconds since the epoch, by the clock the kernel stamps files'
-/// times with (`CLOCK_REALTIME_COARSE`): a file written after this reading
-/// never has an earlier time. The precise clock runs ahead of it by a tick
-/// or more (the coarse clock is updated by the timer tick, later where the
-/// CPUs were idle), so a file made just after a precise reading may carry
-/// a time before it.
-fn file_clock() -> f64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME_COARSE)
-        .map_or(0.0, |t| t.tv_sec() as f64 + t.tv_nsec() as f64 * 1e-9)
 }
 
 /// A call's result from its report, trusting nothing in it: values out of

@@ -327,6 +327,13 @@ async fn a_run_that_leaves_over_a_thousand_files_lists_a_thousand_and_says_so() 
     assert_eq!(artifacts.len(), 1000, "{body}");
     assert_eq!(artifacts[999]["path"], "f00999", "{body}");
     assert_eq!(body["artifacts_truncated"], true, "{body}");
+    // An input file left as it was sent is no artifact, nor a thousand-and-first.
+    let (status, body) = server
+        .execute(json!({"code": make(1000), "files": {"zz.txt": "input"}}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["artifacts"].as_array().unwrap().len(), 1000, "{body}");
+    assert!(body.get("artifacts_truncated").is_none(), "{body}");
     // What the globs select is what counts.
     let (status, body) = server
         .execute(json!({"code": make(1001), "artifacts": ["f0000*"]}))
