@@ -29,6 +29,7 @@ frame of its type, except those marked optional.
 |                  |           | peak RSS, KiB: as its process measured them just before it    |
 |                  |           | reported, if it did; with `rusage`, from reaping it),         |
 |                  |           | `disk_exceeded` (true: killed over `limits.disk_bytes`);      |
+|                  |           | `artifacts_cut` (true: there were more files than listed);    |
 |                  |           | `returned` (str: the JSON of the value `call` returned) or    |
 |                  |           | `returned_size` (its bytes, when over `max_artifact_bytes`);  |
 |                  |           | in session mode `session_lost` (a reason, or nil)             |
@@ -76,7 +77,8 @@ frame of its type, except those marked optional.
 |                  |           | (paths): direct session: the call cannot end by a report; the |
 |                  |           | worker kills the session child and answers `result` with      |
 |                  |           | `exit_code`, `signal`, `timed_out`, `session_lost` and the    |
-|                  |           | files written since `since` (inputs aside) as `artifacts`     |
+|                  |           | files written since `since` (inputs aside) as `artifacts`,    |
+|                  |           | and `artifacts_cut`                                           |
 | server -> worker | `release` | `id`: end the session (it was closed): kill its child and     |
 |                  |           | what it left, clear the scratch root and a private /dev/shm,  |
 |                  |           | and answer a bare `result` (or `error` with `retire` when     |
@@ -107,7 +109,7 @@ twenty. Only the server writes that pipe (user code could write its own
 process's request pipe, but it runs in that process already). The child
 answers on its report pipe with a 4-byte length and a msgpack map of `id`
 (the call's), `status`, `result`, `error`, `artifacts` (as in `result`) and
-optional `cpu_ms` and `peak_rss_kb`. User code can write to that pipe too:
+optional `cpu_ms`, `peak_rss_kb` and `artifacts_cut`. User code can write to that pipe too:
 the server skips reports of other calls and trusts no field.
 
 The server sends a clean run's `exec` frame in Python's marshal format
