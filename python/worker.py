@@ -4296,10 +4296,10 @@ def changed_artifacts(root, before, inputs, select, max_each, max_total, tree=No
     (a call's, and what an earlier call's threads wrote since), except input
     files left as they were sent; whether that listing was cut; and the
     Snapshot taken now (see Walk.files for ``tree``). Where ``before`` was
-    cut, a file not in it counts only if modified after that walk began
-    (one modified in the same tick of the file clock just after it began is
-    missed: what a walk follows is most often what the call wrote just
-    before it, in that tick)."""
+    cut, a file not in it counts only if modified after that walk began, by
+    the file clock and strictly: a file written in the same tick just after
+    the walk began carries the same time as one written just before it, and
+    the second (the last call's own) is the common one."""
     after = snapshot(root, tree)
     if before.cut:
         taken = before.taken_ns
