@@ -4301,12 +4301,9 @@ def changed_artifacts(root, before, inputs, select, max_each, max_total, tree=No
     the walk began carries the same time as one written just before it, and
     the second (the last call's own) is the common one."""
     after = snapshot(root, tree)
-    if before.cut:
-        taken = before.taken_ns
-        changed = sorted(rel for rel, st in after.items()
-                         if before.get(rel, st) != st or (rel not in before and st[1] > taken))
-    else:
-        changed = sorted(rel for rel, st in after.items() if before.get(rel) != st)
+    cut, taken = before.cut, before.taken_ns
+    changed = sorted(rel for rel, st in after.items() if before.get(rel) != st
+                     and (not cut or st[1] > taken or rel in before))
     if not changed:
         return [], after.cut, after
     found = ((rel, os.path.join(root, rel), after[rel][0]) for rel in changed)
