@@ -179,11 +179,6 @@ MAX_ARTIFACTS = 1000
 # more, and without the tmpfs a run can leave millions: reading them all
 # would hold the worker for seconds after the run's own deadline.
 WALK_ENTRIES = 1 << 16
-# The clock the kernel stamps files' times with (linux/time.h): a file
-# written after a reading of it never has an earlier time, one written
-# before it in the same timer tick the same time. The precise clock runs
-# ahead of it by a tick or more (more where the CPUs were idle).
-_CLOCK_REALTIME_COARSE = 5
 # Room in a report beyond its value's repr, a returned value and artifacts
 # (see report_cap): the error's message and traceback (MAX_ERROR_CHARS
 # each, up to 4 bytes a character), the imported names, the numbers.
@@ -4247,16 +4242,11 @@ class SessionClock:
         self.budget(seconds, self.used, keep_higher=True)
 
 
-def file_clock_ns():
-    """Now by the clock of files' times, in ns since the epoch."""
-    return time.clock_gettime_ns(_CLOCK_REALTIME_COARSE)
-
-
 class Snapshot(dict):
     """(size, mtime_ns, inode) of every regular file under a directory, by
     relative path; ``cut``: the walk stopped at its budget (see Walk), so
-    files past it are not in it; ``taken_ns``: when the walk began, by
-    file_clock_ns."""
+    files past it are not in it; ``taken_ns``: when the walk began (ns
+    since the epoch)."""
 
     __slots__ = ("cut", "taken_ns")
 
@@ -4264,7 +4254,7 @@ class Snapshot(dict):
 def snapshot(root, tree=None):
     """The Snapshot of ``root`` now (see Walk.files for ``tree``)."""
     walk = Walk()
-    taken_ns = file_clock_ns()
+    taken_ns = time.time_ns()
     files = Snapshot((rel, (st.st_size, st.st_mtime_ns, st.st_ino))
                      for rel, _, st in walk.files(root, tree))
     files.cut = walk.cut
@@ -4278,11 +4268,10 @@ def written_since(root, since, inputs, select, max_each, max_total):
     direct call that ended without its report (its snapshot died with it).
     And whether the listing was cut.
 
-    Files' times come from the coarse clock (see file_clock_ns), up to a
-    tick behind ``since``'s: a file the call made at its start and never
-    wrote may carry a time before it, and is missed; comparing with the
-    coarse clock instead would take in what the call before wrote in the
-    same tick."""
+    The kernel stamps files' times by a clock up to a timer tick behind
+    ``since``'s: a file the call made at its start and never wrote may
+    carry a time before it, and is missed; comparing with that coarse clock
+    instead would take in what the call before wrote in the same tick."""
     since_ns = int(since * 1e9)
     walk = Walk()
     found = ((rel, path, st.st_size) for rel, path, st in sorted(walk.files(root))
@@ -4296,10 +4285,11 @@ def changed_artifacts(root, before, inputs, select, max_each, max_total, tree=No
     (a call's, and what an earlier call's threads wrote since), except input
     files left as they were sent; whether that listing was cut; and the
     Snapshot taken now (see Walk.files for ``tree``). Where ``before`` was
-    cut, a file not in it counts only if modified after that walk began, by
-    the file clock and strictly: a file written in the same tick just after
-    the walk began carries the same time as one written just before it, and
-    the second (the last call's own) is the common one."""
+    cut, a file not in it counts only if modified after that walk began.
+    Files' times never run ahead of the clock, but may lag it by a timer
+    tick or more (the kernel's coarse clock, or a finer time it handed out
+    earlier): a file written just before the walk is never taken in, one
+    written in the tick after it began may be missed."""
     after = snapshot(root, tree)
     cut, taken = before.cut, before.taken_ns
     changed = sorted(rel for rel, st in after.items() if before.get(rel) != st
