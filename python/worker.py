@@ -32,7 +32,9 @@ frame of its type, except those marked optional.
 |                  |           | `artifacts_cut` (true: there were more files than listed);    |
 |                  |           | `returned` (str: the JSON of the value `call` returned) or    |
 |                  |           | `returned_size` (its bytes, when over `max_artifact_bytes`);  |
-|                  |           | in session mode `session_lost` (a reason, or nil)             |
+|                  |           | in session mode `session_lost` (a reason, or nil);            |
+|                  |           | `cleaning` (true: the run left many files; the worker reads   |
+|                  |           | no request before its `cleaned` frame)                        |
 | worker -> server | `result`  | `id`, `exit_code` (0), `pid`: the answer to `session`, with   |
 |                  |           | the session child's pid                                       |
 | worker -> server | `output`  | `id`, `stream` (`stdout`/`stderr`), `data` (bin): output of a |
@@ -40,6 +42,9 @@ frame of its type, except those marked optional.
 | worker -> server | `error`   | `id` (nil at startup), `message`, `traceback`: a fault of the |
 |                  |           | worker itself; optional `retire`: true when it ran nothing    |
 |                  |           | (its scratch root could not be cleared)                       |
+| worker -> server | `cleaned` | after a `result` with `cleaning`, once the scratch root is    |
+|                  |           | clear; optional `retire` (true) and `message`: something      |
+|                  |           | stayed, and the worker refuses every request from now on      |
 | worker -> server | `echo`    | `value`, `repr`: the answer to `echo`                         |
 | server -> worker | `exec`    | `id`, `code`, `stdin` (bin or nil), `files` ([path, bin]      |
 |                  |           | pairs), `argv`, `timeout` (s), `max_output` (bytes per        |
@@ -166,7 +171,7 @@ import sys
 import time
 import types
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 MAX_FRAME = 1 << 30
 RUN_FILENAME = "<code>"
 READ_CHUNK = 1 << 16
@@ -179,6 +184,15 @@ MAX_ARTIFACTS = 1000
 # more, and without the tmpfs a run can leave millions: reading them all
 # would hold the worker for seconds after the run's own deadline.
 WALK_ENTRIES = 1 << 16
+# A run that leaves more entries than this to clear (files, directories,
+# anything: ~10 ms of clean-up) has its answer say ``cleaning``: the server
+# then sends the worker nothing until its ``cleaned`` frame, and runs the
+# next request on another worker meanwhile (see heavy_cleanup).
+HEAVY_CLEANUP = 2048
+# The same for a filesystem that does not count its inodes (btrfs): a
+# directory of the run's that grew by this many bytes holds about that many
+# entries (~20 bytes each).
+HEAVY_DIR_BYTES = 64 * 1024
 # Room in a report beyond its value's repr, a returned value and artifacts
 # (see report_cap): the error's message and traceback (MAX_ERROR_CHARS
 # each, up to 4 bytes a character), the imported names, the numbers.
@@ -2536,6 +2550,9 @@ class Worker:
         # tmpfs (see clear_scratch); None elsewhere.
         self.empty_root = empty_tmpfs_root(scratch)
         self.empty_shm = empty_tmpfs_root("/dev/shm") if private_shm() else None
+        # What the filesystems of the scratch root and a private /dev/shm
+        # held once clear (see heavy_cleanup).
+        self.clear_marks()
         # Whether a frame from the server is waiting (``queued``).
         self.incoming = select.poll()
         self.incoming.register(rfd, select.POLLIN)
@@ -2706,6 +2723,64 @@ class Worker:
                 return None
         return clear_dir(self.scratch)
 
+    def clear_marks(self):
+        """Note the inodes in use on the filesystems of the scratch root and
+        a private /dev/shm (None: not counted there) and the root's size,
+        with both clear, for heavy_cleanup to compare with."""
+        self.scratch_inodes = inodes_used(self.scratch)
+        self.shm_inodes = inodes_used("/dev/shm") if self.empty_shm is not None else None
+        try:
+            self.root_bytes = os.lstat(self.scratch).st_size
+        except OSError:
+            self.root_bytes = 0
+
+    def heavy_cleanup(self, child, removed):
+        """Whether the run left more than HEAVY_CLEANUP entries to clear, as
+        one look tells before the clean-up begins: by the inodes in use on
+        the scratch root's filesystem, else (one that does not count them)
+        by the sizes of the run's directories and of the root, which miss
+        a subdirectory's entries. On a filesystem the scratch root shares
+        with the host, others' files count too: a false alarm costs the
+        server one more frame, and sets the mark anew (see say_cleaned)."""
+        if self.scratch_inodes is not None:
+            if self.past_mark(self.scratch, "scratch_inodes"):
+                return True
+        else:
+            dirs = [(self.scratch, self.root_bytes), (private_tmp(child.rundir), 0)]
+            if not removed:
+                dirs.append((child.rundir, 0))
+            for path, clear in dirs:
+                try:
+                    if os.lstat(path).st_size - clear > HEAVY_DIR_BYTES:
+                        return True
+                except OSError:
+                    pass
+        return self.shm_inodes is not None and self.past_mark("/dev/shm", "shm_inodes")
+
+    def past_mark(self, path, mark):
+        """Whether the inodes in use on the filesystem of ``path`` are over
+        HEAVY_CLEANUP more than the mark (an attribute) noted; one fewer
+        (others' files went) lowers the mark."""
+        used = inodes_used(path)
+        if used is None:
+            return False
+        clear = getattr(self, mark)
+        if used < clear:
+            setattr(self, mark, used)
+        return used - clear > HEAVY_CLEANUP
+
+    def say_cleaned(self):
+        """Tell the server, which was told the run's clean-up is heavy
+        (``cleaning``), that it is over: a bare ``cleaned`` frame, or with
+        ``retire`` and why when something stayed (the worker refuses
+        requests from now on)."""
+        self.clear_marks()
+        frame = {"t": "cleaned"}
+        if self.dirty is not None:
+            frame["retire"] = True
+            frame["message"] = "worker retired: " + self.dirty
+        write_frame(self.wfd, frame)
+
     def cleaned(self, problem):
         """Note a clean-up that left something: the worker is then dirty and
         answers its next request with a ``retire`` error (the server runs it
@@ -2772,6 +2847,7 @@ class Worker:
             raise
         gone = False  # the server went away: no next child
         answered = False
+        heavy = False  # the answer said ``cleaning``: ``cleaned`` follows
         imported = None
         removed = False  # whether the run's directory was removed, empty
         try:
@@ -2799,6 +2875,9 @@ class Worker:
                 reply.update(run_usage(child))
             if run.ended == "disk":
                 reply["disk_exceeded"] = True
+            heavy = cut or self.heavy_cleanup(child, removed)
+            if heavy:
+                reply["cleaning"] = True
             write_frame(self.wfd, reply)
             answered = True
         except ChannelClosed:
@@ -2818,7 +2897,14 @@ class Worker:
             # time: the child warms up at once. Otherwise it does only if
             # its request has not come within WARM_AFTER_MS.
             try:
-                self.retire(child, removed)
+                try:
+                    self.retire(child, removed)
+                except ZygoteLost as exc:
+                    self.dirty = self.dirty or "the zygote is gone: %s" % exc
+                    raise
+                finally:
+                    if heavy and not gone:
+                        self.say_cleaned()
                 if not gone:
                     self.learn(imported)
                     self.hold_repeats()
@@ -4807,6 +4893,16 @@ def empty_tmpfs_root(path):
     except (OSError, IndexError, ValueError):
         pass
     return None
+
+
+def inodes_used(path):
+    """Inodes in use on the filesystem of ``path``; None where it does not
+    count them."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_files - st.f_ffree if st.f_files else None
 
 
 def still_empty(path, empty):

@@ -562,7 +562,7 @@ impl Collector for PoolCollector {
             let gauge = ConstGauge::new(0i64);
             let mut family = encoder.encode_descriptor(
                 "workers",
-                "Live worker processes by environment and state (idle, busy, starting; session_spare: a closed session's worker kept for the next session)",
+                "Live worker processes by environment and state (idle, busy, starting; cleaning: clearing the many files a run left; session_spare: a closed session's worker kept for the next session)",
                 None,
                 gauge.metric_type(),
             )?;
@@ -571,6 +571,7 @@ impl Collector for PoolCollector {
                     ("idle", status.idle),
                     ("busy", status.busy),
                     ("starting", status.starting),
+                    ("cleaning", status.cleaning),
                     ("session_spare", status.session_spares),
                 ] {
                     let labels = [("env", name.as_str()), ("state", state)];

@@ -25,7 +25,9 @@
 //! |                  |           | `artifacts_cut` (true: there were more files than listed);    |
 //! |                  |           | `returned` (str: the JSON of the value `call` returned) or    |
 //! |                  |           | `returned_size` (its bytes, when over `max_artifact_bytes`);  |
-//! |                  |           | in session mode `session_lost` (a reason, or nil)             |
+//! |                  |           | in session mode `session_lost` (a reason, or nil);            |
+//! |                  |           | `cleaning` (true: the run left many files; the worker reads   |
+//! |                  |           | no request before its `cleaned` frame)                        |
 //! | worker -> server | `result`  | `id`, `exit_code` (0), `pid`: the answer to `session`, with   |
 //! |                  |           | the session child's pid                                       |
 //! | worker -> server | `output`  | `id`, `stream` (`stdout`/`stderr`), `data` (bin): output of a |
@@ -33,6 +35,9 @@
 //! | worker -> server | `error`   | `id` (nil at startup), `message`, `traceback`: a fault of the |
 //! |                  |           | worker itself; optional `retire`: true when it ran nothing    |
 //! |                  |           | (its scratch root could not be cleared)                       |
+//! | worker -> server | `cleaned` | after a `result` with `cleaning`, once the scratch root is    |
+//! |                  |           | clear; optional `retire` (true) and `message`: something      |
+//! |                  |           | stayed, and the worker refuses every request from now on      |
 //! | worker -> server | `echo`    | `value`, `repr`: the answer to `echo`                         |
 //! | server -> worker | `exec`    | `id`, `code`, `stdin` (bin or nil), `files` ([path, bin]      |
 //! |                  |           | pairs), `argv`, `timeout` (s), `max_output` (bytes per        |
@@ -124,7 +129,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::codec::LengthDelimitedCodec;
 
 /// Version carried in the `ready` handshake; bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Largest frame either side accepts: outputs are capped far below this.
 pub const MAX_FRAME_BYTES: usize = 1 << 30;
@@ -336,8 +341,12 @@ pub struct WorkerFrame {
     pub returned_size: Option<u64>,
     /// An `error` frame answering a request the worker refused to run: its
     /// scratch root could not be cleared after the previous run. Nothing ran;
-    /// the request may go to another worker.
+    /// the request may go to another worker. On a `cleaned` frame: that
+    /// clean-up left something, and the worker refuses every request.
     pub retire: bool,
+    /// A `result` whose run left many files: the worker clears them before
+    /// it reads another request, and says so with a `cleaned` frame.
+    pub cleaning: bool,
     // output
     pub stream: Option<String>,
     #[serde(with = "serde_bytes")]

@@ -60,6 +60,9 @@ pub struct PoolStatus {
     pub idle: usize,
     pub busy: usize,
     pub starting: usize,
+    /// Workers clearing the many files a run left before they serve again
+    /// (counted in `size`, not in `busy`).
+    pub cleaning: usize,
     /// Requests waiting for a worker now (each gives up after the queue
     /// timeout with `503 busy`).
     pub waiting: usize,
@@ -221,7 +224,7 @@ impl Shared {
                 let mut stale = Vec::new();
                 let mut spares = self.spares.lock();
                 let spare = spares.take(self.generation.load(Ordering::Acquire), &mut stale);
-                let wait = spare.is_none() && spares.starting > spares.waiting;
+                let wait = spare.is_none() && spares.starting + spares.cleaning > spares.waiting;
                 if wait {
                     spares.waiting += 1;
                     // Registered before the lock is released: a spare made
@@ -438,17 +441,85 @@ impl EnvPool {
         })
     }
 
-    /// Give a worker back after a run: retired after `max_runs`, else idle.
+    /// Give a worker back after a run: retired after `max_runs`; resting out
+    /// of turn while it clears what a run left (see [`EnvPool::rest_until_clean`]);
+    /// else idle, or handed at once to a request that waits for a spare.
     pub fn put(&self, worker: Object<WorkerManager>) {
         self.shared.touch();
         let max = self.shared.config.max_runs;
         let stale = worker.generation != self.shared.generation.load(Ordering::Acquire);
         if stale || (max > 0 && worker.runs() >= max) {
             self.discard(worker, RestartCause::Recycle);
+        } else if worker.is_cleaning() {
+            self.rest_until_clean(Object::take(worker));
+        } else if self.shared.spares.lock().waiting > 0 {
+            // That request came when no worker was idle, and waits for one
+            // being started or cleared: this one is ready now.
+            let worker = Object::take(worker);
+            self.shared.spares.lock().ready.push_back(worker);
+            self.shared.spares_changed.notify_waiters();
         } else if self.shared.warming.load(Ordering::Acquire) {
             drop(worker); // back in the pool, then
             self.shared.spares_changed.notify_waiters();
         }
+    }
+
+    /// Keep `worker`, whose last run left many files (its answer said
+    /// `cleaning`), out of turn until its `cleaned` frame: the next requests
+    /// go to other workers instead of waiting behind the clean-up. It then
+    /// rests as a spare. One that does not finish within its clean-up's
+    /// budget, or whose clean-up left something, is replaced.
+    fn rest_until_clean(&self, mut worker: PooledWorker) {
+        /// The worker's budget for clearing what one run left
+        /// (`CLEAN_SECONDS` in the worker), for the scratch root and a
+        /// private /dev/shm each.
+        const CLEAN_BUDGET: Duration = Duration::from_secs(2);
+        self.shared.spares.lock().cleaning += 1;
+        let pool = self.clone();
+        let within = 2 * CLEAN_BUDGET + self.shared.spec.grace_period;
+        tokio::spawn(async move {
+            let cleaned = worker.await_cleaned(within).await;
+            let shared = &pool.shared;
+            let refused = {
+                let mut spares = shared.spares.lock();
+                spares.cleaning -= 1;
+                match cleaned {
+                    Ok(())
+                        if !shared.closed.load(Ordering::Acquire)
+                            && worker.generation == shared.generation.load(Ordering::Acquire) =>
+                    {
+                        spares.ready.push_back(worker);
+                        None
+                    }
+                    Ok(()) => Some((worker, None)),
+                    Err(e) => {
+                        let cause = match e {
+                            WorkerError::Retired(_) => RestartCause::Dirty,
+                            WorkerError::Unresponsive(_) => RestartCause::Timeout,
+                            _ => RestartCause::Crash,
+                        };
+                        tracing::warn!(
+                            worker_pid = worker.pid(),
+                            "clean-up after a run failed, replacing the worker: {}",
+                            error_chain(&e)
+                        );
+                        Some((worker, Some(cause)))
+                    }
+                }
+            };
+            if refused.is_some() {
+                // Before the wake-up: a request waiting for this worker
+                // waits for its replacement instead of starting one too.
+                pool.refill();
+            }
+            shared.spares_changed.notify_waiters();
+            if let Some((worker, cause)) = refused {
+                if let Some(cause) = cause {
+                    shared.count_restart(cause);
+                }
+                worker.terminate(shared.spec.grace_period).await;
+            }
+        });
     }
 
     /// Take a worker out of the pool for good, terminate it in the background
@@ -633,7 +704,8 @@ impl EnvPool {
         let mut short = 0;
         let permits = {
             let mut spares = self.shared.spares.lock();
-            let live = self.pool.status().size + spares.ready.len() + spares.starting;
+            let live =
+                self.pool.status().size + spares.ready.len() + spares.starting + spares.cleaning;
             let missing = self.shared.config.size.saturating_sub(live).min(limit);
             let permits: Vec<_> = (0..missing)
                 .map_while(|_| self.shared.budget.try_acquire())
@@ -721,12 +793,13 @@ impl EnvPool {
     pub fn status(&self) -> PoolStatus {
         let s = self.pool.status();
         let spares = self.shared.spares.lock();
-        let size = s.size + spares.ready.len();
+        let size = s.size + spares.ready.len() + spares.cleaning;
         PoolStatus {
             size,
             idle: s.available + spares.ready.len(),
             busy: s.size.saturating_sub(s.available),
             starting: spares.starting,
+            cleaning: spares.cleaning,
             waiting: s.waiting,
             session_spares: self.shared.session_spares.lock().len(),
             error: if size == 0 {

@@ -1,5 +1,6 @@
-//! Spares: started workers not yet handed to deadpool, and the rotation that
-//! gives each of them its turn.
+//! Spares: started workers not yet handed to deadpool (and those resting
+//! out of it while they clear what a run left), and the rotation that gives
+//! each of them its turn.
 //!
 //! Generic over what a spare is ([`Spare`]), so the rotation is tested with
 //! fake workers and no processes.
@@ -21,6 +22,9 @@ pub(crate) struct Spares<W> {
     pub(crate) ready: VecDeque<W>,
     /// Spares being started now.
     pub(crate) starting: usize,
+    /// Workers clearing what their last run left, out of deadpool until
+    /// they are done (then ready spares).
+    pub(crate) cleaning: usize,
     /// Requests waiting for one of the starting spares instead of starting
     /// a worker of their own.
     pub(crate) waiting: usize,
@@ -31,6 +35,7 @@ impl<W> Default for Spares<W> {
         Spares {
             ready: VecDeque::new(),
             starting: 0,
+            cleaning: 0,
             waiting: 0,
         }
     }
@@ -111,6 +116,7 @@ mod tests {
         Spares {
             ready: ids.iter().map(|&id| fake(id)).collect(),
             starting: 0,
+            cleaning: 0,
             waiting: 0,
         }
     }

@@ -269,6 +269,10 @@ pub struct Worker {
     /// In session mode, the session child's pipes: its calls are written to
     /// it and answered by it directly (see [`Worker::attach_session`]).
     session: Option<direct::DirectSession>,
+    /// The last run's answer said `cleaning`: the worker clears what it
+    /// left and reads no request before its `cleaned` frame (see
+    /// [`Worker::await_cleaned`]).
+    cleaning: bool,
 }
 
 impl std::fmt::Debug for Worker {
@@ -390,6 +394,7 @@ impl Worker {
             terminated: false,
             proxy: None,
             session: None,
+            cleaning: false,
         };
         let handshake = tokio::time::timeout(spec.start_timeout, worker.frames.next()).await;
         let failure = match handshake {
@@ -560,6 +565,9 @@ impl Worker {
         if self.is_poisoned() {
             return Err(WorkerError::Poisoned);
         }
+        if self.cleaning {
+            self.await_cleaned(deadline).await?;
+        }
         self.settle();
         self.in_flight = true;
         self.sent = false;
@@ -597,6 +605,41 @@ impl Worker {
             }
         }
         result
+    }
+
+    /// Whether the worker is still clearing what its last run left (see
+    /// [`Worker::await_cleaned`]).
+    pub fn is_cleaning(&self) -> bool {
+        self.cleaning
+    }
+
+    /// Wait, at most `within`, for the `cleaned` frame that ends the heavy
+    /// clean-up the last run's answer announced (`cleaning`); at once when
+    /// it announced none. A clean-up that left something gives
+    /// [`WorkerError::Retired`]; on any error the worker is to be replaced.
+    pub async fn await_cleaned(&mut self, within: Duration) -> Result<(), WorkerError> {
+        if !self.cleaning {
+            return Ok(());
+        }
+        let body = match tokio::time::timeout(within, self.frames.next()).await {
+            Err(_) => return Err(WorkerError::Unresponsive(within)),
+            Ok(None) => return Err(self.died()),
+            Ok(Some(Err(e))) => return Err(WorkerError::Protocol(protocol::FrameError::Read(e))),
+            Ok(Some(Ok(body))) => body,
+        };
+        let frame = protocol::decode_frame(&body).map_err(WorkerError::Protocol)?;
+        match frame.t.as_str() {
+            "cleaned" if frame.retire => {
+                Err(WorkerError::Retired(frame.message.unwrap_or_default()))
+            }
+            "cleaned" => {
+                self.cleaning = false;
+                Ok(())
+            }
+            other => Err(WorkerError::Protocol(protocol::FrameError::UnexpectedType(
+                other.to_string(),
+            ))),
+        }
     }
 
     /// Read the cgroup counters a run that went well left unread. Every
@@ -684,6 +727,7 @@ impl Worker {
                     }
                 }
                 "result" => {
+                    self.cleaning = frame.cleaning;
                     return Ok(RunOutput {
                         stdout: frame.stdout,
                         stderr: frame.stderr,

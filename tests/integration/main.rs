@@ -6,6 +6,7 @@ mod adversarial;
 mod audit;
 mod balancer;
 mod bench_tools;
+mod cleanup;
 mod clients;
 mod codec;
 mod concurrency;

@@ -1,0 +1,185 @@
+//! A run that leaves many files: its worker clears them out of turn, and the
+//! next requests go to the other workers instead of waiting for it.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::common::{self, TestServer};
+
+/// A worker whose clean-up counts a run as heavy past 50 new entries, and
+/// takes the seconds a run wrote to `slow` beside its run directory (the
+/// scratch root) before it clears; one that finds `stuck` there reports
+/// that something stayed.
+const SLOW_CLEANUP: &str = "\
+import time
+w.HEAVY_CLEANUP = 50
+_clear = w.Worker.clear_scratch
+def clear_scratch(self, *args):
+    root = self.scratch
+    if os.path.exists(os.path.join(root, 'stuck')):
+        _clear(self, *args)
+        return 'a file stayed'
+    slow = os.path.join(root, 'slow')
+    if os.path.exists(slow):
+        with open(slow) as f:
+            time.sleep(float(f.read()))
+    return _clear(self, *args)
+w.Worker.clear_scratch = clear_scratch
+";
+
+/// A run that leaves 100 files in its `$TMPDIR`, and `marker` (holding
+/// `text`) in the scratch root.
+fn leave_files(marker: &str, text: &str) -> String {
+    format!(
+        "import os, tempfile\n\
+         for i in range(100):\n    open(os.path.join(tempfile.gettempdir(), str(i)), 'w').close()\n\
+         with open(os.path.join(os.path.dirname(os.getcwd()), {marker:?}), 'w') as f:\n    f.write({text:?})\n\
+         print('left')"
+    )
+}
+
+/// What a run sees of the scratch root and its `$TMPDIR`.
+const LOOK: &str = "import os, tempfile\nprint(sorted(os.listdir(os.path.dirname(os.getcwd()))), os.listdir(tempfile.gettempdir()))";
+
+/// The workers replaced so far, each cause as `cause count`.
+async fn restarts(server: &TestServer) -> Vec<String> {
+    let metrics = server
+        .client
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // `code_executor_worker_restarts_total{env="…",cause="dirty"} 1` -> `dirty 1`.
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("code_executor_worker_restarts_total{") && !l.ends_with(" 0"))
+        .map(|l| {
+            let cause = l.split("cause=\"").nth(1).unwrap_or(l);
+            cause.replace("\"}", "")
+        })
+        .collect()
+}
+
+/// Poll the default pool until `done` holds of it, for at most `within`.
+async fn pool_until(server: &TestServer, within: Duration, done: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let pool = server.pool().await;
+        if done(&pool) {
+            return pool;
+        }
+        assert!(
+            start.elapsed() < within,
+            "pool still {pool} after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_next_requests_go_to_other_workers_while_one_clears_a_runs_files() {
+    let (server, _dir) =
+        common::server_with_patched_worker(SLOW_CLEANUP, |c| c.pool_size = 2).await;
+    server.wait_for_pool_size(2, Duration::from_secs(30)).await;
+    let body = server.run(&leave_files("slow", "4")).await;
+    assert_eq!(body["stdout"], "left\n", "{body}");
+    // The worker clears for 4 s: the requests meanwhile go to the other.
+    for _ in 0..4 {
+        let started = Instant::now();
+        let body = server.run(LOOK).await;
+        let took = started.elapsed();
+        assert_eq!(body["stdout"], "['run', 'run.tmp'] []\n", "{body}");
+        assert!(
+            took < Duration::from_millis(1500),
+            "a run waited {took:?} for the clean-up"
+        );
+    }
+    let pool = server.pool().await;
+    assert_eq!(
+        (&pool["size"], &pool["cleaning"], &pool["starting"]),
+        (&2.into(), &1.into(), &0.into()),
+        "{pool}"
+    );
+    // Then it serves again, from a clear root: every worker answers clean.
+    pool_until(&server, Duration::from_secs(10), |p| {
+        p["cleaning"] == 0 && p["idle"] == 2
+    })
+    .await;
+    for _ in 0..4 {
+        let body = server.run(LOOK).await;
+        assert_eq!(body["stdout"], "['run', 'run.tmp'] []\n", "{body}");
+    }
+    assert_eq!(server.pool().await["size"], 2);
+    assert_eq!(restarts(&server).await, Vec::<String>::new());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_pool_of_one_waits_for_its_worker_to_clear_and_starts_no_other() {
+    let (server, _dir) = common::server_with_patched_worker(SLOW_CLEANUP, |_| ()).await;
+    server.wait_for_pool_size(1, Duration::from_secs(30)).await;
+    let body = server.run(&leave_files("slow", "1.5")).await;
+    assert_eq!(body["stdout"], "left\n", "{body}");
+    let started = Instant::now();
+    let next = {
+        let server = &server;
+        async move { server.run(LOOK).await }
+    };
+    let watch = async {
+        // Seen while the clean-up goes on and the request waits for it.
+        pool_until(&server, Duration::from_secs(5), |p| {
+            p["waiting"] == 1 || p["cleaning"] == 0
+        })
+        .await
+    };
+    let (body, pool) = tokio::join!(next, watch);
+    let took = started.elapsed();
+    assert_eq!(body["stdout"], "['run', 'run.tmp'] []\n", "{body}");
+    assert!(
+        took >= Duration::from_millis(1200),
+        "answered in {took:?}, before the clean-up ended"
+    );
+    assert_eq!(
+        (&pool["size"], &pool["cleaning"], &pool["starting"]),
+        (&1.into(), &1.into(), &0.into()),
+        "{pool}"
+    );
+    assert_eq!(server.pool().await["size"], 1);
+    assert_eq!(restarts(&server).await, Vec::<String>::new());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_clean_up_that_leaves_something_replaces_its_worker() {
+    let (server, _dir) = common::server_with_patched_worker(SLOW_CLEANUP, |_| ()).await;
+    server.wait_for_pool_size(1, Duration::from_secs(30)).await;
+    let body = server.run(&leave_files("stuck", "")).await;
+    assert_eq!(body["stdout"], "left\n", "{body}");
+    // The next request is answered, by the replacement, on a clear root.
+    let body = server.run(LOOK).await;
+    assert_eq!(body["stdout"], "['run', 'run.tmp'] []\n", "{body}");
+    assert_eq!(restarts(&server).await, ["dirty 1"]);
+    server.wait_for_pool_size(1, Duration::from_secs(30)).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_clean_up_past_its_budget_replaces_its_worker() {
+    let (server, _dir) = common::server_with_patched_worker(SLOW_CLEANUP, |_| ()).await;
+    server.wait_for_pool_size(1, Duration::from_secs(30)).await;
+    let body = server.run(&leave_files("slow", "60")).await;
+    assert_eq!(body["stdout"], "left\n", "{body}");
+    // Its budget (2 s for the scratch root, 2 s for /dev/shm, plus the
+    // grace) runs out long before the minute: a new worker answers.
+    let started = Instant::now();
+    let body = server.run(LOOK).await;
+    let took = started.elapsed();
+    assert_eq!(body["stdout"], "['run', 'run.tmp'] []\n", "{body}");
+    assert!(took < Duration::from_secs(20), "answered after {took:?}");
+    assert_eq!(restarts(&server).await, ["timeout 1"]);
+    server.stop().await;
+}
