@@ -2740,10 +2740,11 @@ class Worker:
         the scratch root's filesystem, else (one that does not count them)
         by the sizes of the run's directories and of the root, which miss
         a subdirectory's entries. On a filesystem the scratch root shares
-        with the host, others' files count too: a false alarm costs the
-        server one more frame, and sets the mark anew (see say_cleaned)."""
+        with others (no scratch tmpfs), theirs count too, made since the
+        last clean-up set the mark: a false alarm costs the server one
+        more frame."""
         if self.scratch_inodes is not None:
-            if self.past_mark(self.scratch, "scratch_inodes"):
+            if self.past_mark(self.scratch, self.scratch_inodes):
                 return True
         else:
             dirs = [(self.scratch, self.root_bytes), (private_tmp(child.rundir), 0)]
@@ -2755,26 +2756,19 @@ class Worker:
                         return True
                 except OSError:
                     pass
-        return self.shm_inodes is not None and self.past_mark("/dev/shm", "shm_inodes")
+        return self.shm_inodes is not None and self.past_mark("/dev/shm", self.shm_inodes)
 
-    def past_mark(self, path, mark):
+    def past_mark(self, path, clear):
         """Whether the inodes in use on the filesystem of ``path`` are over
-        HEAVY_CLEANUP more than the mark (an attribute) noted; one fewer
-        (others' files went) lowers the mark."""
+        HEAVY_CLEANUP more than ``clear``, noted when it was clear."""
         used = inodes_used(path)
-        if used is None:
-            return False
-        clear = getattr(self, mark)
-        if used < clear:
-            setattr(self, mark, used)
-        return used - clear > HEAVY_CLEANUP
+        return used is not None and used - clear > HEAVY_CLEANUP
 
     def say_cleaned(self):
         """Tell the server, which was told the run's clean-up is heavy
         (``cleaning``), that it is over: a bare ``cleaned`` frame, or with
         ``retire`` and why when something stayed (the worker refuses
         requests from now on)."""
-        self.clear_marks()
         frame = {"t": "cleaned"}
         if self.dirty is not None:
             frame["retire"] = True
@@ -2847,7 +2841,7 @@ class Worker:
             raise
         gone = False  # the server went away: no next child
         answered = False
-        heavy = False  # the answer said ``cleaning``: ``cleaned`` follows
+        heavy = False  # the answer says ``cleaning``: ``cleaned`` follows it
         imported = None
         removed = False  # whether the run's directory was removed, empty
         try:
@@ -2899,11 +2893,17 @@ class Worker:
             try:
                 try:
                     self.retire(child, removed)
-                except ZygoteLost as exc:
-                    self.dirty = self.dirty or "the zygote is gone: %s" % exc
+                except Exception as exc:
+                    # Whatever the clean-up did not finish, no run goes there.
+                    gist = "the zygote is gone" if isinstance(exc, ZygoteLost) else "clean-up failed"
+                    self.dirty = self.dirty or "%s: %s" % (gist, exc)
                     raise
                 finally:
-                    if heavy and not gone:
+                    # On a filesystem shared with others, their files come
+                    # and go: the mark is set anew after every clean-up.
+                    if heavy or self.empty_root is None:
+                        self.clear_marks()
+                    if heavy and answered:
                         self.say_cleaned()
                 if not gone:
                     self.learn(imported)

@@ -210,7 +210,10 @@ class Worker:
 
     def run(self, msg):
         self.send(msg)
-        return self.read()
+        reply = self.read()
+        if reply.get("cleaning"):
+            self.read()  # its ``cleaned`` frame: the worker reads nothing before
+        return reply
 
     def read(self):
         (n,) = struct.unpack("!I", self.proc.stdout.read(4))

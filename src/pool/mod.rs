@@ -450,17 +450,30 @@ impl EnvPool {
         let stale = worker.generation != self.shared.generation.load(Ordering::Acquire);
         if stale || (max > 0 && worker.runs() >= max) {
             self.discard(worker, RestartCause::Recycle);
-        } else if worker.is_cleaning() {
-            self.rest_until_clean(Object::take(worker));
-        } else if self.shared.spares.lock().waiting > 0 {
+            return;
+        }
+        let mut worker = worker;
+        let mut spares = self.shared.spares.lock();
+        // After `close` deadpool drops what comes back; spares are not kept.
+        let open = !self.shared.closed.load(Ordering::Acquire);
+        if open && worker.is_cleaning() {
+            // Out of deadpool and counted in one step (refill counts both).
+            let worker = Object::take(worker);
+            spares.cleaning += 1;
+            drop(spares);
+            self.rest_until_clean(worker);
+        } else if open && spares.waiting > 0 && worker.is_alive() {
             // That request came when no worker was idle, and waits for one
             // being started or cleared: this one is ready now.
-            let worker = Object::take(worker);
-            self.shared.spares.lock().ready.push_back(worker);
+            spares.ready.push_back(Object::take(worker));
+            drop(spares);
             self.shared.spares_changed.notify_waiters();
-        } else if self.shared.warming.load(Ordering::Acquire) {
-            drop(worker); // back in the pool, then
-            self.shared.spares_changed.notify_waiters();
+        } else {
+            drop(spares);
+            drop(worker); // back in the pool
+            if self.shared.warming.load(Ordering::Acquire) {
+                self.shared.spares_changed.notify_waiters();
+            }
         }
     }
 
@@ -468,13 +481,13 @@ impl EnvPool {
     /// `cleaning`), out of turn until its `cleaned` frame: the next requests
     /// go to other workers instead of waiting behind the clean-up. It then
     /// rests as a spare. One that does not finish within its clean-up's
-    /// budget, or whose clean-up left something, is replaced.
+    /// budget, or whose clean-up left something, is replaced. The caller
+    /// counted it in `Spares::cleaning`.
     fn rest_until_clean(&self, mut worker: PooledWorker) {
         /// The worker's budget for clearing what one run left
         /// (`CLEAN_SECONDS` in the worker), for the scratch root and a
         /// private /dev/shm each.
         const CLEAN_BUDGET: Duration = Duration::from_secs(2);
-        self.shared.spares.lock().cleaning += 1;
         let pool = self.clone();
         let within = 2 * CLEAN_BUDGET + self.shared.spec.grace_period;
         tokio::spawn(async move {
@@ -491,7 +504,9 @@ impl EnvPool {
                         spares.ready.push_back(worker);
                         None
                     }
-                    Ok(()) => Some((worker, None)),
+                    Ok(()) if shared.closed.load(Ordering::Acquire) => Some((worker, None)),
+                    // Replaced (`EnvPool::replace`) while it cleared.
+                    Ok(()) => Some((worker, Some(RestartCause::Recycle))),
                     Err(e) => {
                         let cause = match e {
                             WorkerError::Retired(_) => RestartCause::Dirty,
@@ -508,8 +523,9 @@ impl EnvPool {
                 }
             };
             if refused.is_some() {
-                // Before the wake-up: a request waiting for this worker
-                // waits for its replacement instead of starting one too.
+                // Before the wake-up: a request waiting for this worker then
+                // waits for its replacement, where the budget has room for
+                // it now, instead of starting one of its own too.
                 pool.refill();
             }
             shared.spares_changed.notify_waiters();

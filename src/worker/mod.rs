@@ -781,6 +781,9 @@ impl Worker {
 
     /// Send an `echo` frame and return the worker's re-encoded answer body.
     pub async fn echo_raw(&mut self, frame: &[u8]) -> Result<bytes::BytesMut, WorkerError> {
+        if self.cleaning {
+            self.await_cleaned(Duration::from_secs(10)).await?;
+        }
         let stdin = self
             .stdin
             .as_ref()

@@ -7,13 +7,15 @@ use serde_json::Value;
 
 use crate::common::{self, TestServer};
 
-/// A worker whose clean-up counts a run as heavy past 50 new entries, and
+/// A worker whose clean-up counts a run as heavy past 50 new entries (or,
+/// on a filesystem that counts no inodes, 256 bytes of directory), and
 /// takes the seconds a run wrote to `slow` beside its run directory (the
 /// scratch root) before it clears; one that finds `stuck` there reports
 /// that something stayed.
 const SLOW_CLEANUP: &str = "\
 import time
 w.HEAVY_CLEANUP = 50
+w.HEAVY_DIR_BYTES = 256
 _clear = w.Worker.clear_scratch
 def clear_scratch(self, *args):
     root = self.scratch
@@ -85,25 +87,25 @@ async fn the_next_requests_go_to_other_workers_while_one_clears_a_runs_files() {
     let (server, _dir) =
         common::server_with_patched_worker(SLOW_CLEANUP, |c| c.pool_size = 2).await;
     server.wait_for_pool_size(2, Duration::from_secs(30)).await;
-    let body = server.run(&leave_files("slow", "4")).await;
+    // The worker clears for 2.5 s (within the 4.5 s the server gives it):
+    // the requests meanwhile go to the other.
+    let body = server.run(&leave_files("slow", "2.5")).await;
     assert_eq!(body["stdout"], "left\n", "{body}");
-    // The worker clears for 4 s: the requests meanwhile go to the other.
-    for _ in 0..4 {
+    for i in 0..3 {
         let started = Instant::now();
         let body = server.run(LOOK).await;
         let took = started.elapsed();
         assert_eq!(body["stdout"], "['run', 'run.tmp'] []\n", "{body}");
         assert!(
-            took < Duration::from_millis(1500),
+            took < Duration::from_millis(700),
             "a run waited {took:?} for the clean-up"
         );
+        if i == 0 {
+            let pool = server.pool().await;
+            let counts = (&pool["size"], &pool["cleaning"], &pool["starting"]);
+            assert_eq!(counts, (&2.into(), &1.into(), &0.into()), "{pool}");
+        }
     }
-    let pool = server.pool().await;
-    assert_eq!(
-        (&pool["size"], &pool["cleaning"], &pool["starting"]),
-        (&2.into(), &1.into(), &0.into()),
-        "{pool}"
-    );
     // Then it serves again, from a clear root: every worker answers clean.
     pool_until(&server, Duration::from_secs(10), |p| {
         p["cleaning"] == 0 && p["idle"] == 2
@@ -181,5 +183,32 @@ async fn a_clean_up_past_its_budget_replaces_its_worker() {
     assert_eq!(body["stdout"], "['run', 'run.tmp'] []\n", "{body}");
     assert!(took < Duration::from_secs(20), "answered after {took:?}");
     assert_eq!(restarts(&server).await, ["timeout 1"]);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_waiting_for_a_worker_takes_the_first_one_free() {
+    let (server, _dir) =
+        common::server_with_patched_worker(SLOW_CLEANUP, |c| c.pool_size = 2).await;
+    server.wait_for_pool_size(2, Duration::from_secs(30)).await;
+    let body = server.run(&leave_files("slow", "3")).await;
+    assert_eq!(body["stdout"], "left\n", "{body}");
+    // One worker clears for 3 s; the other runs for 0.5 s while a third
+    // request comes, which finds no worker idle. It is answered by the one
+    // whose run ends first, not by the one clearing.
+    let busy = server.run("import time\ntime.sleep(0.5)\nprint('slept')");
+    let third = async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let started = Instant::now();
+        (server.run(LOOK).await, started.elapsed())
+    };
+    let (slept, (body, took)) = tokio::join!(busy, third);
+    assert_eq!(slept["stdout"], "slept\n", "{slept}");
+    assert_eq!(body["stdout"], "['run', 'run.tmp'] []\n", "{body}");
+    assert!(
+        took < Duration::from_millis(1800),
+        "the request waited {took:?}, for the clean-up"
+    );
+    assert_eq!(restarts(&server).await, Vec::<String>::new());
     server.stop().await;
 }
