@@ -41,20 +41,29 @@ fn leave_files(marker: &str, text: &str) -> String {
     )
 }
 
+/// A server of `size` workers whose clean-up is [`SLOW_CLEANUP`]'s, one of
+/// which has just answered a run that left files (see [`leave_files`]).
+async fn after_a_run_leaving(
+    size: usize,
+    marker: &str,
+    text: &str,
+) -> (TestServer, tempfile::TempDir) {
+    let (server, dir) =
+        common::server_with_patched_worker(SLOW_CLEANUP, |c| c.pool_size = size).await;
+    server
+        .wait_for_pool_size(size as u64, Duration::from_secs(30))
+        .await;
+    let body = server.run(&leave_files(marker, text)).await;
+    assert_eq!(body["stdout"], "left\n", "{body}");
+    (server, dir)
+}
+
 /// What a run sees of the scratch root and its `$TMPDIR`.
 const LOOK: &str = "import os, tempfile\nprint(sorted(os.listdir(os.path.dirname(os.getcwd()))), os.listdir(tempfile.gettempdir()))";
 
 /// The workers replaced so far, each cause as `cause count`.
 async fn restarts(server: &TestServer) -> Vec<String> {
-    let metrics = server
-        .client
-        .get(format!("{}/metrics", server.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, metrics) = crate::ops::scrape(server, None).await;
     // `code_executor_worker_restarts_total{env="…",cause="dirty"} 1` -> `dirty 1`.
     metrics
         .lines()
@@ -84,13 +93,9 @@ async fn pool_until(server: &TestServer, within: Duration, done: impl Fn(&Value)
 
 #[tokio::test]
 async fn the_next_requests_go_to_other_workers_while_one_clears_a_runs_files() {
-    let (server, _dir) =
-        common::server_with_patched_worker(SLOW_CLEANUP, |c| c.pool_size = 2).await;
-    server.wait_for_pool_size(2, Duration::from_secs(30)).await;
     // The worker clears for 2.5 s (within the 4.5 s the server gives it):
     // the requests meanwhile go to the other.
-    let body = server.run(&leave_files("slow", "2.5")).await;
-    assert_eq!(body["stdout"], "left\n", "{body}");
+    let (server, _dir) = after_a_run_leaving(2, "slow", "2.5").await;
     for i in 0..3 {
         let started = Instant::now();
         let body = server.run(LOOK).await;
@@ -122,10 +127,7 @@ async fn the_next_requests_go_to_other_workers_while_one_clears_a_runs_files() {
 
 #[tokio::test]
 async fn a_pool_of_one_waits_for_its_worker_to_clear_and_starts_no_other() {
-    let (server, _dir) = common::server_with_patched_worker(SLOW_CLEANUP, |_| ()).await;
-    server.wait_for_pool_size(1, Duration::from_secs(30)).await;
-    let body = server.run(&leave_files("slow", "1.5")).await;
-    assert_eq!(body["stdout"], "left\n", "{body}");
+    let (server, _dir) = after_a_run_leaving(1, "slow", "1.5").await;
     let started = Instant::now();
     let next = {
         let server = &server;
@@ -157,10 +159,7 @@ async fn a_pool_of_one_waits_for_its_worker_to_clear_and_starts_no_other() {
 
 #[tokio::test]
 async fn a_clean_up_that_leaves_something_replaces_its_worker() {
-    let (server, _dir) = common::server_with_patched_worker(SLOW_CLEANUP, |_| ()).await;
-    server.wait_for_pool_size(1, Duration::from_secs(30)).await;
-    let body = server.run(&leave_files("stuck", "")).await;
-    assert_eq!(body["stdout"], "left\n", "{body}");
+    let (server, _dir) = after_a_run_leaving(1, "stuck", "").await;
     // The next request is answered, by the replacement, on a clear root.
     let body = server.run(LOOK).await;
     assert_eq!(body["stdout"], "['run', 'run.tmp'] []\n", "{body}");
@@ -171,10 +170,7 @@ async fn a_clean_up_that_leaves_something_replaces_its_worker() {
 
 #[tokio::test]
 async fn a_clean_up_past_its_budget_replaces_its_worker() {
-    let (server, _dir) = common::server_with_patched_worker(SLOW_CLEANUP, |_| ()).await;
-    server.wait_for_pool_size(1, Duration::from_secs(30)).await;
-    let body = server.run(&leave_files("slow", "60")).await;
-    assert_eq!(body["stdout"], "left\n", "{body}");
+    let (server, _dir) = after_a_run_leaving(1, "slow", "60").await;
     // Its budget (2 s for the scratch root, 2 s for /dev/shm, plus the
     // grace) runs out long before the minute: a new worker answers.
     let started = Instant::now();
@@ -188,11 +184,7 @@ async fn a_clean_up_past_its_budget_replaces_its_worker() {
 
 #[tokio::test]
 async fn a_request_waiting_for_a_worker_takes_the_first_one_free() {
-    let (server, _dir) =
-        common::server_with_patched_worker(SLOW_CLEANUP, |c| c.pool_size = 2).await;
-    server.wait_for_pool_size(2, Duration::from_secs(30)).await;
-    let body = server.run(&leave_files("slow", "3")).await;
-    assert_eq!(body["stdout"], "left\n", "{body}");
+    let (server, _dir) = after_a_run_leaving(2, "slow", "3").await;
     // One worker clears for 3 s; the other runs for 0.5 s while a third
     // request comes, which finds no worker idle. It is answered by the one
     // whose run ends first, not by the one clearing.
