@@ -595,7 +595,7 @@ impl Collector for PoolCollector {
         let counter = ConstCounter::new(0u64);
         let mut family = encoder.encode_descriptor(
             "worker_restarts",
-            "Workers replaced, by environment and cause (timeout, crash, cancelled, recycle)",
+            "Workers replaced, by environment and cause (timeout, crash, cancelled, recycle, dirty)",
             None,
             counter.metric_type(),
         )?;
@@ -604,6 +604,17 @@ impl Collector for PoolCollector {
                 let labels = [("env", name.as_str()), ("cause", cause.as_str())];
                 ConstCounter::new(pool.restarts(cause)).encode(family.encode_family(&labels)?)?;
             }
+        }
+        drop(family);
+        let mut family = encoder.encode_descriptor(
+            "cleared_out_of_turn",
+            "Runs that left over 2,048 files and directories, by environment: their worker cleared them out of turn, serving no request meanwhile",
+            None,
+            counter.metric_type(),
+        )?;
+        for (name, pool) in &pools {
+            let labels = [("env", name.as_str())];
+            ConstCounter::new(pool.cleared_out_of_turn()).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }

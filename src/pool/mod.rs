@@ -152,6 +152,9 @@ struct Shared {
     /// Workers replaced so far, per [`RestartCause`] (in `ALL` order); read
     /// by the metrics at scrape time.
     restarts: [AtomicU64; RestartCause::ALL.len()],
+    /// Runs whose files their worker cleared out of turn (see
+    /// [`EnvPool::rest_until_clean`]).
+    cleared_out_of_turn: AtomicU64,
 }
 
 /// The deadpool manager: creates workers (a spare if one is ready) and
@@ -368,6 +371,7 @@ impl EnvPool {
             python_version: Mutex::new(None),
             closed: AtomicBool::new(false),
             restarts: Default::default(),
+            cleared_out_of_turn: AtomicU64::new(0),
         });
         let pool = managed::Pool::builder(WorkerManager {
             shared: shared.clone(),
@@ -461,6 +465,9 @@ impl EnvPool {
             let worker = Object::take(worker);
             spares.cleaning += 1;
             drop(spares);
+            self.shared
+                .cleared_out_of_turn
+                .fetch_add(1, Ordering::Relaxed);
             self.rest_until_clean(worker);
         } else if open && spares.waiting > 0 && worker.is_alive() {
             // That request came when no worker was idle, and waits for one
@@ -833,6 +840,12 @@ impl EnvPool {
             .position(|c| *c == cause)
             .unwrap_or(0);
         self.shared.restarts[i].load(Ordering::Relaxed)
+    }
+
+    /// Runs so far whose worker cleared what they left out of turn (their
+    /// answer said `cleaning`).
+    pub fn cleared_out_of_turn(&self) -> u64 {
+        self.shared.cleared_out_of_turn.load(Ordering::Relaxed)
     }
 
     /// Python version reported by the workers' handshake (none before one).

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::common::{self, TestServer};
 
@@ -201,6 +201,64 @@ async fn a_request_waiting_for_a_worker_takes_the_first_one_free() {
         took < Duration::from_millis(1800),
         "the request waited {took:?}, for the clean-up"
     );
+    assert_eq!(restarts(&server).await, Vec::<String>::new());
+    server.stop().await;
+}
+
+/// This environment's runs cleared out of turn so far.
+async fn cleared_out_of_turn(server: &TestServer) -> u64 {
+    let (_, metrics) = crate::ops::scrape(server, None).await;
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("code_executor_cleared_out_of_turn_total{"))
+        .unwrap_or_else(|| panic!("no cleared_out_of_turn_total in\n{metrics}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_run_past_two_thousand_entries_is_cleared_out_of_turn_and_a_smaller_one_is_not() {
+    // The bootstrap as it ships: its own count of what a run left, in any
+    // of the places a run can write (a subdirectory of the run directory,
+    // `$TMPDIR`, `~`), with its artifacts listed or not.
+    let server = TestServer::with_config(code_executor::Config {
+        pool_size: 2,
+        ..common::config()
+    })
+    .await;
+    server.wait_for_pool_size(2, Duration::from_secs(30)).await;
+    let leave = |top: &str, n: usize| {
+        format!(
+            "import os, tempfile\nd = os.path.join({top}, 'out')\nos.mkdir(d)\n\
+             for i in range({n}):\n    open(os.path.join(d, str(i)), 'w').close()\nprint('left')"
+        )
+    };
+    let mut expected = 0;
+    for (top, artifacts) in [
+        ("'.'", json!(false)),
+        ("'.'", json!(["*.png"])),
+        ("tempfile.gettempdir()", json!(true)),
+        ("os.path.expanduser('~')", json!(true)),
+    ] {
+        for (n, heavy) in [(500, false), (3000, true)] {
+            let code = leave(top, n);
+            let (status, body) = server
+                .execute(json!({"code": code, "artifacts": artifacts}))
+                .await;
+            assert_eq!((status, &body["stdout"]), (200, &json!("left\n")), "{body}");
+            expected += u64::from(heavy);
+            assert_eq!(
+                cleared_out_of_turn(&server).await,
+                expected,
+                "{n} files in {top}, artifacts {artifacts}"
+            );
+            // Whichever worker answers next finds nothing of it.
+            pool_until(&server, Duration::from_secs(10), |p| p["cleaning"] == 0).await;
+            for _ in 0..2 {
+                let body = server.run(LOOK).await;
+                assert_eq!(body["stdout"], "['run', 'run.tmp'] []\n", "{body}");
+            }
+        }
+    }
     assert_eq!(restarts(&server).await, Vec::<String>::new());
     server.stop().await;
 }
