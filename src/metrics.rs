@@ -605,7 +605,6 @@ impl Collector for PoolCollector {
                 ConstCounter::new(pool.restarts(cause)).encode(family.encode_family(&labels)?)?;
             }
         }
-        drop(family);
         let mut family = encoder.encode_descriptor(
             "cleared_out_of_turn",
             "Runs that left over 2,048 files and directories, by environment: their worker cleared them out of turn, serving no request meanwhile",
