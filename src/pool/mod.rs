@@ -149,6 +149,9 @@ struct Shared {
     /// Python version from the first successful handshake.
     python_version: Mutex<Option<String>>,
     closed: AtomicBool,
+    /// Woken by [`EnvPool::close`]: workers clearing out of turn are then
+    /// terminated at once.
+    closing: tokio::sync::Notify,
     /// Workers replaced so far, per [`RestartCause`] (in `ALL` order); read
     /// by the metrics at scrape time.
     restarts: [AtomicU64; RestartCause::ALL.len()],
@@ -370,6 +373,7 @@ impl EnvPool {
             last_error: Mutex::new(None),
             python_version: Mutex::new(None),
             closed: AtomicBool::new(false),
+            closing: tokio::sync::Notify::new(),
             restarts: Default::default(),
             cleared_out_of_turn: AtomicU64::new(0),
         });
@@ -498,8 +502,19 @@ impl EnvPool {
         let pool = self.clone();
         let within = 2 * CLEAN_BUDGET + self.shared.spec.grace_period;
         tokio::spawn(async move {
-            let cleaned = worker.await_cleaned(within).await;
             let shared = &pool.shared;
+            let closing = shared.closing.notified();
+            let mut closing = std::pin::pin!(closing);
+            // Registered before the check: a close from now on wakes it.
+            closing.as_mut().enable();
+            let cleaned = if shared.closed.load(Ordering::Acquire) {
+                Ok(())
+            } else {
+                tokio::select! {
+                    cleaned = worker.await_cleaned(within) => cleaned,
+                    () = closing => Ok(()),
+                }
+            };
             let refused = {
                 let mut spares = shared.spares.lock();
                 spares.cleaning -= 1;
@@ -857,6 +872,7 @@ impl EnvPool {
     /// workers are terminated when their run returns them.
     pub async fn close(&self) {
         self.shared.closed.store(true, Ordering::Release);
+        self.shared.closing.notify_waiters();
         let grace = self.shared.spec.grace_period;
         let mut workers: Vec<PooledWorker> = self.pool.retain(|_, _| false).removed;
         workers.extend(std::mem::take(&mut self.shared.spares.lock().ready));

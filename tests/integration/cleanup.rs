@@ -262,3 +262,23 @@ async fn a_run_past_two_thousand_entries_is_cleared_out_of_turn_and_a_smaller_on
     assert_eq!(restarts(&server).await, Vec::<String>::new());
     server.stop().await;
 }
+
+#[tokio::test]
+async fn stopping_the_server_ends_a_worker_that_clears() {
+    let (server, _dir) = after_a_run_leaving(1, "slow", "60").await;
+    let base = server.executor.base_dir().to_path_buf();
+    assert_eq!(server.pool().await["cleaning"], 1);
+    assert!(!common::processes_mentioning(&base).is_empty());
+    let started = Instant::now();
+    server.stop().await;
+    // Not after its clean-up's budget (4.5 s), nor its minute: now, with
+    // the grace of any worker's termination.
+    while !common::processes_mentioning(&base).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "a worker is left {:?} after the stop",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
