@@ -2725,14 +2725,17 @@ class Worker:
 
     def clear_marks(self):
         """Note the inodes in use on the filesystems of the scratch root and
-        a private /dev/shm (None: not counted there) and the root's size,
-        with both clear, for heavy_cleanup to compare with."""
+        a private /dev/shm (None: not counted there) and, where the root's
+        are not counted, its size, with both clear, for heavy_cleanup to
+        compare with."""
         self.scratch_inodes = inodes_used(self.scratch)
         self.shm_inodes = inodes_used("/dev/shm") if self.empty_shm is not None else None
-        try:
-            self.root_bytes = os.lstat(self.scratch).st_size
-        except OSError:
-            self.root_bytes = 0
+        self.root_bytes = 0
+        if self.scratch_inodes is None:
+            try:
+                self.root_bytes = os.lstat(self.scratch).st_size
+            except OSError:
+                pass
 
     def heavy_cleanup(self, child, removed):
         """Whether the run left more than HEAVY_CLEANUP entries to clear, as

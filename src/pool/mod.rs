@@ -452,7 +452,7 @@ impl EnvPool {
     /// Give a worker back after a run: retired after `max_runs`; resting out
     /// of turn while it clears what a run left (see [`EnvPool::rest_until_clean`]);
     /// else idle, or handed at once to a request that waits for a spare.
-    pub fn put(&self, worker: Object<WorkerManager>) {
+    pub fn put(&self, mut worker: Object<WorkerManager>) {
         self.shared.touch();
         let max = self.shared.config.max_runs;
         let stale = worker.generation != self.shared.generation.load(Ordering::Acquire);
@@ -460,7 +460,6 @@ impl EnvPool {
             self.discard(worker, RestartCause::Recycle);
             return;
         }
-        let mut worker = worker;
         let mut spares = self.shared.spares.lock();
         // After `close` deadpool drops what comes back; spares are not kept.
         let open = !self.shared.closed.load(Ordering::Acquire);

@@ -61,6 +61,13 @@ async fn after_a_run_leaving(
 /// What a run sees of the scratch root and its `$TMPDIR`.
 const LOOK: &str = "import os, tempfile\nprint(sorted(os.listdir(os.path.dirname(os.getcwd()))), os.listdir(tempfile.gettempdir()))";
 
+/// Run [`LOOK`]: the scratch root holds only the run's two directories,
+/// and `$TMPDIR` nothing.
+async fn looks_clear(server: &TestServer) {
+    let body = server.run(LOOK).await;
+    assert_eq!(body["stdout"], "['run', 'run.tmp'] []\n", "{body}");
+}
+
 /// The workers replaced so far, each cause as `cause count`.
 async fn restarts(server: &TestServer) -> Vec<String> {
     let (_, metrics) = crate::ops::scrape(server, None).await;
@@ -117,8 +124,7 @@ async fn the_next_requests_go_to_other_workers_while_one_clears_a_runs_files() {
     })
     .await;
     for _ in 0..4 {
-        let body = server.run(LOOK).await;
-        assert_eq!(body["stdout"], "['run', 'run.tmp'] []\n", "{body}");
+        looks_clear(&server).await;
     }
     assert_eq!(server.pool().await["size"], 2);
     assert_eq!(restarts(&server).await, Vec::<String>::new());
@@ -161,8 +167,7 @@ async fn a_pool_of_one_waits_for_its_worker_to_clear_and_starts_no_other() {
 async fn a_clean_up_that_leaves_something_replaces_its_worker() {
     let (server, _dir) = after_a_run_leaving(1, "stuck", "").await;
     // The next request is answered, by the replacement, on a clear root.
-    let body = server.run(LOOK).await;
-    assert_eq!(body["stdout"], "['run', 'run.tmp'] []\n", "{body}");
+    looks_clear(&server).await;
     assert_eq!(restarts(&server).await, ["dirty 1"]);
     server.wait_for_pool_size(1, Duration::from_secs(30)).await;
     server.stop().await;
@@ -174,9 +179,8 @@ async fn a_clean_up_past_its_budget_replaces_its_worker() {
     // Its budget (2 s for the scratch root, 2 s for /dev/shm, plus the
     // grace) runs out long before the minute: a new worker answers.
     let started = Instant::now();
-    let body = server.run(LOOK).await;
+    looks_clear(&server).await;
     let took = started.elapsed();
-    assert_eq!(body["stdout"], "['run', 'run.tmp'] []\n", "{body}");
     assert!(took < Duration::from_secs(20), "answered after {took:?}");
     assert_eq!(restarts(&server).await, ["timeout 1"]);
     server.stop().await;
@@ -254,8 +258,7 @@ async fn a_run_past_two_thousand_entries_is_cleared_out_of_turn_and_a_smaller_on
             // Whichever worker answers next finds nothing of it.
             pool_until(&server, Duration::from_secs(10), |p| p["cleaning"] == 0).await;
             for _ in 0..2 {
-                let body = server.run(LOOK).await;
-                assert_eq!(body["stdout"], "['run', 'run.tmp'] []\n", "{body}");
+                looks_clear(&server).await;
             }
         }
     }
