@@ -66,49 +66,6 @@ def check(candidate):
 
 "#;
 
-/// CPU time (user + system, own and reaped children) of process `root` and
-/// all its live descendants, from /proc: the server, its workers and, through
-/// the workers' reaped-children counts, every run.
-fn tree_cpu(root: u32) -> Duration {
-    let mut parents = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        let Some(rest) = stat.rsplit(')').next() else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // After the command: state ppid ... utime(12) stime(13) cutime(14) cstime(15).
-        let ppid: u32 = fields[1].parse().unwrap_or(0);
-        let ticks: u64 = fields[11..15]
-            .iter()
-            .map(|f| f.parse::<u64>().unwrap_or(0))
-            .sum();
-        parents.push((pid, ppid, ticks));
-    }
-    let mut tree = vec![root];
-    let mut grew = true;
-    while grew {
-        grew = false;
-        for (pid, ppid, _) in &parents {
-            if tree.contains(ppid) && !tree.contains(pid) {
-                tree.push(*pid);
-                grew = true;
-            }
-        }
-    }
-    let ticks: u64 = parents
-        .iter()
-        .filter(|(pid, _, _)| tree.contains(pid))
-        .map(|(_, _, t)| t)
-        .sum();
-    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
-}
-
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -134,11 +91,9 @@ async fn main() {
     let cases: usize = env_or("BENCH_CASES", 200);
     let python = real_python();
     let pool = pool_size.to_string();
-    let Server {
-        child: mut server,
-        url,
-        ..
-    } = Server::start(&["--python", python.to_str().unwrap(), "--pool-size", &pool]).await;
+    let mut server =
+        Server::start(&["--python", python.to_str().unwrap(), "--pool-size", &pool]).await;
+    let url = server.url.clone();
     let client = reqwest::Client::builder()
         .tcp_nodelay(true)
         .build()
@@ -153,8 +108,7 @@ async fn main() {
     for _ in 0..2 {
         post(&client, &grade_url, &grade_body).await;
     }
-    let server_pid = server.id().expect("server pid");
-    let cpu_before = tree_cpu(server_pid);
+    let cpu_before = server.tree_cpu();
     let mut grade = Vec::new();
     let mut server_ms = Vec::new();
     for _ in 0..rounds {
@@ -167,7 +121,9 @@ async fn main() {
         ));
     }
 
-    let grade_cpu = (tree_cpu(server_pid) - cpu_before) / rounds as u32;
+    // Per case, by process: the server, the workers, the zygotes and the
+    // cases' own processes.
+    let grade_cpu = server.tree_cpu().per_run(&cpu_before, rounds * cases);
 
     // The two other ways a case is judged: by an entry function's return
     // value, and by test code run after the submission (as code benchmarks
@@ -223,7 +179,7 @@ async fn main() {
         }
         execute.push(t.elapsed());
     }
-    let _ = server.kill().await;
+    let _ = server.child.kill().await;
 
     let mut spawn = Vec::new();
     {
@@ -277,9 +233,13 @@ async fn main() {
         println!("| {name:<42} | {min:>8.1} | {median:>8.1} | {max:>8.1} |");
     }
     println!(
-        "\nCPU of the server and its workers per /grade call: {:.0} ms (over {rounds} rounds; \
-         10 ms ticks): the wall time this needs on 2 idle cores is about half of it",
-        ms(grade_cpu)
+        "\nCPU per case of one /grade call, over {rounds} rounds (10 ms ticks): {:.2} ms; \
+         by process: server {:.2}, workers {:.2}, zygotes {:.2}, cases {:.2} ms",
+        grade_cpu.total() * 1e3,
+        grade_cpu.server * 1e3,
+        grade_cpu.workers * 1e3,
+        grade_cpu.zygotes * 1e3,
+        grade_cpu.runs * 1e3,
     );
     println!(
         "\n/grade is {:.1}x faster than sequential /execute and {:.1}x faster than spawning",
