@@ -218,12 +218,7 @@ impl TextDecoder {
             OutputStream::Stderr => ("stderr", &mut self.stderr),
         };
         pending.extend_from_slice(&chunk.data);
-        let valid = match std::str::from_utf8(pending) {
-            Ok(_) => pending.len(),
-            // An incomplete sequence at the end waits; invalid bytes are replaced.
-            Err(e) if e.error_len().is_none() => e.valid_up_to(),
-            Err(_) => pending.len(),
-        };
+        let valid = complete_prefix(pending);
         if valid == 0 {
             return None;
         }
@@ -234,6 +229,23 @@ impl TextDecoder {
                 .event(name)
                 .data(serde_json::Value::String(text).to_string()),
         )
+    }
+}
+
+/// How much of `bytes` can be sent now: all of it but an incomplete UTF-8
+/// sequence at its end, which waits for the rest of its character. Invalid
+/// bytes anywhere before it are sent (and replaced), so a character that
+/// follows them is never split.
+fn complete_prefix(bytes: &[u8]) -> usize {
+    let mut end = 0;
+    loop {
+        match std::str::from_utf8(&bytes[end..]) {
+            Ok(_) => return bytes.len(),
+            Err(e) => match e.error_len() {
+                Some(invalid) => end += e.valid_up_to() + invalid,
+                None => return end + e.valid_up_to(),
+            },
+        }
     }
 }
 
@@ -252,5 +264,23 @@ mod tests {
         assert!(d.event(chunk(&bytes[..1])).is_none());
         assert!(d.event(chunk(&bytes[1..])).is_some());
         assert!(d.stdout.is_empty());
+    }
+
+    #[test]
+    fn a_character_after_an_invalid_byte_is_not_split() {
+        let mut d = TextDecoder::default();
+        let chunk = |data: &[u8]| OutputChunk {
+            stream: OutputStream::Stdout,
+            data: data.to_vec(),
+        };
+        // An invalid byte, then the first two bytes of "€": the invalid
+        // byte goes now, the partial "€" waits for its last byte.
+        assert!(d.event(chunk(b"\xff\xe2\x82")).is_some());
+        assert_eq!(d.stdout, b"\xe2\x82");
+        assert!(d.event(chunk(b"\xacz")).is_some());
+        assert!(d.stdout.is_empty());
+        assert_eq!(complete_prefix(b"a\xffb\xe2"), 3);
+        assert_eq!(complete_prefix(b"\xff\xfe"), 2);
+        assert_eq!(complete_prefix("€".as_bytes()), 3);
     }
 }

@@ -109,6 +109,25 @@ async fn output_streams_as_the_code_writes_it(server: &TestServer, extra: Value)
 }
 
 #[tokio::test]
+async fn streamed_text_is_the_results_text_even_after_an_invalid_byte() {
+    // An invalid byte, then "€" written in two parts with a pause between:
+    // the events' text joined is the result's stdout, "€" whole.
+    let server = TestServer::start().await;
+    let code = "import os, time\nos.write(1, b'\\xff\\xe2\\x82')\ntime.sleep(0.3)\nos.write(1, b'\\xacz')";
+    let (status, events) = stream_events(&server, json!({"code": code}), true).await;
+    assert_eq!(status, 200);
+    let streamed: Vec<&str> = events
+        .iter()
+        .filter(|e| e.event == "stdout")
+        .map(|e| e.data.as_str())
+        .collect();
+    let result: Value = serde_json::from_str(&events.last().unwrap().data).unwrap();
+    assert_eq!(result["stdout"], "\u{fffd}€z");
+    assert_eq!(streamed.concat(), "\u{fffd}€z", "events: {streamed:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn stream_flag_in_the_body_also_streams_and_refusals_keep_their_status() {
     let server = TestServer::start().await;
     let (status, events) = stream_events(
