@@ -358,13 +358,11 @@ impl Executor {
     /// The session a request names, checked against the rest of the
     /// request; it stays active (cannot expire) while the call lives.
     fn session_call(&self, id: &str, req: &ExecRequest) -> Result<ActiveCall, ExecError> {
-        let call = self.sessions.begin(id)?;
         // Another client's session is not there for this one.
-        if let Some(caller) = crate::auth::current()
-            && !call.session().owned_by(caller.client.name())
-        {
-            return Err(self.sessions.not_yours(id));
-        }
+        let caller = crate::auth::current();
+        let call = self
+            .sessions
+            .begin(id, caller.as_ref().map(|c| c.client.name()))?;
         let env = self.session_entry(call.session().env())?;
         if let Some(name) = req.env.as_deref().filter(|n| !n.is_empty()) {
             let asked = self.env_entry(Some(name))?;

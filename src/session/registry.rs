@@ -222,10 +222,15 @@ impl Sessions {
     }
 
     /// The live session `id`, marked active until the returned call is
-    /// dropped (it cannot expire meanwhile).
-    pub fn begin(&self, id: &str) -> Result<ActiveCall, ExecError> {
+    /// dropped (it cannot expire meanwhile). For client `caller` (any with
+    /// `None`), another client's session is unknown, and stays as it was:
+    /// a call it may not make neither holds nor renews it.
+    pub fn begin(&self, id: &str, caller: Option<&str>) -> Result<ActiveCall, ExecError> {
         let inner = self.inner.lock();
         match inner.live.get(id) {
+            Some(session) if caller.is_some_and(|name| !session.owned_by(name)) => {
+                Err(self.not_yours(id))
+            }
             Some(session) => {
                 session.active.fetch_add(1, Ordering::AcqRel);
                 session.touch();

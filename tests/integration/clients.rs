@@ -33,6 +33,33 @@ async fn execute_as(
     post_as(server, "/execute", Some(&token(name)), None, body).await
 }
 
+/// When client `name`'s session `id` expires, as `GET /sessions` lists it:
+/// seconds into its day (the listing's `expires_at`, RFC 3339 in UTC).
+async fn expires_at(server: &TestServer, name: &str, id: &str) -> f64 {
+    let listed: Value = server
+        .client
+        .get(format!("{}/sessions", server.url))
+        .bearer_auth(token(name))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let session = listed["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id)
+        .unwrap_or_else(|| panic!("{id} not listed: {listed}"));
+    let time = session["expires_at"].as_str().unwrap();
+    let clock = time.split('T').nth(1).unwrap().trim_end_matches('Z');
+    clock
+        .split(':')
+        .map(|part| part.parse::<f64>().unwrap())
+        .fold(0.0, |total, part| total * 60.0 + part)
+}
+
 fn message(body: &Value) -> &str {
     crate::common::error_message(body)
 }
@@ -229,11 +256,20 @@ async fn sessions_belong_to_their_client_and_ceilings_hold() {
     let (status, _, body) =
         execute_as(&server, "alice", json!({"code": "x = 41", "session": id})).await;
     assert_eq!(status, 200, "{body}");
-    // Bob gets what a session that never existed gets.
+    // Bob gets what a session that never existed gets, and his call does
+    // not renew it.
+    let expires_before = expires_at(&server, "alice", id).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let (status, _, body) =
         execute_as(&server, "bob", json!({"code": "print(x)", "session": id})).await;
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["error"]["code"], "unknown_session");
+    let expires_after = expires_at(&server, "alice", id).await;
+    assert!(
+        (expires_after - expires_before).abs() < 0.5,
+        "another client's call moved the session's expiry by {:.3} s",
+        expires_after - expires_before
+    );
     let gone = server
         .client
         .delete(format!("{}/sessions/{id}", server.url))
