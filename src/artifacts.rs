@@ -5,7 +5,10 @@
 //! them again: the bearer token's digest over HTTP, `stdio` for the stdio
 //! client.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -249,16 +252,40 @@ impl ArtifactStore {
     }
 }
 
-/// `artifact://<run>/<path>`.
+/// What a URI's path keeps as it is: the unreserved characters of RFC 3986
+/// and `/`, which separates the file's directories. Everything else (a
+/// space, `#`, `?`, `%`, a non-ASCII letter) is percent-encoded, so the
+/// URI is one a client's URI parser leaves alone and the `{path}` of
+/// `GET /artifacts/{run}/{path}` as it stands.
+const PATH_KEEPS: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'/');
+
+/// `artifact://<run>/<path>`, the path percent-encoded.
 pub(crate) fn uri(run: &str, path: &str) -> String {
-    format!("artifact://{run}/{path}")
+    format!("artifact://{run}/{}", utf8_percent_encode(path, PATH_KEEPS))
 }
 
-/// The run and path of an `artifact://` URI.
-pub(crate) fn parse_uri(uri: &str) -> Option<(&str, &str)> {
+/// The run and path of an `artifact://` URI, and the path as written when
+/// it reads otherwise percent-decoded: a client may send the URI it was
+/// given (encoded), or one it decoded or built from the file's path.
+pub(crate) fn parse_uri(uri: &str) -> Option<(&str, Vec<Cow<'_, str>>)> {
     let rest = uri.strip_prefix("artifact://")?;
     let (run, path) = rest.split_once('/')?;
-    (!run.is_empty() && !path.is_empty()).then_some((run, path))
+    if run.is_empty() || path.is_empty() {
+        return None;
+    }
+    let mut paths = Vec::with_capacity(2);
+    if let Ok(decoded) = percent_decode_str(path).decode_utf8()
+        && decoded != path
+    {
+        paths.push(decoded);
+    }
+    paths.push(Cow::Borrowed(path));
+    Some((run, paths))
 }
 
 /// The owner name of a bearer token: a digest, so the store never holds a
@@ -434,9 +461,41 @@ mod tests {
 
     #[test]
     fn uris_round_trip() {
+        let paths = |uri: &str| -> Option<(String, Vec<String>)> {
+            parse_uri(uri).map(|(run, paths)| {
+                (
+                    run.to_string(),
+                    paths.into_iter().map(Cow::into_owned).collect(),
+                )
+            })
+        };
+        let plain = uri("r1", "out/plot.png");
+        assert_eq!(plain, "artifact://r1/out/plot.png");
         assert_eq!(
-            parse_uri(&uri("r1", "out/plot.png")),
-            Some(("r1", "out/plot.png"))
+            paths(&plain),
+            Some(("r1".into(), vec!["out/plot.png".into()]))
+        );
+        // What a URI may not hold as it is comes encoded, and is read back
+        // decoded first, then as written (a file named with a `%`).
+        let odd = uri("r1", "my dir/ü #1?.txt");
+        assert_eq!(odd, "artifact://r1/my%20dir/%C3%BC%20%231%3F.txt");
+        assert_eq!(
+            paths(&odd),
+            Some((
+                "r1".into(),
+                vec![
+                    "my dir/ü #1?.txt".into(),
+                    "my%20dir/%C3%BC%20%231%3F.txt".into()
+                ]
+            ))
+        );
+        assert_eq!(
+            paths("artifact://r1/my dir/a.txt"),
+            Some(("r1".into(), vec!["my dir/a.txt".into()]))
+        );
+        assert_eq!(
+            paths("artifact://r1/100%.txt"),
+            Some(("r1".into(), vec!["100%.txt".into()]))
         );
         assert_eq!(parse_uri("artifact:///x"), None);
         assert_eq!(parse_uri("file:///x"), None);

@@ -39,6 +39,12 @@ pub struct ListPackagesArgs {
     pub env: Option<String>,
 }
 
+/// Arguments of `list_environments`: none, and an argument given is refused
+/// as for every other tool, not ignored.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoArgs {}
+
 /// What `list_packages` returns (the body of `GET /list-packages`).
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct PackageListing {
@@ -365,7 +371,7 @@ impl McpHandler {
         output_schema = schema_for_output::<EnvListing>(),
         annotations(read_only_hint = true, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
     )]
-    async fn list_environments(&self) -> CallToolResult {
+    async fn list_environments(&self, Parameters(_): Parameters<NoArgs>) -> CallToolResult {
         let envs = self.executor.list_envs();
         let text = envs
             .iter()
@@ -646,8 +652,11 @@ impl ServerHandler for McpHandler {
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ReadResourceResponse, rmcp::ErrorData> {
         let owner = owner_of(&ctx);
-        let found = artifacts::parse_uri(&request.uri)
-            .and_then(|(run, path)| self.executor.artifacts().get(&owner, run, path));
+        let found = artifacts::parse_uri(&request.uri).and_then(|(run, paths)| {
+            paths
+                .iter()
+                .find_map(|path| self.executor.artifacts().get(&owner, run, path))
+        });
         match found {
             Some(a) => Ok(rmcp::model::ReadResourceResult::new(vec![
                 rmcp::model::ResourceContents::blob(a.base64.to_string(), request.uri.clone())

@@ -273,6 +273,23 @@ async fn list_environments_shows_the_default_env() {
     assert_eq!(envs[0]["name"], default_env.as_str());
     assert_eq!(envs[0]["default"], true);
     assert!(envs[0]["prefix"].as_str().is_some_and(|p| !p.is_empty()));
+    // No arguments at all is the same call; an argument is refused, not
+    // ignored, as for every tool.
+    let bare = client
+        .call_tool(rmcp::model::CallToolRequestParams::new("list_environments"))
+        .await
+        .unwrap();
+    assert_eq!(bare.is_error, Some(false), "{bare:?}");
+    assert_eq!(text(&bare), shown);
+    let result = call(&client, "list_environments", json!({"env": "x"}))
+        .await
+        .unwrap();
+    assert_eq!(result.is_error, Some(true), "{result:?}");
+    assert!(
+        text(&result).contains("unknown field `env`"),
+        "{}",
+        text(&result)
+    );
     stop(client, executor).await;
 }
 

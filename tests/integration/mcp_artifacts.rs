@@ -229,6 +229,66 @@ async fn each_of_a_thousand_files_is_linked_and_readable() {
 }
 
 #[tokio::test]
+async fn a_file_named_with_spaces_or_letters_a_uri_cannot_hold_is_linked_encoded() {
+    let server = server(common::python()).await;
+    let client = connect_http(&format!("{}/mcp", server.url), Some(TOKEN)).await;
+    let code = "import os\nos.mkdir('my dir')\nfor name in ['my dir/a b.txt', 'ü.txt', 'h#1?.txt', '100%.txt']:\n    open(name, 'w').write(name)";
+    let out = call(&client, "execute_code", json!({ "code": code }))
+        .await
+        .unwrap();
+    assert_ne!(out.is_error, Some(true), "{out:?}");
+    let links = linked(&out);
+    let uris: Vec<(&str, &str)> = links
+        .iter()
+        .map(|(path, uri)| (path.as_str(), uri.as_deref().unwrap()))
+        .collect();
+    let mut tails: Vec<&str> = uris
+        .iter()
+        .map(|(_, uri)| uri.split_once("://").unwrap().1.split_once('/').unwrap().1)
+        .collect();
+    tails.sort_unstable();
+    assert_eq!(
+        tails,
+        [
+            "%C3%BC.txt",
+            "100%25.txt",
+            "h%231%3F.txt",
+            "my%20dir/a%20b.txt"
+        ]
+    );
+    for (path, uri) in &uris {
+        // The URI as given, and as a client that decodes it sends it.
+        let run = &uri["artifact://".len()..].split_once('/').unwrap().0;
+        for asked in [uri.to_string(), format!("artifact://{run}/{path}")] {
+            let read = client
+                .read_resource(ReadResourceRequestParams::new(asked.clone()))
+                .await
+                .unwrap_or_else(|e| panic!("{asked}: {e}"));
+            let (bytes, _) = match &read.contents[0] {
+                ResourceContents::TextResourceContents { text, .. } => {
+                    (text.as_bytes().to_vec(), ())
+                }
+                _ => (blob(&read.contents).0, ()),
+            };
+            assert_eq!(bytes, path.as_bytes(), "{asked}");
+        }
+        // Over HTTP the URI's path is the URL's as it stands.
+        let resp = download(&server, uri).await;
+        assert_eq!(resp.status(), 200, "{uri}");
+        assert_eq!(resp.text().await.unwrap(), *path);
+    }
+    let listed = client.list_all_resources().await.unwrap();
+    for (_, uri) in &uris {
+        assert!(
+            listed.iter().any(|r| r.uri == *uri),
+            "{uri} not in {listed:?}"
+        );
+    }
+    client.cancel().await.unwrap();
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn only_the_files_kept_are_linked_each_to_its_own() {
     let mut config = common::config();
     config.token = Some(TOKEN.into());
