@@ -11,8 +11,9 @@
 //!
 //! The three options that choose the default environment (`conda_env`,
 //! `conda_prefix`, `python`) are one choice: the highest source that names an
-//! environment decides, so an image's variable never conflicts with a user's
-//! flag. Two flags, or two keys of one file, are still an error; among the
+//! environment decides, so an image's variable or defaults file never
+//! conflicts with a user's flag or config file. Two flags, or two keys of one
+//! file (even one a higher source overrides), are still an error; among the
 //! variables the most specific wins (`CODE_EXECUTOR_CONDA_ENV`, then
 //! `CODE_EXECUTOR_CONDA_PREFIX`, then `CODE_EXECUTOR_PYTHON`).
 
@@ -441,7 +442,18 @@ impl Config {
             None => Options::default(),
         };
         let file = match &path {
-            Some(path) => read_file(path)?.or(defaults),
+            Some(path) => {
+                let file = read_file(path)?;
+                let mut defaults = defaults;
+                if file.names_env() {
+                    // The default environment is one choice, not three
+                    // keys: the config file's, made with any of them, hides
+                    // the defaults file's.
+                    (defaults.conda_env, defaults.conda_prefix, defaults.python) =
+                        (None, None, None);
+                }
+                file.or(defaults)
+            }
             None => defaults,
         };
         Config::merge_with(args, file, host)
@@ -890,15 +902,29 @@ fn random_token() -> std::io::Result<String> {
 }
 
 /// A TOML config file's options; an error names its file, line and column.
+/// A file that names the default environment twice (two of `conda_env`,
+/// `conda_prefix`, `python`) is an error of its own, whatever ranks above.
 fn read_file(path: &Path) -> Result<Options, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    parse_file(&text).map_err(|message| ConfigError::Parse {
+    let file = parse_file(&text).map_err(|message| ConfigError::Parse {
         path: path.to_path_buf(),
         message,
-    })
+    })?;
+    let named = [
+        file.conda_env.is_some(),
+        file.conda_prefix.is_some(),
+        file.python.is_some(),
+    ];
+    if named.iter().filter(|n| **n).count() > 1 {
+        return Err(ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: "conda_env, conda_prefix and python each name an environment; give one".into(),
+        });
+    }
+    Ok(file)
 }
 
 /// Parse a TOML config; an error names its line and column
@@ -1250,6 +1276,99 @@ mod tests {
         };
         let err = Config::load_with(&args, host).unwrap_err().to_string();
         assert!(err.contains("bad.toml: line 2, column 1"), "{err}");
+    }
+
+    #[test]
+    fn the_config_files_env_ranks_above_the_defaults_files_whatever_key_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let defaults = write(
+            dir.path(),
+            "defaults.toml",
+            "python = '/usr/bin/python3'\npool_size = 2",
+        );
+        let host = |config: &Path| HostEnv {
+            system_config: Some(config.to_path_buf()),
+            defaults_file: Some(defaults.clone()),
+            ..HostEnv::default()
+        };
+        let none = Options::default();
+        let prefix = write(dir.path(), "prefix.toml", "conda_prefix = '/some/env'");
+        let c = Config::load_with(&none, host(&prefix)).unwrap();
+        assert_eq!(c.env, EnvChoice::CondaPrefix("/some/env".into()));
+        assert_eq!(c.pool_size, 2, "the defaults' other keys still count");
+        let named = write(dir.path(), "named.toml", "conda_env = 'ml'");
+        let c = Config::load_with(&none, host(&named)).unwrap();
+        assert_eq!(c.env, EnvChoice::CondaEnv("ml".into()));
+        // A config file that names none leaves the defaults' choice.
+        let quiet = write(dir.path(), "quiet.toml", "pool_size = 3");
+        let c = Config::load_with(&none, host(&quiet)).unwrap();
+        assert_eq!(c.env, EnvChoice::Python("/usr/bin/python3".into()));
+        // Flags and variables rank above both files.
+        let flag = Options {
+            conda_env: Some("flagged".into()),
+            ..Default::default()
+        };
+        let c = Config::load_with(&flag, host(&prefix)).unwrap();
+        assert_eq!(c.env, EnvChoice::CondaEnv("flagged".into()));
+        let variable = HostEnv {
+            env_vars: EnvVars {
+                python: Some("/var/python".into()),
+                ..EnvVars::default()
+            },
+            ..host(&prefix)
+        };
+        let c = Config::load_with(&none, variable).unwrap();
+        assert_eq!(c.env, EnvChoice::Python("/var/python".into()));
+    }
+
+    #[test]
+    fn two_env_keys_in_one_file_are_an_error_naming_that_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let two = write(dir.path(), "two.toml", "conda_env = 'a'\npython = '/b'");
+        let one = write(dir.path(), "one.toml", "conda_prefix = '/some/env'");
+        let flag = Options {
+            conda_env: Some("flagged".into()),
+            ..Default::default()
+        };
+        let cases = [
+            (
+                "the config file",
+                Some(two.clone()),
+                None,
+                Options::default(),
+            ),
+            (
+                "the defaults file",
+                None,
+                Some(two.clone()),
+                Options::default(),
+            ),
+            (
+                "the defaults under a config file naming one",
+                Some(one.clone()),
+                Some(two.clone()),
+                Options::default(),
+            ),
+            (
+                "the config file under a flag",
+                Some(two.clone()),
+                None,
+                flag,
+            ),
+        ];
+        for (what, config, defaults, args) in cases {
+            let host = HostEnv {
+                system_config: config,
+                defaults_file: defaults,
+                ..HostEnv::default()
+            };
+            let err = Config::load_with(&args, host).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("invalid config file {}: ", two.display()))
+                    && err.contains("conda_env, conda_prefix and python each name an environment"),
+                "{what}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -399,6 +399,12 @@ macro_rules! layer {
 }
 
 impl Options {
+    /// Whether these options name the default environment (with any of
+    /// `conda_env`, `conda_prefix`, `python`).
+    pub(crate) fn names_env(&self) -> bool {
+        self.conda_env.is_some() || self.conda_prefix.is_some() || self.python.is_some()
+    }
+
     /// These options over `lower`: each field is this source's where set,
     /// else `lower`'s (`[[envs]]` whole).
     pub fn or(self, lower: Options) -> Options {

@@ -219,6 +219,70 @@ pub(crate) struct CopyStats {
 /// `base` environment.
 const ROOT_ONLY: &[&str] = &["envs", "pkgs", "condabin", "conda-bld"];
 
+/// Why deleting an environment's prefix would take more than that
+/// environment with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Undeletable {
+    /// Conda's root installation: discovery named it the root, or it has a
+    /// root's own folders ([`ROOT_ONLY`]: `envs/`, `pkgs/`, `condabin/`,
+    /// `conda-bld/`), which no environment made by `conda create` has.
+    Root,
+    /// Another environment's prefix (this one, canonical) lies inside it.
+    Holds(PathBuf),
+}
+
+/// Whether `prefix` must never be deleted, and why. `roots` are the
+/// prefixes discovery named Conda's root; `others` every other prefix known
+/// to hold an environment (served ones, `environments.txt` lines). Paths
+/// are compared canonical; `prefix` itself among `others` does not count.
+/// Environments nobody listed are looked for too: the whole tree is walked
+/// (as deleting it would), so call it off the async threads.
+pub(crate) fn undeletable(
+    prefix: &Path,
+    roots: &[PathBuf],
+    others: &[PathBuf],
+) -> Option<Undeletable> {
+    let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let prefix = canonical(prefix);
+    if roots.iter().any(|r| canonical(r) == prefix)
+        || ROOT_ONLY.iter().any(|d| prefix.join(d).is_dir())
+    {
+        return Some(Undeletable::Root);
+    }
+    others
+        .iter()
+        .chain(roots)
+        .map(|p| canonical(p))
+        .find(|p| *p != prefix && p.starts_with(&prefix))
+        .or_else(|| nested_env(&prefix))
+        .map(Undeletable::Holds)
+}
+
+/// The first folder below `prefix` that is an environment of its own: a
+/// Conda prefix (`conda-meta/history`) or a venv (`pyvenv.cfg` beside
+/// `bin/python`). Symbolic links are not followed.
+fn nested_env(prefix: &Path) -> Option<PathBuf> {
+    let mut stack = vec![prefix.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let path = entry.path();
+            let conda = path.join("conda-meta/history").is_file();
+            let venv = path.join("pyvenv.cfg").is_file() && super::python_in(&path).is_some();
+            if conda || venv {
+                return Some(path);
+            }
+            stack.push(path);
+        }
+    }
+    None
+}
+
 /// Largest file whose text is searched for the source prefix (scripts,
 /// `.pth` files, configs); larger ones are linked as they are.
 const MAX_REWRITE_BYTES: u64 = 1 << 20;
@@ -474,6 +538,82 @@ mod tests {
             clone_prefix(&src, &dst).is_err(),
             "the target must not exist"
         );
+    }
+
+    #[test]
+    fn a_root_or_a_prefix_holding_another_env_is_never_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let top = dir.path().canonicalize().unwrap();
+        let env = |p: &Path| std::fs::create_dir_all(p.join("conda-meta")).unwrap();
+        // A micromamba-style root: no condabin/, no envs/ yet.
+        let root = top.join("micromamba");
+        env(&root);
+        let plain = top.join("plain");
+        env(&plain);
+        assert_eq!(undeletable(&plain, &[], &[]), None);
+        assert_eq!(undeletable(&root, &[], &[]), None, "nothing marks it yet");
+        assert_eq!(
+            undeletable(&root, std::slice::from_ref(&root), &[]),
+            Some(Undeletable::Root),
+            "discovery named it the root"
+        );
+        // Through a symbolic link too.
+        let link = top.join("link");
+        std::os::unix::fs::symlink(&root, &link).unwrap();
+        assert_eq!(
+            undeletable(&link, std::slice::from_ref(&root), &[]),
+            Some(Undeletable::Root)
+        );
+        for folder in ["envs", "pkgs", "condabin"] {
+            let marked = top.join(format!("with-{folder}"));
+            env(&marked);
+            std::fs::create_dir_all(marked.join(folder)).unwrap();
+            assert_eq!(
+                undeletable(&marked, &[], &[]),
+                Some(Undeletable::Root),
+                "{folder}/"
+            );
+        }
+        // Another environment inside: a known one, or the root itself.
+        let inner = plain.join("tools/.venv");
+        std::fs::create_dir_all(&inner).unwrap();
+        assert_eq!(
+            undeletable(&plain, &[], &[plain.clone(), inner.clone()]),
+            Some(Undeletable::Holds(inner.clone())),
+            "the prefix itself among the others does not count; the one inside does"
+        );
+        assert_eq!(
+            undeletable(&top, std::slice::from_ref(&root), &[]),
+            Some(Undeletable::Holds(root.clone()))
+        );
+        // A sibling whose name extends the prefix's is not inside it.
+        let sibling = top.join("plain-2");
+        env(&sibling);
+        assert_eq!(undeletable(&plain, &[], &[sibling]), None);
+        // Environments nobody listed: a venv, a Conda prefix, deep inside.
+        let venv = plain.join("work/.venv");
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        std::fs::write(venv.join("pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        assert_eq!(undeletable(&plain, &[], &[]), None, "no interpreter yet");
+        std::fs::write(venv.join("bin/python"), "").unwrap();
+        assert_eq!(
+            undeletable(&plain, &[], &[]),
+            Some(Undeletable::Holds(venv.clone()))
+        );
+        std::fs::remove_dir_all(&venv).unwrap();
+        let conda = plain.join("a/b/c/env");
+        env(&conda);
+        assert_eq!(undeletable(&plain, &[], &[]), None, "no history yet");
+        std::fs::write(conda.join("conda-meta/history"), "").unwrap();
+        assert_eq!(
+            undeletable(&plain, &[], &[]),
+            Some(Undeletable::Holds(conda.clone()))
+        );
+        // A link to another environment is not followed.
+        std::fs::remove_dir_all(plain.join("a")).unwrap();
+        std::fs::write(top.join("plain-2/conda-meta/history"), "").unwrap();
+        std::os::unix::fs::symlink(top.join("plain-2"), plain.join("linked")).unwrap();
+        assert_eq!(undeletable(&plain, &[], &[]), None);
     }
 
     #[test]

@@ -91,6 +91,8 @@ pub(crate) struct Registry {
     pub default: usize,
     /// The Conda front end found (for `conda install`).
     pub conda: Option<PathBuf>,
+    /// Conda's root prefix (`base`), when discovery found one: never deleted.
+    pub root: Option<PathBuf>,
     /// Where environments appear: the `envs_dirs` (first the root's) and
     /// `~/.conda/environments.txt`; watched for rescans, and the first
     /// writable `envs_dirs` entry is where new environments go.
@@ -224,6 +226,7 @@ impl Registry {
             envs,
             default,
             conda: found.conda,
+            root: found.root,
             envs_dirs,
             environments_txt: host
                 .home

@@ -143,6 +143,9 @@ struct Watched {
     envs_dirs: Vec<PathBuf>,
     /// The Conda front end discovery found.
     conda: Option<PathBuf>,
+    /// Every prefix a scan since the start named Conda's root: kept when a
+    /// later scan no longer finds it, so that it is never deleted.
+    roots: Vec<PathBuf>,
 }
 
 impl PoolContext {
@@ -380,6 +383,11 @@ impl LiveEnvs {
         self.watched.lock().conda.clone()
     }
 
+    /// The prefixes discovery has named Conda's root since the start.
+    pub(crate) fn roots(&self) -> Vec<PathBuf> {
+        self.watched.lock().roots.clone()
+    }
+
     /// Keep rescans away from `prefix` while it is being made.
     pub(crate) fn creating(&self, prefix: &std::path::Path) -> CreatingGuard<'_> {
         self.creating.lock().insert(prefix.to_path_buf());
@@ -410,11 +418,19 @@ impl LiveEnvs {
                 .map(|e| e.spec.prefix.join("conda-meta")),
         );
         let print = fingerprint(&paths);
-        *self.watched.lock() = Watched {
+        let mut watched = self.watched.lock();
+        let mut roots = std::mem::take(&mut watched.roots);
+        if let Some(root) = &registry.root
+            && !roots.contains(root)
+        {
+            roots.push(root.clone());
+        }
+        *watched = Watched {
             paths,
             print,
             envs_dirs: registry.envs_dirs.clone(),
             conda: registry.conda.clone(),
+            roots,
         };
     }
 

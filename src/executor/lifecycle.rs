@@ -19,7 +19,9 @@ use crate::api::{
 use crate::env::install::{
     EnvCommands, Installer, ProcessOutput, check_install, run_bounded, tool_command,
 };
-use crate::env::lifecycle::{check_env_name, clone_prefix, conda_explicit};
+use crate::env::lifecycle::{
+    Undeletable, check_env_name, clone_prefix, conda_explicit, undeletable,
+};
 use crate::env::packages::check_conda_spec;
 use crate::env::{EnvKind, EnvSpec, activate::activate};
 use crate::error::ExecError;
@@ -424,7 +426,8 @@ impl Executor {
 
     /// Delete an environment: it is no longer served (its pool drains) and
     /// its prefix is removed, with its line in `environments.txt`. Only
-    /// Conda prefixes (not Conda's root) can be deleted; the default
+    /// Conda prefixes can be deleted, never Conda's root nor a prefix that
+    /// holds another environment (see [`undeletable`]); the default
     /// environment, or one with live sessions, only with `force` (which
     /// closes the sessions).
     async fn delete_unaudited(
@@ -445,13 +448,51 @@ impl Executor {
                 entry.spec.kind.as_str()
             )));
         }
-        if entry.spec.prefix.join("condabin").is_dir() {
-            return Err(ExecError::Conflict(format!(
-                "environment {:?} is Conda's root installation and cannot be deleted",
-                entry.spec.name
-            )));
+        let table = self.envs.table();
+        let listed = self.envs.environments_txt();
+        let mut others: Vec<PathBuf> = table
+            .entries
+            .iter()
+            .chain([&table.default])
+            .filter(|e| e.id != entry.id)
+            .map(|e| e.spec.prefix.clone())
+            .collect();
+        let (prefix, roots) = (entry.spec.prefix.clone(), self.envs.roots());
+        let refusal = tokio::task::spawn_blocking(move || {
+            others.extend(listed.iter().flat_map(|txt| {
+                std::fs::read_to_string(txt)
+                    .unwrap_or_default()
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(PathBuf::from)
+                    .collect::<Vec<_>>()
+            }));
+            undeletable(&prefix, &roots, &others)
+        })
+        .await
+        .map_err(|e| ExecError::EnvFiles(std::io::Error::other(e)))?;
+        match refusal {
+            None => {}
+            Some(Undeletable::Root) => {
+                return Err(ExecError::Conflict(format!(
+                    "environment {:?} is Conda's root installation and cannot be deleted",
+                    entry.spec.name
+                )));
+            }
+            Some(Undeletable::Holds(inner)) => {
+                let served = table.entries.iter().find(|e| e.spec.prefix == inner);
+                let what = match served {
+                    Some(e) => format!("environment {:?} ({})", e.spec.name, inner.display()),
+                    None => format!("the environment at {}", inner.display()),
+                };
+                return Err(ExecError::Conflict(format!(
+                    "environment {:?} holds {what} and cannot be deleted",
+                    entry.spec.name
+                )));
+            }
         }
-        let is_default = entry.id == self.envs.table().default.id;
+        let is_default = entry.id == table.default.id;
         if is_default && !force {
             return Err(ExecError::Conflict(format!(
                 "environment {:?} is the default environment; pass force=true to delete it anyway",

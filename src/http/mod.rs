@@ -525,7 +525,7 @@ struct DeleteEnvQuery {
         (status = 400, description = "Not a Conda environment, or a bad query (`bad_request`)", body = openapi::ErrorBody),
         (status = 403, description = "Admin disabled (no admin token configured) or not the admin token (`forbidden`)", body = openapi::ErrorBody),
         (status = 404, description = "Unknown environment (`unknown_env`)", body = openapi::ErrorBody),
-        (status = 409, description = "The default environment, one with live sessions (without `force`), or Conda's root (`conflict`)", body = openapi::ErrorBody),
+        (status = 409, description = "The default environment, one with live sessions (without `force`), Conda's root, or a prefix holding another environment (`conflict`)", body = openapi::ErrorBody),
         (status = 500, description = "The prefix could not be removed (`internal`)", body = openapi::ErrorBody),
         (status = 503, description = "Shutting down (`unavailable`), or the audit log cannot take the record (`audit_unavailable`)", body = openapi::ErrorBody),
     )

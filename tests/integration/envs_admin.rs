@@ -6,7 +6,7 @@
 use code_executor::config::{Config, EnvChoice};
 use serde_json::{Value, json};
 
-use crate::common::conda::{CondaFixture, Interpreter, build_wheel, link_pip};
+use crate::common::conda::{CondaFixture, Interpreter, build_wheel, create_prefix, link_pip};
 use crate::common::{self, TestServer};
 
 const ADMIN: &str = "admin-secret";
@@ -347,6 +347,125 @@ async fn conflicts_refusals_and_the_token_rules() {
     assert!(!fixture.root.join("envs/two").exists());
     let (status, _) = call(&server, reqwest::Method::GET, "/envs/two", USER, None).await;
     assert_eq!(status, 404);
+    server.stop().await;
+}
+
+/// Delete `name` without and with `force`: both are a 409 whose message
+/// says `says`.
+async fn assert_never_deleted(server: &TestServer, name: &str, says: &str) {
+    for path in [format!("/envs/{name}"), format!("/envs/{name}?force=true")] {
+        let (status, body) = call(server, reqwest::Method::DELETE, &path, ADMIN, None).await;
+        assert_eq!(status, 409, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "conflict", "{path}: {body}");
+        assert!(
+            common::error_message(&body).contains(says),
+            "{path}: {body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_root_without_condabin_is_never_deleted_forced_or_not() {
+    // Laid out as micromamba does: a root prefix with envs/ but no condabin/.
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    std::fs::remove_dir(fixture.root.join("condabin")).unwrap();
+    let alpha = fixture.create_env("alpha", Interpreter::primary());
+    let beta = fixture.create_env("beta", Interpreter::primary());
+    for (env, base_is_default) in [
+        (EnvChoice::CondaEnv("alpha".into()), false),
+        (EnvChoice::Default, true),
+    ] {
+        let server = TestServer::with_config(Config {
+            env,
+            ..config_for(&fixture)
+        })
+        .await;
+        let (status, details) = call(&server, reqwest::Method::GET, "/envs/base", USER, None).await;
+        assert_eq!(status, 200, "{details}");
+        assert_eq!(details["prefix"], fixture.root.display().to_string());
+        assert_eq!(details["default"], base_is_default, "{details}");
+        assert_never_deleted(&server, "base", "Conda's root").await;
+        for prefix in [&fixture.root, &alpha, &beta] {
+            assert!(
+                prefix.join("bin/python").is_file(),
+                "{} was touched",
+                prefix.display()
+            );
+        }
+        let ran = run_in(&server, "base", "print('served')").await;
+        assert_eq!(ran["stdout"], "served\n", "{ran}");
+        let ran = run_in(&server, "beta", "print('served')").await;
+        assert_eq!(ran["stdout"], "served\n", "{ran}");
+        server.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_root_only_conda_names_is_never_deleted() {
+    // Neither condabin/ nor envs/: only `conda info`'s root_prefix tells.
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    std::fs::remove_dir(fixture.root.join("condabin")).unwrap();
+    std::fs::remove_dir(fixture.root.join("envs")).unwrap();
+    fixture.install_fake_conda();
+    let beside = fixture.dir.path().join("alpha");
+    let alpha = fixture.create_env_at(&beside, Interpreter::primary());
+    let server = TestServer::with_config(Config {
+        env: EnvChoice::CondaEnv("alpha".into()),
+        ..config_for(&fixture)
+    })
+    .await;
+    assert_never_deleted(&server, "base", "Conda's root").await;
+    assert!(fixture.root.join("bin/python").is_file());
+    // An environment beside it is deleted as before.
+    let (status, body) = call(
+        &server,
+        reqwest::Method::DELETE,
+        "/envs/alpha?force=true",
+        ADMIN,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!alpha.exists());
+    assert!(fixture.root.join("bin/python").is_file());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_prefix_holding_another_environment_is_never_deleted() {
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    let outer = fixture.dir.path().join("outer");
+    let outer = fixture.create_env_at(&outer, Interpreter::primary());
+    // Listed in environments.txt, so served as `inner`.
+    let inner = fixture.create_env_at(&outer.join("sub/inner"), Interpreter::primary());
+    // Listed nowhere: found on disk only.
+    let unlisted = outer.join("tools/hidden");
+    create_prefix(&unlisted, Interpreter::primary());
+    let server = TestServer::with_config(config_for(&fixture)).await;
+    let (status, body) = call(&server, reqwest::Method::GET, "/envs/inner", USER, None).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = call(&server, reqwest::Method::GET, "/envs/outer", USER, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_never_deleted(&server, "outer", "holds environment \"inner\"").await;
+    assert!(inner.join("bin/python").is_file());
+
+    // Once `inner` is gone, the unlisted one still keeps `outer`.
+    let (status, body) = call(&server, reqwest::Method::DELETE, "/envs/inner", ADMIN, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!inner.exists());
+    assert_never_deleted(
+        &server,
+        "outer",
+        &format!("holds the environment at {}", unlisted.display()),
+    )
+    .await;
+    assert!(unlisted.join("bin/python").is_file());
+
+    // With nothing inside, it is deleted.
+    std::fs::remove_dir_all(&unlisted).unwrap();
+    let (status, body) = call(&server, reqwest::Method::DELETE, "/envs/outer", ADMIN, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!outer.exists());
     server.stop().await;
 }
 
