@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 use super::{FileContent, RunError, RunLimits};
 use crate::outcome::Limit;
@@ -105,11 +105,11 @@ pub struct TestCase {
     /// arguments, an object as keyword arguments, any other value as the one
     /// argument; absent or null calls the function with none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub input: Option<Value>,
+    pub input: Option<JsonText>,
     /// Function mode: the expected return value. Without it, a call that
     /// returns is `ok`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expected: Option<Value>,
+    pub expected: Option<JsonText>,
     /// Wall-clock limit of this case in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<f64>,
@@ -119,6 +119,51 @@ pub struct TestCase {
     /// What the case counts in `score` (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<f64>,
+}
+
+/// A JSON value kept as JSON text (`input`, `expected`, `returned`), so
+/// that its numbers keep every digit: serde_json's `Value` holds an integer
+/// of 2**64 or more as an `f64`, which would hand the function a float and
+/// compare `10**20` equal to `10**20 + 1`. Serialized as the value itself.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct JsonText(Box<RawValue>);
+
+impl JsonText {
+    /// `text`, which must be one JSON value.
+    pub fn parse(text: String) -> Result<JsonText, serde_json::Error> {
+        RawValue::from_string(text).map(JsonText)
+    }
+
+    /// A JSON string holding `text`.
+    pub fn string(text: &str) -> JsonText {
+        JsonText(serde_json::value::to_raw_value(text).expect("a string is JSON"))
+    }
+
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl PartialEq for JsonText {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl JsonSchema for JsonText {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        serde_json::Value::schema_name()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        serde_json::Value::json_schema(generator)
+    }
 }
 
 /// A custom checker ("special judge"): `entry(input, expected, output)`,
@@ -250,7 +295,7 @@ pub struct CaseResult {
     pub diff: Option<String>,
     /// Function mode: the value the entry function returned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub returned: Option<Value>,
+    pub returned: Option<JsonText>,
     /// The submission's uncaught exception, if any.
     pub error: Option<RunError>,
     /// Why the verdict is `error`, `skipped`, or a limit.

@@ -5,8 +5,8 @@ pub mod grade;
 pub mod session;
 
 pub use grade::{
-    CaseResult, Checker, GradeBatchRequest, GradeBatchResult, GradeRequest, GradeResult, TestCase,
-    Verdict,
+    CaseResult, Checker, GradeBatchRequest, GradeBatchResult, GradeRequest, GradeResult, JsonText,
+    TestCase, Verdict,
 };
 pub use session::{CreateSessionRequest, SessionInfo};
 
@@ -491,6 +491,15 @@ pub const MAX_FILE_PATH_BYTES: usize = 1024;
 /// Deepest an input file may lie below the working directory.
 pub const MAX_FILE_DEPTH: usize = 32;
 
+/// The one spelling of an input file's path: no empty or `.` parts
+/// (`./a//b` is `a/b`). Two paths name the same file when these are equal.
+pub fn normal_file_path(path: &str) -> String {
+    path.split('/')
+        .filter(|p| !matches!(*p, "" | "."))
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
 /// Check that input files (each already passed by [`check_file_path`]) can
 /// all be written: no path twice (`a` and `./a`), and no file where another
 /// needs a directory (`a` beside `a/b`).
@@ -498,11 +507,8 @@ pub fn check_file_set<'a>(paths: impl Iterator<Item = &'a str>) -> Result<(), St
     let mut files = std::collections::HashMap::new();
     let mut dirs = std::collections::HashMap::new();
     for path in paths {
-        let parts: Vec<&str> = path
-            .split('/')
-            .filter(|p| !matches!(*p, "" | "."))
-            .collect();
-        let normal = parts.join("/");
+        let normal = normal_file_path(path);
+        let parts: Vec<&str> = normal.split('/').collect();
         if let Some(other) = files.insert(normal.clone(), path) {
             return Err(format!(
                 "file paths {other:?} and {path:?} name the same file"

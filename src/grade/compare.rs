@@ -1,7 +1,10 @@
 //! How a case's output is compared with what was expected, and the one-line
 //! diff summary a wrong answer carries.
 
-use serde_json::Value;
+use std::collections::{HashMap, HashSet};
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
 
 /// Tolerance of `"float"` without a number.
 const DEFAULT_TOLERANCE: f64 = 1e-6;
@@ -76,8 +79,9 @@ impl Compare {
     }
 
     /// `None` when the returned JSON value matches the expected one: equal
-    /// structure, numbers equal within the tolerance (`1 == 1.0`).
-    pub(crate) fn json(self, expected: &Value, got: &Value) -> Option<String> {
+    /// structure, numbers equal by value (`1 == 1.0`; two integers exactly,
+    /// whatever their size), floats within the tolerance.
+    pub(crate) fn json(self, expected: &Json, got: &Json) -> Option<String> {
         json_diff("$", expected, got, self.tolerance())
     }
 }
@@ -120,9 +124,20 @@ fn line_diff(expected: &[&str], got: &[&str]) -> Option<String> {
     Some(summary)
 }
 
+/// Two numbers are equal within the tolerance, absolutely or relatively to
+/// the larger. An infinity equals only the same infinity (relatively to it,
+/// any difference is within the tolerance), and NaN only NaN: a program
+/// that prints `nan` where `nan` is expected is right, one that prints it
+/// where a number is expected is not.
 fn numbers_match(a: f64, b: f64, tol: f64) -> bool {
+    if a.is_nan() || b.is_nan() {
+        return a.is_nan() && b.is_nan();
+    }
     if a == b {
         return true;
+    }
+    if a.is_infinite() || b.is_infinite() {
+        return false;
     }
     let diff = (a - b).abs();
     diff <= tol || diff <= tol * a.abs().max(b.abs())
@@ -170,36 +185,195 @@ fn token_diff(expected: &[&str], got: &[&str], tol: f64) -> Option<String> {
     Some(summary)
 }
 
-fn short_json(value: &Value) -> String {
-    let text = value.to_string();
-    if text.chars().count() <= EXCERPT_CHARS {
-        return text;
-    }
-    let cut: String = text.chars().take(EXCERPT_CHARS).collect();
-    format!("{cut}...")
+/// A JSON value whose numbers keep their text: `Value` would hold an
+/// integer of 2**64 or more as an `f64`, and compare `10**20` equal to
+/// `10**20 + 1`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Json {
+    Null,
+    Bool(bool),
+    /// The number as written (JSON's grammar: no `+`, no leading zeros).
+    Number(String),
+    String(String),
+    Array(Vec<Json>),
+    /// Members in their order; a repeated key keeps its last value.
+    Object(Vec<(String, Json)>),
 }
 
-fn json_diff(path: &str, expected: &Value, got: &Value, tol: f64) -> Option<String> {
+impl Json {
+    /// Parse one JSON value. Each container's members are taken as raw text
+    /// and parsed in turn, so serde_json checks the grammar (and its depth
+    /// limit) while no number passes through a float.
+    pub(crate) fn parse(text: &str) -> Result<Json, serde_json::Error> {
+        let text = text.trim_ascii();
+        Ok(match text.as_bytes().first() {
+            Some(b'[') => Json::Array(
+                serde_json::from_str::<Vec<&RawValue>>(text)?
+                    .into_iter()
+                    .map(|item| Json::parse(item.get()))
+                    .collect::<Result<_, _>>()?,
+            ),
+            Some(b'{') => {
+                let members = serde_json::from_str::<Members>(text)?.0;
+                let mut object: Vec<(String, Json)> = Vec::with_capacity(members.len());
+                let mut at = HashMap::with_capacity(members.len());
+                for (key, raw) in members {
+                    let value = Json::parse(raw.get())?;
+                    match at.get(&key) {
+                        Some(&i) => object[i] = (key, value),
+                        None => {
+                            at.insert(key.clone(), object.len());
+                            object.push((key, value));
+                        }
+                    }
+                }
+                Json::Object(object)
+            }
+            Some(b'"') => Json::String(serde_json::from_str(text)?),
+            Some(b'-' | b'0'..=b'9') => {
+                // Checks the grammar; the value stays text.
+                serde_json::from_str::<&RawValue>(text)?;
+                Json::Number(text.to_string())
+            }
+            _ => match serde_json::from_str::<Option<bool>>(text)? {
+                None => Json::Null,
+                Some(b) => Json::Bool(b),
+            },
+        })
+    }
+
+    /// Compact JSON text, cut once it is over `max` characters (`...`
+    /// marks the cut).
+    fn excerpt(&self, max: usize) -> String {
+        let mut out = String::new();
+        self.write(&mut out, max);
+        if out.chars().count() > max {
+            let cut: String = out.chars().take(max).collect();
+            return format!("{cut}...");
+        }
+        out
+    }
+
+    /// Compact JSON text of the whole value.
+    pub(crate) fn to_text(&self) -> String {
+        let mut out = String::new();
+        self.write(&mut out, usize::MAX);
+        out
+    }
+
+    /// Append the compact text, stopping once `out` is over `max` bytes.
+    fn write(&self, out: &mut String, max: usize) {
+        if out.len() > max {
+            return;
+        }
+        match self {
+            Json::Null => out.push_str("null"),
+            Json::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Json::Number(n) => out.push_str(n),
+            Json::String(s) => out.push_str(&quoted(s)),
+            Json::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    item.write(out, max);
+                }
+                out.push(']');
+            }
+            Json::Object(members) => {
+                out.push('{');
+                for (i, (key, value)) in members.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&quoted(key));
+                    out.push(':');
+                    value.write(out, max);
+                }
+                out.push('}');
+            }
+        }
+    }
+}
+
+/// `text` as a JSON string.
+fn quoted(text: &str) -> String {
+    serde_json::to_string(text).expect("a string is JSON")
+}
+
+/// An object's members in their order, values as raw text.
+struct Members<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Members<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                mut map: M,
+            ) -> Result<Members<'a>, M::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry::<String, &'a RawValue>()? {
+                    members.push(member);
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}
+
+/// A JSON number's text is an integer (no fraction, no exponent).
+fn is_integer(number: &str) -> bool {
+    !number.contains(['.', 'e', 'E'])
+}
+
+/// An integer's text with `-0` as `0`.
+fn integer_text(number: &str) -> &str {
+    if number == "-0" { "0" } else { number }
+}
+
+/// Two JSON numbers are equal: two integers exactly, whatever their size
+/// and in every mode; an integer and a float in exact modes only when the
+/// float is that very integer (`1 == 1.0`, but `2**53 + 1 != 2.0**53`);
+/// otherwise as floats, within the tolerance.
+fn json_numbers_match(a: &str, b: &str, tol: f64) -> bool {
+    let float = |text: &str| text.parse::<f64>().unwrap_or(f64::NAN);
+    let is_the_integer = |int: &str, float: f64| {
+        float.is_finite()
+            && float.fract() == 0.0
+            && integer_text(&format!("{float:.0}")) == integer_text(int)
+    };
+    match (is_integer(a), is_integer(b)) {
+        (true, true) => integer_text(a) == integer_text(b),
+        (true, false) if tol == 0.0 => is_the_integer(a, float(b)),
+        (false, true) if tol == 0.0 => is_the_integer(b, float(a)),
+        _ => numbers_match(float(a), float(b), tol),
+    }
+}
+
+fn json_diff(path: &str, expected: &Json, got: &Json, tol: f64) -> Option<String> {
     let differ = || {
         Some(format!(
             "at {path}: expected {}, got {}",
-            short_json(expected),
-            short_json(got)
+            expected.excerpt(EXCERPT_CHARS),
+            got.excerpt(EXCERPT_CHARS)
         ))
     };
     match (expected, got) {
-        (Value::Number(a), Value::Number(b)) => {
-            let equal = match (a.as_i64(), b.as_i64(), a.as_u64(), b.as_u64()) {
-                (Some(x), Some(y), _, _) => x == y,
-                (_, _, Some(x), Some(y)) => x == y,
-                _ => match (a.as_f64(), b.as_f64()) {
-                    (Some(x), Some(y)) => numbers_match(x, y, tol),
-                    _ => false,
-                },
-            };
-            if equal { None } else { differ() }
+        (Json::Number(a), Json::Number(b)) => {
+            if json_numbers_match(a, b, tol) {
+                None
+            } else {
+                differ()
+            }
         }
-        (Value::Array(a), Value::Array(b)) => {
+        (Json::Array(a), Json::Array(b)) => {
             for (i, (x, y)) in a.iter().zip(b).enumerate() {
                 if let Some(d) = json_diff(&format!("{path}[{i}]"), x, y, tol) {
                     return Some(d);
@@ -214,16 +388,18 @@ fn json_diff(path: &str, expected: &Value, got: &Value, tol: f64) -> Option<Stri
             }
             None
         }
-        (Value::Object(a), Value::Object(b)) => {
+        (Json::Object(a), Json::Object(b)) => {
+            let got: HashMap<&str, &Json> = b.iter().map(|(k, v)| (k.as_str(), v)).collect();
             for (key, x) in a {
-                let Some(y) = b.get(key) else {
+                let Some(y) = got.get(key.as_str()) else {
                     return Some(format!("at {path}: key {key:?} is missing"));
                 };
                 if let Some(d) = json_diff(&format!("{path}.{key}"), x, y, tol) {
                     return Some(d);
                 }
             }
-            if let Some(extra) = b.keys().find(|k| !a.contains_key(*k)) {
+            let wanted: HashSet<&str> = a.iter().map(|(k, _)| k.as_str()).collect();
+            if let Some((extra, _)) = b.iter().find(|(k, _)| !wanted.contains(k.as_str())) {
                 return Some(format!("at {path}: unexpected key {extra:?}"));
             }
             None
@@ -236,7 +412,6 @@ fn json_diff(path: &str, expected: &Value, got: &Value, tol: f64) -> Option<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn modes_parse_and_bad_ones_are_named() {
@@ -287,33 +462,106 @@ mod tests {
         assert!(Compare::Tokens.text("0.5", "0.50").is_some());
     }
 
+    /// The diff of two JSON texts under `mode`.
+    fn json(mode: Compare, expected: &str, got: &str) -> Option<String> {
+        mode.json(&Json::parse(expected).unwrap(), &Json::parse(got).unwrap())
+    }
+
+    #[test]
+    fn infinities_equal_only_themselves_and_nan_only_nan() {
+        let float = Compare::Float(1e-6);
+        assert_eq!(float.text("inf -inf nan", "Infinity -inf NaN"), None);
+        for (expected, got) in [
+            ("inf", "5"),
+            ("inf", "-inf"),
+            ("0", "inf"),
+            ("1e308", "inf"),
+            ("nan", "0"),
+            ("0", "nan"),
+            ("nan", "inf"),
+            ("1e308", "-1e308"),
+        ] {
+            let diff = float.text(expected, got);
+            assert!(diff.is_some(), "{expected} vs {got}");
+        }
+        // Finite numbers at the edge of the range still compare relatively.
+        assert_eq!(float.text("1.7e308", "1.7000001e308"), None);
+    }
+
     #[test]
     fn json_values_compare_structurally() {
         let exact = Compare::Exact;
-        assert_eq!(exact.json(&json!([1, 2]), &json!([1.0, 2])), None);
+        assert_eq!(json(exact, "[1, 2]", "[1.0, 2]"), None);
         assert_eq!(
-            exact
-                .json(&json!({"a": [1, 2]}), &json!({"a": [1, 3]}))
-                .unwrap(),
+            json(exact, r#"{"a": [1, 2]}"#, r#"{"a": [1, 3]}"#).unwrap(),
             "at $.a[1]: expected 2, got 3"
         );
-        assert!(exact.json(&json!(0.1), &json!(0.1000001)).is_some());
-        assert_eq!(
-            Compare::Float(1e-6).json(&json!(0.1), &json!(0.1000001)),
-            None
-        );
+        assert!(json(exact, "0.1", "0.1000001").is_some());
+        assert_eq!(json(Compare::Float(1e-6), "0.1", "0.1000001"), None);
+        assert!(json(exact, "[1]", "[1, 2]").unwrap().contains("1 items"));
+        assert!(json(exact, r#""1""#, "1").is_some());
         assert!(
-            exact
-                .json(&json!([1]), &json!([1, 2]))
-                .unwrap()
-                .contains("1 items")
-        );
-        assert!(exact.json(&json!("1"), &json!(1)).is_some());
-        assert!(
-            exact
-                .json(&json!({"a": 1}), &json!({}))
+            json(exact, r#"{"a": 1}"#, "{}")
                 .unwrap()
                 .contains("missing")
         );
+        assert_eq!(
+            json(exact, r#"{"a": 1}"#, r#"{"a": 1, "b": [true, null]}"#).unwrap(),
+            "at $: unexpected key \"b\""
+        );
+        // Values in a diff are shown compactly, whatever their spacing.
+        assert_eq!(
+            json(exact, "[[1,  \"x\"]]", r#"[{"k": false}]"#).unwrap(),
+            r#"at $[0]: expected [1,"x"], got {"k":false}"#
+        );
+    }
+
+    #[test]
+    fn integers_compare_exactly_whatever_their_size() {
+        let big = "100000000000000000000"; // 10**20, over u64
+        for mode in [Compare::Exact, Compare::Float(1e-6)] {
+            assert_eq!(json(mode, big, big), None);
+            assert_eq!(
+                json(mode, big, "100000000000000000001").unwrap(),
+                "at $: expected 100000000000000000000, got 100000000000000000001"
+            );
+            assert_eq!(json(mode, "-0", "0"), None);
+        }
+        let huge = format!("1{}", "0".repeat(400));
+        assert_eq!(json(Compare::Exact, &huge, &huge), None);
+        assert!(json(Compare::Exact, &huge, &format!("{huge}1")).is_some());
+        assert!(json(Compare::Float(1e-6), &huge, "1e308").is_some());
+        // An integer equals a float that is that integer, and only exactly
+        // outside float mode: 2**53 + 1 is no double.
+        assert_eq!(json(Compare::Exact, big, "1e20"), None);
+        assert!(json(Compare::Exact, "9007199254740993", "9007199254740992.0").is_some());
+        assert_eq!(
+            json(Compare::Exact, "9007199254740992", "9007199254740992.0"),
+            None
+        );
+        assert_eq!(
+            json(
+                Compare::Float(1e-6),
+                "9007199254740993",
+                "9007199254740992.0"
+            ),
+            None
+        );
+        assert!(json(Compare::Exact, "3", "3.5").is_some());
+    }
+
+    #[test]
+    fn parsed_json_keeps_numbers_and_member_order() {
+        let value = Json::parse(r#" {"b": [1e400, -0, 123456789012345678901234567890], "a": "\u00e9", "b": {"x": null}} "#)
+            .unwrap();
+        assert_eq!(value.to_text(), r#"{"b":{"x":null},"a":"é"}"#);
+        let value = Json::parse("[1e400, -0, 123456789012345678901234567890, true]").unwrap();
+        assert_eq!(
+            value.to_text(),
+            "[1e400,-0,123456789012345678901234567890,true]"
+        );
+        for bad in ["[1,]", "01", "{\"a\" 1}", "nul", "1 2", ""] {
+            assert!(Json::parse(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -16,10 +16,11 @@ use futures_util::StreamExt;
 use serde_json::Value;
 
 pub(crate) use compare::Compare;
+use compare::Json;
 
 use crate::api::{
     ArtifactSelection, CaseResult, ExecRequest, FileContent, GradeBatchRequest, GradeBatchResult,
-    GradeRequest, GradeResult, RunError, TestCase, Verdict,
+    GradeRequest, GradeResult, JsonText, RunError, TestCase, Verdict, normal_file_path,
 };
 use crate::error::ExecError;
 use crate::error::error_chain;
@@ -88,8 +89,10 @@ struct Expect {
     name: Option<String>,
     stdin: Option<String>,
     expected_stdout: Option<String>,
-    input: Option<Value>,
-    expected: Option<Value>,
+    input: Option<JsonText>,
+    /// Function mode: the expected value, as sent (for a checker) and
+    /// parsed (for the comparison).
+    expected: Option<(JsonText, Json)>,
     /// Test-code mode: the verdict is in the harness's result file.
     tests: bool,
     weight: f64,
@@ -145,6 +148,15 @@ impl Executor {
                 other => other,
             })?);
         }
+        check_weights(
+            submissions
+                .iter()
+                .flat_map(|(_, cases)| cases.iter().map(|r| r.case.weight)),
+        )
+        .map_err(|e| match e {
+            ExecError::BadRequest(m) => ExecError::BadRequest(format!("the batch: {m}")),
+            other => other,
+        })?;
         // One grade record per submission: each has its slot before any runs.
         self.reserve_records(submissions.len())?;
         Ok(PreparedBatch { submissions, width })
@@ -333,6 +345,29 @@ impl Executor {
             env: req.env.clone(),
             timeout: req.timeout,
         });
+        // What the request sets for every case is checked on its own, so
+        // that a mistake in it is named as the request's (not blamed on
+        // the first case to use it), and refused even where every case
+        // overrides it.
+        let shared = ExecRequest {
+            code: code.clone(),
+            env: req.env.clone(),
+            timeout: req.timeout,
+            files: req.files.clone(),
+            artifacts: Some(ArtifactSelection::All(false)),
+            limits: req.limits.clone(),
+            network: req.network.clone(),
+            int_max_str_digits: digits,
+            ..ExecRequest::default()
+        };
+        let graded = RunOptions {
+            graded: true,
+            ..RunOptions::default()
+        };
+        self.prepare_with(&shared, &graded).map_err(|e| match e {
+            ExecError::BadRequest(m) => ExecError::BadRequest(format!("request: {m}")),
+            other => other,
+        })?;
         let mut ready = Vec::with_capacity(req.tests.len());
         for (index, case) in req.tests.into_iter().enumerate() {
             let label = || match &case.name {
@@ -372,11 +407,12 @@ impl Executor {
                     label()
                 )));
             }
-            let mut files = req.files.clone().unwrap_or_default();
-            files.extend(case.files.clone().unwrap_or_default());
+            let mut files = case_files(req.files.as_ref(), case.files.as_ref());
             let reserved = [INPUT_FILE, RESULT_FILE, SUBMISSION_FILE, TESTS_FILE];
             if (function || tests_mode)
-                && let Some(name) = reserved.iter().find(|r| files.contains_key(**r))
+                && let Some(name) = reserved
+                    .iter()
+                    .find(|r| files.keys().any(|p| normal_file_path(p) == **r))
             {
                 return Err(ExecError::BadRequest(format!(
                     "{}: the file name {name} is reserved by the grader",
@@ -390,6 +426,15 @@ impl Executor {
                 );
                 files.insert(TESTS_FILE.into(), FileContent::Text(tests.clone()));
             }
+            let expected = match case.expected {
+                Some(sent) => match Json::parse(sent.get()) {
+                    Ok(tree) => Some((sent, tree)),
+                    Err(e) => {
+                        return Err(ExecError::BadRequest(format!("{}: expected: {e}", label())));
+                    }
+                },
+                None => None,
+            };
             let exec = ExecRequest {
                 code: code.clone(),
                 env: req.env.clone(),
@@ -418,11 +463,7 @@ impl Executor {
                         .filter(|_| function)
                         .map(|entry| EntryCall {
                             entry: entry.clone(),
-                            args: case
-                                .input
-                                .as_ref()
-                                .filter(|v| !v.is_null())
-                                .map(Value::to_string),
+                            args: case.input.as_ref().map(|input| input.get().to_string()),
                         })
                 },
                 compile: if tests_mode {
@@ -443,13 +484,14 @@ impl Executor {
                     stdin: case.stdin,
                     expected_stdout: case.expected_stdout,
                     input: case.input,
-                    expected: case.expected,
+                    expected,
                     tests: tests_mode,
                     weight,
                 },
                 prepared,
             });
         }
+        check_weights(ready.iter().map(|r| r.case.weight))?;
         Ok((
             Plan {
                 compare,
@@ -512,13 +554,19 @@ impl Executor {
         output: String,
         result: &mut CaseResult,
     ) {
-        let args = serde_json::json!({
-            "input": case.input.clone().or_else(|| case.stdin.clone().map(Value::String)),
-            "expected": case.expected.clone().or_else(|| case.expected_stdout.clone().map(Value::String)),
-            "output": output,
-            "returned": result.returned.clone(),
-            "function": result.returned.is_some(),
-        });
+        // As JSON text throughout, so that big integers reach it exactly.
+        let text = |text: &Option<String>| text.as_deref().map(JsonText::string);
+        let args = CheckerArgs {
+            input: case.input.clone().or_else(|| text(&case.stdin)),
+            expected: case
+                .expected
+                .as_ref()
+                .map(|(sent, _)| sent.clone())
+                .or_else(|| text(&case.expected_stdout)),
+            output: &output,
+            returned: result.returned.as_ref(),
+            function: result.returned.is_some(),
+        };
         let exec = ExecRequest {
             code: checker.code.clone(),
             env: checker.env.clone(),
@@ -531,7 +579,7 @@ impl Executor {
         let options = RunOptions {
             call: Some(EntryCall {
                 entry: CHECKER_ENTRY.into(),
-                args: Some(Value::Array(vec![args]).to_string()),
+                args: Some(serde_json::to_string(&[args]).expect("the case is JSON")),
             }),
             ..RunOptions::default()
         };
@@ -573,6 +621,25 @@ impl Executor {
             result.diff = Some(message.unwrap_or_else(|| format!("the checker scored it {score}")));
         }
     }
+}
+
+/// What a checker's function gets: the case, the output and the value.
+#[derive(serde::Serialize)]
+struct CheckerArgs<'a> {
+    input: Option<JsonText>,
+    expected: Option<JsonText>,
+    output: &'a str,
+    returned: Option<&'a JsonText>,
+    function: bool,
+}
+
+/// The entry function's value from its JSON (as the worker's `json.dumps`
+/// wrote it): parsed for the comparison, and as compact text for the
+/// result, its numbers as written.
+fn returned_value(data: &str) -> Result<(Json, JsonText), serde_json::Error> {
+    let value = Json::parse(data)?;
+    let text = JsonText::parse(value.to_text())?;
+    Ok((value, text))
 }
 
 fn skipped(index: usize, name: Option<String>, first_failure: &AtomicUsize) -> CaseResult {
@@ -662,14 +729,14 @@ fn judge(
                         "the returned value ({size} bytes of JSON) is over the server's artifact cap"
                     ));
                 }
-                (Some(data), _) => match serde_json::from_str::<Value>(&data) {
-                    Ok(value) => {
+                (Some(data), _) => match returned_value(&data) {
+                    Ok((value, text)) => {
                         diff = case
                             .expected
                             .as_ref()
                             .filter(|_| plan.checker.is_none())
-                            .and_then(|e| plan.compare.json(e, &value));
-                        returned = Some(value);
+                            .and_then(|(_, e)| plan.compare.json(e, &value));
+                        returned = Some(text);
                     }
                     Err(e) => {
                         verdict = Some(Verdict::RuntimeError);
@@ -925,6 +992,35 @@ def __grade_check(a):
     )
 }
 
+/// Refuse weights whose sum (the answer's `max_score`) is not a finite
+/// number, which JSON would show as null. Each weight is finite already.
+fn check_weights(weights: impl Iterator<Item = f64>) -> Result<(), ExecError> {
+    let sum: f64 = weights.sum();
+    if sum.is_finite() {
+        return Ok(());
+    }
+    Err(ExecError::BadRequest(format!(
+        "the weights of the cases sum to more than the largest number a score can be ({:e})",
+        f64::MAX
+    )))
+}
+
+/// A case's input files: the request's, and its own, which replace any of
+/// the request's with the same path however spelt (`d//b` replaces `d/b`).
+fn case_files(
+    shared: Option<&BTreeMap<String, FileContent>>,
+    own: Option<&BTreeMap<String, FileContent>>,
+) -> BTreeMap<String, FileContent> {
+    let mut files = shared.cloned().unwrap_or_default();
+    if let Some(own) = own {
+        let replaced: std::collections::HashSet<String> =
+            own.keys().map(|p| normal_file_path(p)).collect();
+        files.retain(|path, _| !replaced.contains(&normal_file_path(path)));
+        files.extend(own.iter().map(|(p, c)| (p.clone(), c.clone())));
+    }
+    files
+}
+
 fn is_identifier(name: &str) -> bool {
     let mut chars = name.chars();
     chars
@@ -947,8 +1043,15 @@ fn capped(bytes: &[u8]) -> (String, bool) {
     (text[..end].to_string(), true)
 }
 
+/// `v` rounded to three decimals; past 1e305 (where `v * 1000` is no
+/// longer finite) as it is, since no decimal is left to round there.
 fn round3(v: f64) -> f64 {
-    (v * 1000.0).round() / 1000.0
+    let scaled = v * 1000.0;
+    if scaled.is_finite() {
+        scaled.round() / 1000.0
+    } else {
+        v
+    }
 }
 
 #[cfg(test)]

@@ -448,6 +448,64 @@ async fn bad_grading_requests_are_refused_with_a_reason() {
         let message = answer["error"]["message"].as_str().unwrap_or("");
         assert!(message.contains(needle), "{body} -> {answer}");
     }
+    // What the request sets for every case is named as the request's, and
+    // refused even where every case sets its own.
+    let request_level = [
+        (
+            json!({"tests": [{"timeout": 1}, {"timeout": 2}, {}], "timeout": 0}),
+            "request: timeout must be a positive number of seconds, got 0",
+        ),
+        (
+            json!({"tests": [{"timeout": 1}], "timeout": -3}),
+            "request: timeout must be a positive number of seconds, got -3",
+        ),
+        (
+            json!({"tests": [{}], "files": {"/x": "a"}}),
+            "request: file path \"/x\" must be relative",
+        ),
+        (
+            json!({"tests": [{}], "limits": {"memory_bytes": 0}}),
+            "request: limits.memory_bytes must be positive",
+        ),
+        (
+            json!({"tests": [{}], "int_max_str_digits": 5}),
+            "request: int_max_str_digits must be 0 (no limit) or at least 640, got 5",
+        ),
+    ];
+    for (mut body, message) in request_level {
+        body["code"] = json!("print(1)");
+        let (got, answer) = server.post("/grade", body.clone()).await;
+        assert_eq!(got, 400, "{body} -> {answer}");
+        assert_eq!(common::error_message(&answer), message, "{body}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_case_file_replaces_the_requests_however_its_path_is_spelt() {
+    let server = TestServer::start().await;
+    let result = grade(
+        &server,
+        json!({"code": "print(open('d/b').read())", "files": {"d/b": "req"}, "tests": [
+            {"files": {"d//b": "case"}, "expected_stdout": "case\n"},
+            {"files": {"./d/b": "dot"}, "expected_stdout": "dot\n"},
+            {"expected_stdout": "req\n"},
+        ]}),
+    )
+    .await;
+    assert_eq!(verdicts(&result), ["ok", "ok", "ok"], "{result}");
+    // Within one case two spellings of a path are still a mistake.
+    let (status, answer) = server
+        .post(
+            "/grade",
+            json!({"code": "1", "tests": [{"files": {"d/b": "x", "d//b": "y"}}]}),
+        )
+        .await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        common::error_message(&answer).starts_with("test 0: file paths"),
+        "{answer}"
+    );
     server.stop().await;
 }
 
@@ -625,5 +683,121 @@ async fn function_mode_says_why_no_value_came_back() {
             "{result}"
         );
     }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn float_compare_holds_infinities_and_nan_to_themselves() {
+    let server = TestServer::start().await;
+    let case = |stdin: &str, expected: &str| json!({"stdin": stdin, "expected_stdout": expected});
+    let result = grade(
+        &server,
+        json!({"code": "print(input())", "compare": "float", "tests": [
+            case("5", "inf"),
+            case("-inf", "inf"),
+            case("inf", "0"),
+            case("1e308", "-1e308"),
+            case("nan", "0"),
+            case("0", "nan"),
+            case("inf", "inf"),
+            case("-inf", "-Infinity"),
+            case("nan", "NaN"),
+            case("1.0000000001e308", "1e308"),
+        ]}),
+    )
+    .await;
+    let mut expected = vec!["wrong_answer"; 6];
+    expected.extend(["ok"; 4]);
+    assert_eq!(verdicts(&result), expected, "{result}");
+    assert_eq!(
+        result["cases"][0]["diff"],
+        "token 1: expected \"inf\", got \"5\" (tolerance 1e-6)"
+    );
+    server.stop().await;
+}
+
+/// POST `body` (JSON text, so that it may hold integers no `Value` holds)
+/// to `path`; the status and the answer's text.
+async fn post_text(server: &TestServer, path: &str, body: String) -> (u16, String) {
+    let answer = server
+        .client
+        .post(format!("{}{path}", server.url))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("request is answered");
+    let status = answer.status().as_u16();
+    (status, answer.text().await.expect("an answer"))
+}
+
+#[tokio::test]
+async fn function_mode_keeps_big_integers_exact_end_to_end() {
+    let server = TestServer::start().await;
+    let two_70 = "1180591620717411303424"; // 2**70
+    let ten_20 = "100000000000000000000"; // 10**20
+    let checker = "def check(input, expected, output, returned=None):\n    \
+                   return returned == [expected, input[0] + 1] and type(input[0]) is int, repr(returned)\n";
+    let (status, text) = post_text(
+        &server,
+        "/grade",
+        format!(
+            r#"{{"code": "def f(x):\n    return [type(x).__name__, repr(x), x]", "entry": "f", "tests": [
+                {{"input": [{two_70}], "expected": ["int", "{two_70}", {two_70}]}},
+                {{"input": [{ten_20}], "expected": ["int", "{ten_20}", {ten_20}1]}},
+                {{"input": {{"x": -{ten_20}}}, "expected": ["int", "-{ten_20}", -{ten_20}.0]}}
+            ]}}"#
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let result: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(verdicts(&result), ["ok", "wrong_answer", "ok"], "{result}");
+    assert_eq!(
+        result["cases"][1]["diff"],
+        format!("at $[2]: expected {ten_20}1, got {ten_20}")
+    );
+    // The answer shows the value as it was, every digit.
+    assert!(
+        text.contains(&format!(r#""returned":["int","{two_70}",{two_70}]"#)),
+        "{text}"
+    );
+
+    // 10**20 and 10**20 + 1 differ in float mode too: two integers compare
+    // exactly.
+    let (status, text) = post_text(
+        &server,
+        "/grade",
+        format!(
+            r#"{{"code": "def f(x): return x", "entry": "f", "compare": "float",
+                "tests": [{{"input": [{ten_20}], "expected": {ten_20}1}}]}}"#
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let result: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(verdicts(&result), ["wrong_answer"], "{result}");
+
+    // A checker gets the input, the expected value and the returned one as
+    // Python ints.
+    let (status, text) = post_text(
+        &server,
+        "/grade",
+        format!(
+            r#"{{"code": "def f(x): return [x, x + 1]", "entry": "f",
+                "checker": {{"code": {checker}}},
+                "tests": [{{"input": [{two_70}], "expected": {two_70}}}]}}"#,
+            checker = serde_json::to_string(checker).unwrap()
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let result: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(verdicts(&result), ["ok"], "{result}");
+    assert_eq!(
+        result["cases"][0]["message"],
+        format!("[{two_70}, 1180591620717411303425]"),
+        "{result}"
+    );
     server.stop().await;
 }

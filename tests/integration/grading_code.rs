@@ -324,6 +324,36 @@ def check(input, expected, output, returned=None):
         .post("/grade", json!({"code": "pass", "tests": [{"weight": -1}]}))
         .await;
     assert_eq!(status, 400);
+    // The largest weights still give numbers; weights whose sum no number
+    // holds are refused, in a request or across a batch.
+    let (status, body) = server
+        .post(
+            "/grade",
+            json!({"code": "pass", "tests": [{"weight": 1e308}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (body["score"].as_f64(), body["max_score"].as_f64()),
+        (Some(1e308), Some(1e308)),
+        "{body}"
+    );
+    let huge = json!({"code": "pass", "tests": [{"weight": 1e308}, {"weight": 1e308}]});
+    let (status, body) = server.post("/grade", huge).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        error_message(&body).starts_with("the weights of the cases sum to more than"),
+        "{body}"
+    );
+    let one = json!({"code": "pass", "tests": [{"weight": 1e308}]});
+    let (status, body) = server
+        .post("/grade/batch", json!({"submissions": [one, one]}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        error_message(&body).starts_with("the batch: the weights"),
+        "{body}"
+    );
     server.stop().await;
 }
 
