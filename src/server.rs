@@ -80,10 +80,7 @@ pub async fn run<S: Into<Stop>>(
             mcp::http_service(executor.clone(), config, mcp_stop.child_token()),
         )
         .layer(middleware::from_fn(mcp_gate(state.clone())));
-    // Request ids, request spans and HTTP metrics cover every route, MCP too.
-    let app = router(state.clone(), config.max_body_bytes)
-        .merge(mcp)
-        .layer(middleware::from_fn_with_state(state, observe));
+    let app = router(state.clone(), config.max_body_bytes).merge(mcp);
     let mut limits = config.connections;
     limits.max_connections = connection_budget(limits.max_connections);
     let body = BodyLimits {
@@ -91,10 +88,13 @@ pub async fn run<S: Into<Stop>>(
         max_bytes: config.max_body_bytes,
     };
     let replica = executor.replica().clone();
+    // Request ids, request spans and HTTP metrics cover every route, MCP
+    // too, and the body guard's own answers (408, 413).
     let app = app
         .layer(middleware::from_fn(move |req, next| {
             guard::read_body_within(body, req, next)
         }))
+        .layer(middleware::from_fn_with_state(state, observe))
         .layer(middleware::from_fn(move |req, next| {
             replica_headers(replica.clone(), req, next)
         }))

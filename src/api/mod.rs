@@ -475,9 +475,11 @@ pub fn check_file_path(path: &str) -> Result<(), String> {
     if depth == 0 {
         return Err(format!("file path {path:?} names no file"));
     }
-    if depth > MAX_FILE_DEPTH {
+    // The names before the file's own are its directories.
+    let directories = depth - 1;
+    if directories > MAX_FILE_DEPTH {
         return Err(format!(
-            "file path {:?}... is {depth} directories deep, over the limit of {MAX_FILE_DEPTH}",
+            "file path {:?}... is {directories} directories deep, over the limit of {MAX_FILE_DEPTH}",
             path.chars().take(40).collect::<String>()
         ));
     }
@@ -552,6 +554,13 @@ mod tests {
             check_file_path(&deep)
                 .unwrap_err()
                 .contains("directories deep")
+        );
+        // 32 directories and the file is the deepest path taken.
+        assert!(check_file_path(&("d/".repeat(32) + "f")).is_ok());
+        assert!(
+            check_file_path(&("d/".repeat(33) + "f"))
+                .unwrap_err()
+                .contains("is 33 directories deep, over the limit of 32")
         );
     }
 

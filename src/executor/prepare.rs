@@ -210,7 +210,9 @@ pub(super) fn check(
     let exec = ExecFrame {
         t: "exec",
         id,
-        code: &req.code,
+        // A byte order mark before the code is dropped, as Python drops it
+        // from a source file.
+        code: req.code.strip_prefix('\u{feff}').unwrap_or(&req.code),
         stdin: req.stdin.as_deref().map(str::as_bytes),
         files: contents
             .iter()

@@ -620,6 +620,13 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                 ApiError::bad_request(format!("unreadable request body: {e}"))
             }
         })?;
+        // Every body is a JSON object: serde would also fill a struct from
+        // an array of its fields in order, which no client means to send.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+            return Err(ApiError::bad_request(
+                "invalid JSON body: expected a JSON object ({...}), got an array",
+            ));
+        }
         serde_json::from_slice(&bytes)
             .map(JsonBody)
             .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))

@@ -21,6 +21,20 @@ async fn print_returns_stdout_and_exit_code_zero() {
 }
 
 #[tokio::test]
+async fn code_after_a_byte_order_mark_runs_as_a_file_with_one_would() {
+    // `python script.py` skips a UTF-8 BOM at the start of its file; only
+    // there: one further in is a character of the code.
+    let server = TestServer::start().await;
+    let body = server.run("\u{feff}print('after the mark')").await;
+    assert_eq!(body["stdout"], "after the mark\n", "{body}");
+    assert_eq!(body["exit_code"], 0);
+    let body = server.run("print(1)\n\u{feff}print(2)").await;
+    assert_eq!(body["exit_code"], 1, "{body}");
+    assert_eq!(body["error"]["type"], "SyntaxError", "{body}");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn exit_statuses_follow_python_script_semantics() {
     let server = TestServer::start().await;
 

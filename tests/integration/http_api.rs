@@ -44,10 +44,27 @@ async fn bad_requests_get_json_errors() {
     assert_error(s, &b, 400, "bad_request", "invalid type");
     let (s, b) = raw_post(&server, "").await;
     assert_error(s, &b, 400, "bad_request", "invalid JSON");
+    // An array of the fields in order is not a request.
+    let (s, b) = raw_post(&server, r#"["print(7)"]"#).await;
+    assert_error(s, &b, 400, "bad_request", "expected a JSON object");
+    let (s, b) = raw_post(&server, "  5").await;
+    assert_error(s, &b, 400, "bad_request", "invalid type");
 
     let big = json!({"code": "x = '".to_string() + &"a".repeat(100 * 1024) + "'"}).to_string();
-    let (s, b) = raw_post(&server, big).await;
+    let (s, b) = raw_post(&server, big.clone()).await;
     assert_error(s, &b, 413, "too_large", "size limit");
+    // The body guard's answers carry the request id too.
+    let resp = server
+        .client
+        .post(format!("{}/execute", server.url))
+        .header("content-type", "application/json")
+        .header("x-request-id", "too-big-1")
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    assert_eq!(resp.headers()["x-request-id"], "too-big-1");
 
     let (s, b) = server.execute(json!({"code": "1", "env": "nope"})).await;
     assert_error(s, &b, 404, "unknown_env", "\"nope\"");

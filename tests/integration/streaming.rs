@@ -113,7 +113,8 @@ async fn streamed_text_is_the_results_text_even_after_an_invalid_byte() {
     // An invalid byte, then "€" written in two parts with a pause between:
     // the events' text joined is the result's stdout, "€" whole.
     let server = TestServer::start().await;
-    let code = "import os, time\nos.write(1, b'\\xff\\xe2\\x82')\ntime.sleep(0.3)\nos.write(1, b'\\xacz')";
+    let code =
+        "import os, time\nos.write(1, b'\\xff\\xe2\\x82')\ntime.sleep(0.3)\nos.write(1, b'\\xacz')";
     let (status, events) = stream_events(&server, json!({"code": code}), true).await;
     assert_eq!(status, 200);
     let streamed: Vec<&str> = events
