@@ -24,6 +24,7 @@ use crate::api::{GradeRequest, GradeResult};
 use crate::artifacts::{self, StoredArtifact};
 use crate::auth::{Caller, Client, FrontEnd, Scope};
 use crate::config::Config;
+use crate::error::ExecError;
 use crate::executor::OutputStream;
 use crate::executor::{Executor, RunOptions};
 use crate::limits::ResultLimits;
@@ -173,36 +174,56 @@ impl McpHandler {
     )]
     async fn execute_code(
         &self,
-        Parameters(mut request): Parameters<ExecRequest>,
+        Parameters(request): Parameters<ExecRequest>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        let mut note = None;
-        if request.session.is_none()
-            && let Some(implicit) = &self.implicit
-        {
-            match implicit.id().await {
-                Ok((id, replaced)) => {
-                    if replaced {
-                        note = Some(
-                            "[the connection's previous session was lost; this call ran in a new, empty one]",
-                        );
-                    }
-                    request.session = Some(id);
-                }
+        let implicit = match (&request.session, &self.implicit) {
+            (None, Some(implicit)) => implicit,
+            _ => {
+                return self
+                    .execute_once(request, None, &ctx)
+                    .await
+                    .unwrap_or_else(refusal);
+            }
+        };
+        // A session lost between the look-up and the call (a call the
+        // client cancelled just before is still ending it) is replaced
+        // once, as one found lost at the look-up is.
+        let mut retried = false;
+        loop {
+            let (id, replaced) = match implicit.id().await {
+                Ok(found) => found,
                 Err(err) => return refusal(err),
+            };
+            let note = replaced.then_some(
+                "[the connection's previous session was lost; this call ran in a new, empty one]",
+            );
+            let mut call = request.clone();
+            call.session = Some(id);
+            match self.execute_once(call, note, &ctx).await {
+                Err(ExecError::UnknownSession(_)) if !retried => retried = true,
+                done => return done.unwrap_or_else(refusal),
             }
         }
+    }
+
+    /// One `execute_code` call of `request` (in its session, if it names
+    /// one), with `note` before its text: its result, or the error that
+    /// refused or failed it.
+    async fn execute_once(
+        &self,
+        mut request: ExecRequest,
+        note: Option<&str>,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ExecError> {
         let in_session = request.session.is_some();
         // With a progress token, output goes out as progress notifications
         // while the run goes on; the final result is the same.
         let progress = ctx.meta.get_progress_token();
         request.stream = Some(progress.is_some());
         self.executor.find_env(request.env.as_deref()).await;
-        let prepared = match self.executor.prepare_with(&request, &self.run_options) {
-            Ok(prepared) => prepared,
-            Err(err) => return refusal(err),
-        };
-        let owner = owner_of(&ctx);
+        let prepared = self.executor.prepare_with(&request, &self.run_options)?;
+        let owner = owner_of(ctx);
         // The run's own limit (its env's or session's default, or what it
         // asked for, capped), named if the run hits it.
         let timeout = prepared.timeout();
@@ -237,7 +258,7 @@ impl McpHandler {
                 biased;
                 _ = ctx.ct.cancelled() => {
                     tracing::info!("execute_code cancelled (by the client or shutdown): run killed");
-                    return CallToolResult::error(vec![ContentBlock::text("cancelled: the run was killed")]);
+                    return Ok(CallToolResult::error(vec![ContentBlock::text("cancelled: the run was killed")]));
                 }
                 Some(chunk) = chunks.recv(), if progress.is_some() => {
                     pending.push(chunk.stream, &chunk.data);
@@ -257,8 +278,7 @@ impl McpHandler {
                         pending.push(chunk.stream, &chunk.data);
                     }
                     notify(&mut pending, &mut sent, true).await;
-                    return match outcome {
-                    Ok(mut result) => {
+                    return outcome.map(|mut result| {
                         self.keep_artifacts(&owner, &mut result);
                         let mut out = run_result(&result, timeout, self.inline_image_bytes);
                         let extra = match (&result.session_lost, in_session && result.timed_out) {
@@ -276,9 +296,8 @@ impl McpHandler {
                             out.content[0] = ContentBlock::text(text);
                         }
                         out
-                    }
-                    Err(err) => refusal(err),
-                }},
+                    });
+                }
             }
         }
     }

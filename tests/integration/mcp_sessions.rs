@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use code_executor::Executor;
 use serde_json::json;
 
-use crate::common::mcp::{McpClient, call, connect_http, connect_in_process, execute_code, text};
+use crate::common::mcp::{
+    McpClient, call, connect_http, connect_in_process, connect_stdio, execute_code, text,
+};
 use crate::common::{TestServer, config};
 
 async fn wait_for_sessions(executor: &Executor, count: usize) {
@@ -127,6 +129,45 @@ async fn implicit_sessions_are_one_per_connection_and_end_with_it() {
     let _ = second.cancel().await;
     wait_for_sessions(&executor, 0).await;
     executor.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_call_right_after_a_cancelled_one_gets_a_new_implicit_session() {
+    // Over stdio, as an MCP client launches the server.
+    let tmp = tempfile::tempdir().unwrap();
+    let python = crate::common::python();
+    let (client, mut child) = connect_stdio(
+        env!("CARGO_BIN_EXE_code-executor").as_ref(),
+        &[
+            "--python",
+            python.to_str().unwrap(),
+            "--pool-size",
+            "2",
+            "--mcp-implicit-session",
+            "true",
+        ],
+        &[("TMPDIR", tmp.path())],
+    )
+    .await;
+    for round in 0..8 {
+        let (failed, out) = run(&client, json!({"code": "kept = 1"})).await;
+        assert!(!failed, "round {round}: {out}");
+        // Dropping rmcp's call future sends notifications/cancelled; the
+        // next call goes out at once, while the cancelled one still ends.
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(300),
+            execute_code(&client, json!({"code": "import time\ntime.sleep(30)"})),
+        )
+        .await;
+        assert!(cancelled.is_err(), "round {round}: the sleeper finished");
+        let (failed, out) = run(&client, json!({"code": "print('kept' in globals())"})).await;
+        assert!(
+            !failed && out.contains("previous session was lost") && out.contains("False"),
+            "round {round}: {out}"
+        );
+    }
+    let _ = client.cancel().await;
+    let _ = tokio::time::timeout(Duration::from_secs(15), child.wait()).await;
 }
 
 #[tokio::test]
