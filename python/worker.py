@@ -1355,7 +1355,10 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000, compile
     # The source, for tracebacks to show its lines. A worker's first child
     # may run before linecache is imported (see prepare_later_runs): the
     # entry is then added when it is.
-    entry = (len(code), None, code.splitlines(True), RUN_FILENAME)
+    lines = code.splitlines(True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"  # as linecache reads a file's last line
+    entry = (len(code), None, lines, RUN_FILENAME)
     linecache = _LINECACHE if _LINECACHE is not None else sys.modules.get("linecache")
     if linecache is not None:
         linecache.cache[RUN_FILENAME] = entry

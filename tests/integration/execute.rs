@@ -35,6 +35,22 @@ async fn code_after_a_byte_order_mark_runs_as_a_file_with_one_would() {
 }
 
 #[tokio::test]
+async fn the_caret_under_a_traceback_line_sits_where_python_puts_it() {
+    // `python script.py` marks `1/0` with `~^~` under it, whether or not the
+    // file ends with a newline.
+    let server = TestServer::start().await;
+    for code in ["y = 1/0", "y = 1/0\n", "x = 1\ny = 1/0"] {
+        let body = server.run(code).await;
+        let stderr = body["stderr"].as_str().unwrap();
+        assert!(
+            stderr.ends_with("    y = 1/0\n        ~^~\nZeroDivisionError: division by zero\n"),
+            "{code:?}: {stderr}"
+        );
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn exit_statuses_follow_python_script_semantics() {
     let server = TestServer::start().await;
 
