@@ -249,9 +249,12 @@ pub(crate) fn undeletable(
     {
         return Some(Undeletable::Root);
     }
+    // A listed prefix that no longer exists (a stale `environments.txt`
+    // line) holds nothing to lose.
     others
         .iter()
         .chain(roots)
+        .filter(|p| p.exists())
         .map(|p| canonical(p))
         .find(|p| *p != prefix && p.starts_with(&prefix))
         .or_else(|| nested_env(&prefix))
@@ -586,6 +589,9 @@ mod tests {
             undeletable(&top, std::slice::from_ref(&root), &[]),
             Some(Undeletable::Holds(root.clone()))
         );
+        // A listed environment inside that no longer exists (a stale
+        // environments.txt line) holds nothing.
+        assert_eq!(undeletable(&plain, &[], &[plain.join("gone/env")]), None);
         // A sibling whose name extends the prefix's is not inside it.
         let sibling = top.join("plain-2");
         env(&sibling);

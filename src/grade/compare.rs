@@ -200,17 +200,35 @@ pub(crate) enum Json {
     Object(Vec<(String, Json)>),
 }
 
+/// Deepest nesting of arrays and objects [`Json::parse`] takes: serde_json's
+/// own limit for a `Value`. Each level is parsed on its own (and its text
+/// read again), so the limit also bounds the recursion of the parse, of
+/// the comparison and of the drop, and the parse's cost to this many times
+/// the text's length.
+pub(crate) const MAX_JSON_DEPTH: usize = 128;
+
 impl Json {
     /// Parse one JSON value. Each container's members are taken as raw text
-    /// and parsed in turn, so serde_json checks the grammar (and its depth
-    /// limit) while no number passes through a float.
+    /// and parsed in turn, so serde_json checks the grammar while no number
+    /// passes through a float; nesting past [`MAX_JSON_DEPTH`] is refused.
     pub(crate) fn parse(text: &str) -> Result<Json, serde_json::Error> {
+        Json::parse_within(text, MAX_JSON_DEPTH)
+    }
+
+    /// [`Json::parse`] with `levels` more arrays or objects allowed.
+    fn parse_within(text: &str, levels: usize) -> Result<Json, serde_json::Error> {
         let text = text.trim_ascii();
+        if matches!(text.as_bytes().first(), Some(b'[' | b'{')) && levels == 0 {
+            return Err(<serde_json::Error as serde::de::Error>::custom(format!(
+                "nested deeper than {MAX_JSON_DEPTH} arrays or objects"
+            )));
+        }
+        let levels = levels.saturating_sub(1);
         Ok(match text.as_bytes().first() {
             Some(b'[') => Json::Array(
                 serde_json::from_str::<Vec<&RawValue>>(text)?
                     .into_iter()
-                    .map(|item| Json::parse(item.get()))
+                    .map(|item| Json::parse_within(item.get(), levels))
                     .collect::<Result<_, _>>()?,
             ),
             Some(b'{') => {
@@ -218,7 +236,7 @@ impl Json {
                 let mut object: Vec<(String, Json)> = Vec::with_capacity(members.len());
                 let mut at = HashMap::with_capacity(members.len());
                 for (key, raw) in members {
-                    let value = Json::parse(raw.get())?;
+                    let value = Json::parse_within(raw.get(), levels)?;
                     match at.get(&key) {
                         Some(&i) => object[i] = (key, value),
                         None => {
@@ -353,7 +371,15 @@ fn json_numbers_match(a: &str, b: &str, tol: f64) -> bool {
         (true, true) => integer_text(a) == integer_text(b),
         (true, false) if tol == 0.0 => is_the_integer(a, float(b)),
         (false, true) if tol == 0.0 => is_the_integer(b, float(a)),
-        _ => numbers_match(float(a), float(b), tol),
+        _ => {
+            let (x, y) = (float(a), float(b));
+            // JSON has no infinities: a number that reads as one overflowed
+            // a double, and only its text tells it from another.
+            if x.is_infinite() || y.is_infinite() {
+                return a == b;
+            }
+            numbers_match(x, y, tol)
+        }
     }
 }
 
@@ -412,6 +438,19 @@ fn json_diff(path: &str, expected: &Json, got: &Json, tol: f64) -> Option<String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_numbers_past_a_double_compare_as_written() {
+        assert!(json_numbers_match("1e400", "1e400", 1e-6));
+        assert!(!json_numbers_match("1e400", "1e401", 1e-6));
+        assert!(!json_numbers_match("-1e400", "1e400", 0.0));
+        assert!(!json_numbers_match(
+            &format!("1{}", "0".repeat(400)),
+            "1e401",
+            1e-6
+        ));
+        assert!(json_numbers_match("1.0000001", "1.0", 1e-6));
+    }
 
     #[test]
     fn modes_parse_and_bad_ones_are_named() {
@@ -562,6 +601,16 @@ mod tests {
         );
         for bad in ["[1,]", "01", "{\"a\" 1}", "nul", "1 2", ""] {
             assert!(Json::parse(bad).is_err(), "{bad:?}");
+        }
+        // As deep as serde_json's own limit, and no deeper (a nesting of
+        // 100,000 would overflow the stack of a parse without one).
+        let nested = |depth: usize| "[".repeat(depth) + &"]".repeat(depth);
+        assert!(Json::parse(&nested(MAX_JSON_DEPTH)).is_ok());
+        let objects = "{\"a\":".repeat(MAX_JSON_DEPTH) + "1" + &"}".repeat(MAX_JSON_DEPTH);
+        assert!(Json::parse(&objects).is_ok());
+        for deep in [nested(MAX_JSON_DEPTH + 1), nested(100_000)] {
+            let err = Json::parse(&deep).unwrap_err().to_string();
+            assert!(err.contains("nested deeper than 128"), "{err}");
         }
     }
 }

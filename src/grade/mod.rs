@@ -291,6 +291,13 @@ impl Executor {
                 ));
             }
         };
+        // A byte order mark before the code is dropped, as Python drops it
+        // from a file (and /execute from its code): test-code mode writes
+        // the submission to a file the harness reads as text.
+        let submission = match submission.strip_prefix('\u{feff}') {
+            Some(rest) => rest.to_string(),
+            None => submission,
+        };
         if req.tests.is_empty() && req.test_code.is_some() {
             req.tests.push(TestCase::default());
         }
@@ -424,7 +431,8 @@ impl Executor {
                     SUBMISSION_FILE.into(),
                     FileContent::Text(submission.clone()),
                 );
-                files.insert(TESTS_FILE.into(), FileContent::Text(tests.clone()));
+                let tests = tests.strip_prefix('\u{feff}').unwrap_or(tests);
+                files.insert(TESTS_FILE.into(), FileContent::Text(tests.to_string()));
             }
             let expected = match case.expected {
                 Some(sent) => match Json::parse(sent.get()) {

@@ -195,7 +195,8 @@ impl McpHandler {
                 Ok(found) => found,
                 Err(err) => return refusal(err),
             };
-            let note = replaced.then_some(
+            // A retry's session replaced a lost one, whichever call made it.
+            let note = (replaced || retried).then_some(
                 "[the connection's previous session was lost; this call ran in a new, empty one]",
             );
             let mut call = request.clone();

@@ -34,7 +34,8 @@ async fn execute_as(
 }
 
 /// When client `name`'s session `id` expires, as `GET /sessions` lists it:
-/// seconds into its day (the listing's `expires_at`, RFC 3339 in UTC).
+/// seconds since the Unix epoch (the listing's `expires_at`, RFC 3339 in
+/// UTC).
 async fn expires_at(server: &TestServer, name: &str, id: &str) -> f64 {
     let listed: Value = server
         .client
@@ -53,11 +54,29 @@ async fn expires_at(server: &TestServer, name: &str, id: &str) -> f64 {
         .find(|s| s["id"] == id)
         .unwrap_or_else(|| panic!("{id} not listed: {listed}"));
     let time = session["expires_at"].as_str().unwrap();
-    let clock = time.split('T').nth(1).unwrap().trim_end_matches('Z');
-    clock
+    let (date, clock) = time.trim_end_matches('Z').split_once('T').unwrap();
+    let [year, month, day]: [i64; 3] = date
+        .split('-')
+        .map(|part| part.parse().unwrap())
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap();
+    // Days since 1970-01-01 of a date in the proleptic Gregorian calendar.
+    let (y, m) = if month <= 2 {
+        (year - 1, month + 9)
+    } else {
+        (year, month - 3)
+    };
+    let era = y.div_euclid(400);
+    let year_of_era = y - era * 400;
+    let day_of_year = (153 * m + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    let days = era * 146_097 + day_of_era - 719_468;
+    let seconds = clock
         .split(':')
         .map(|part| part.parse::<f64>().unwrap())
-        .fold(0.0, |total, part| total * 60.0 + part)
+        .fold(0.0, |total, part| total * 60.0 + part);
+    days as f64 * 86_400.0 + seconds
 }
 
 fn message(body: &Value) -> &str {

@@ -732,6 +732,43 @@ async fn post_text(server: &TestServer, path: &str, body: String) -> (u16, Strin
 }
 
 #[tokio::test]
+async fn deeply_nested_values_are_refused_and_the_server_lives_on() {
+    let server = TestServer::start().await;
+    // An `expected` nested 100,000 deep is a 400 naming the limit.
+    let deep = "[".repeat(100_000) + &"]".repeat(100_000);
+    let (status, text) = post_text(
+        &server,
+        "/grade",
+        format!(
+            r#"{{"code": "def f():\n    return 1", "entry": "f", "tests": [{{"expected": {deep}}}]}}"#
+        ),
+    )
+    .await;
+    assert_eq!(status, 400, "{}", &text[..text.len().min(300)]);
+    assert!(text.contains("nested deeper than 128"), "{text}");
+    // A returned value nested past the limit is the case's runtime error.
+    let code = "def f():\n    v = []\n    for _ in range(200):\n        v = [v]\n    return v";
+    let (status, text) = post_text(
+        &server,
+        "/grade",
+        json!({"code": code, "entry": "f", "tests": [{"expected": 1}]}).to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let result: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(verdicts(&result), ["runtime_error"], "{result}");
+    assert!(
+        result["cases"][0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("nested deeper than 128")),
+        "{result}"
+    );
+    let (status, _) = server.get("/health").await;
+    assert_eq!(status, 200);
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn function_mode_keeps_big_integers_exact_end_to_end() {
     let server = TestServer::start().await;
     let two_70 = "1180591620717411303424"; // 2**70

@@ -525,5 +525,19 @@ async fn test_code_compiles_as_its_files_would() {
     let stderr = cases[2]["stderr"].as_str().unwrap();
     assert!(stderr.contains("SyntaxWarning"), "{stderr}");
     assert_eq!(cases[3]["verdict"], "ok", "{body}");
+    // A byte order mark before the submission or the test code is dropped,
+    // as Python drops it from a file.
+    let (status, body) = server
+        .post(
+            "/grade",
+            json!({
+                "code": format!("\u{feff}{code}"),
+                "entry": "inc",
+                "tests": [{"test_code": "\u{feff}def check(candidate):\n    assert candidate(1) == 2\n"}],
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["cases"][0]["verdict"], "ok", "{body}");
     server.stop().await;
 }
