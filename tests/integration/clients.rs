@@ -33,11 +33,9 @@ async fn execute_as(
     post_as(server, "/execute", Some(&token(name)), None, body).await
 }
 
-/// When client `name`'s session `id` expires, as `GET /sessions` lists it:
-/// seconds since the Unix epoch (the listing's `expires_at`, RFC 3339 in
-/// UTC).
-async fn expires_at(server: &TestServer, name: &str, id: &str) -> f64 {
-    let listed: Value = server
+/// `GET /sessions` as client `name`.
+async fn sessions_of(server: &TestServer, name: &str) -> Value {
+    server
         .client
         .get(format!("{}/sessions", server.url))
         .bearer_auth(token(name))
@@ -46,7 +44,14 @@ async fn expires_at(server: &TestServer, name: &str, id: &str) -> f64 {
         .unwrap()
         .json()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// When client `name`'s session `id` expires, as `GET /sessions` lists it:
+/// seconds since the Unix epoch (the listing's `expires_at`, RFC 3339 in
+/// UTC).
+async fn expires_at(server: &TestServer, name: &str, id: &str) -> f64 {
+    let listed = sessions_of(server, name).await;
     let session = listed["sessions"]
         .as_array()
         .unwrap()
@@ -297,16 +302,7 @@ async fn sessions_belong_to_their_client_and_ceilings_hold() {
         .await
         .unwrap();
     assert_eq!(gone.status(), 404);
-    let listed: Value = server
-        .client
-        .get(format!("{}/sessions", server.url))
-        .bearer_auth("bob-token")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = sessions_of(&server, "bob").await;
     assert_eq!(listed["sessions"], json!([]), "{listed}");
     // Alice's session is intact, and she may hold only one.
     let (_, _, body) = execute_as(
