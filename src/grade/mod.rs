@@ -153,10 +153,7 @@ impl Executor {
                 .iter()
                 .flat_map(|(_, cases)| cases.iter().map(|r| r.case.weight)),
         )
-        .map_err(|e| match e {
-            ExecError::BadRequest(m) => ExecError::BadRequest(format!("the batch: {m}")),
-            other => other,
-        })?;
+        .map_err(|e| refusal_of(e, "the batch"))?;
         // One grade record per submission: each has its slot before any runs.
         self.reserve_records(submissions.len())?;
         Ok(PreparedBatch { submissions, width })
@@ -371,10 +368,8 @@ impl Executor {
             graded: true,
             ..RunOptions::default()
         };
-        self.prepare_with(&shared, &graded).map_err(|e| match e {
-            ExecError::BadRequest(m) => ExecError::BadRequest(format!("request: {m}")),
-            other => other,
-        })?;
+        self.prepare_with(&shared, &graded)
+            .map_err(|e| refusal_of(e, "request"))?;
         let mut ready = Vec::with_capacity(req.tests.len());
         for (index, case) in req.tests.into_iter().enumerate() {
             let label = || match &case.name {
@@ -481,10 +476,9 @@ impl Executor {
                 },
                 ..RunOptions::default()
             };
-            let prepared = self.prepare_with(&exec, &options).map_err(|e| match e {
-                ExecError::BadRequest(m) => ExecError::BadRequest(format!("{}: {m}", label())),
-                other => other,
-            })?;
+            let prepared = self
+                .prepare_with(&exec, &options)
+                .map_err(|e| refusal_of(e, label()))?;
             ready.push(Ready {
                 case: Expect {
                     index,
@@ -648,6 +642,15 @@ fn returned_value(data: &str) -> Result<(Json, JsonText), serde_json::Error> {
     let value = Json::parse(data)?;
     let text = JsonText::parse(value.to_text())?;
     Ok((value, text))
+}
+
+/// A `bad_request` about part of a grading request, its message saying
+/// which part (`request`, `test 3`); other errors pass as they are.
+fn refusal_of(err: ExecError, part: impl std::fmt::Display) -> ExecError {
+    match err {
+        ExecError::BadRequest(m) => ExecError::BadRequest(format!("{part}: {m}")),
+        other => other,
+    }
 }
 
 fn skipped(index: usize, name: Option<String>, first_failure: &AtomicUsize) -> CaseResult {
