@@ -32,7 +32,9 @@ frame of its type, except those marked optional.
 |                  |           | `artifacts_cut` (true: there were more files than listed);    |
 |                  |           | `returned` (str: the JSON of the value `call` returned) or    |
 |                  |           | `returned_size` (its bytes, when over `max_artifact_bytes`);  |
-|                  |           | in session mode `session_lost` (a reason, or nil);            |
+|                  |           | in session mode `session_lost` (a reason, or nil) and         |
+|                  |           | `refused` (`code`, `message`: the call's input files could    |
+|                  |           | not be written, and its code did not run);                    |
 |                  |           | `cleaning` (true: the run left many files; the worker reads   |
 |                  |           | no request before its `cleaned` frame)                        |
 | worker -> server | `result`  | `id`, `exit_code` (0), `pid`: the answer to `session`, with   |
@@ -114,7 +116,7 @@ twenty. Only the server writes that pipe (user code could write its own
 process's request pipe, but it runs in that process already). The child
 answers on its report pipe with a 4-byte length and a msgpack map of `id`
 (the call's), `status`, `result`, `error`, `artifacts` (as in `result`) and
-optional `cpu_ms`, `peak_rss_kb` and `artifacts_cut`. User code can write to that pipe too:
+optional `cpu_ms`, `peak_rss_kb`, `artifacts_cut` and `refused` (as in `result`). User code can write to that pipe too:
 the server skips reports of other calls and trusts no field.
 
 The server sends a clean run's `exec` frame in Python's marshal format
@@ -995,6 +997,68 @@ def write_files(root, files, replace=False):
             write_all(fd, data)
         finally:
             os.close(fd)
+
+
+class FilesRefused(Exception):
+    """A session call's input files that its directory cannot take as they
+    are: ``code`` (the server's error code, ``conflict`` or ``too_large``)
+    and why, naming the file as the request does."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def check_session_files(root, files):
+    """Refuse (FilesRefused) a session call's ``files`` that the session's
+    directory under ``root`` cannot take as they are, before any is
+    written: a directory or symbolic link where a file goes (a file is
+    never written through a link), or a file where a directory goes. A
+    directory in the path may be a link to one, as ``os.makedirs`` takes."""
+    for rel, _ in files:
+        parts = os.path.relpath(safe_join(root, rel), root).split(os.sep)
+        at = root
+        for depth, part in enumerate(parts, 1):
+            at = os.path.join(at, part)
+            try:
+                mode = os.lstat(at).st_mode
+            except FileNotFoundError:
+                break
+            if depth < len(parts):
+                if not (stat.S_ISDIR(mode) or (stat.S_ISLNK(mode) and os.path.isdir(at))):
+                    raise FilesRefused("conflict", "file %s cannot be written: %s in its path "
+                                       "is not a directory in the session; the call did not run"
+                                       % (quoted(rel), quoted("/".join(parts[:depth]))))
+            elif not stat.S_ISREG(mode):
+                what = ("a directory" if stat.S_ISDIR(mode)
+                        else "a symbolic link" if stat.S_ISLNK(mode)
+                        else "a named pipe" if stat.S_ISFIFO(mode)
+                        else "a socket" if stat.S_ISSOCK(mode) else "a device file")
+                raise FilesRefused("conflict", "file %s cannot be written: the session has %s "
+                                   "there; the call did not run" % (quoted(rel), what))
+
+
+def write_session_files(root, files):
+    """Write a session call's input ``files``, replacing what earlier calls
+    left (checked first: see check_session_files); a write the system refuses is the
+    call's FilesRefused, not an exception of its code."""
+    for rel, data in files:
+        try:
+            write_files(root, [(rel, data)], replace=True)
+        except OSError as exc:
+            full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+            raise FilesRefused("too_large" if full else "conflict",
+                               "file %s could not be written: %s; the call did not run%s"
+                               % (quoted(rel), os.strerror(exc.errno or 0) if exc.errno
+                                  else type(exc).__name__,
+                                  "" if rel == files[0][0] else
+                                  " (the files before it in the request were written)"))
+
+
+def quoted(text):
+    """``text`` in double quotes, as the server quotes a path in a message."""
+    return '"%s"' % text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def set_stdin(data):
@@ -2497,6 +2561,8 @@ def result_frame(msg, run, artifacts, artifacts_cut=False):
     }
     if artifacts_cut:
         frame["artifacts_cut"] = True
+    if "refused" in report:
+        frame["refused"] = report["refused"]
     returned = report.get("returned")
     if returned is not None:  # the run's process capped it, unless forged
         frame.update(returned_fields(returned, msg["max_artifact_bytes"]))
@@ -4177,8 +4243,10 @@ def report_frame(report):
     msgpack map). The common one is packed in one call: walking its map
     in ``packb`` cost a call ~8 us of the session process's time in place,
     where its code is no longer in the CPU's caches."""
-    if (len(report) == 7 and report["result"] is None and report["error"] is None
-            and not report["artifacts"]):
+    # Seven keys with an empty ``artifacts`` are the plain report's (a
+    # refused call's has ``refused`` in place of ``artifacts``).
+    if (len(report) == 7 and report.get("artifacts") == [] and report["result"] is None
+            and report["error"] is None):
         status, peak, call = report["status"], report["peak_rss_kb"], report["id"]
         if (type(status) is int and 0 <= status < 0x80 and type(peak) is int
                 and 0 <= peak < 1 << 32 and type(call) is int and 0 <= call < 1 << 64):
@@ -4216,10 +4284,11 @@ def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnu
     try:
         os.dup2(devnull, 0)
         if files:
+            check_session_files(rundir, files)
             # The first call that sends a module the zygote imported gets
             # its own; later calls import as the session did (forget).
             shadowed_by_files(files, forget=True)
-            write_files(rundir, files, replace=True)
+            write_session_files(rundir, files)
         if stdin:
             set_stdin(stdin)
             sys.stdin = _call_stdin[0] = open(0, "r", closefd=False)
@@ -4243,7 +4312,12 @@ def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnu
         finally:
             _in_call[0] = False
         save_figures()
-    except BaseException as exc:  # an interrupt that landed outside the code, bad files
+    except FilesRefused as refused:
+        report = {"status": 0, "result": None, "error": None,
+                  "refused": {"code": refused.code, "message": refused.message}}
+        clock.stop(begun, report)
+        return report
+    except BaseException as exc:  # an interrupt that landed outside the code
         outcome.status = 1
         outcome.error = user_traceback(exc)
     for stream in (sys.stdout, sys.stderr):

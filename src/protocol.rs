@@ -25,7 +25,9 @@
 //! |                  |           | `artifacts_cut` (true: there were more files than listed);    |
 //! |                  |           | `returned` (str: the JSON of the value `call` returned) or    |
 //! |                  |           | `returned_size` (its bytes, when over `max_artifact_bytes`);  |
-//! |                  |           | in session mode `session_lost` (a reason, or nil);            |
+//! |                  |           | in session mode `session_lost` (a reason, or nil) and         |
+//! |                  |           | `refused` (`code`, `message`: the call's input files could    |
+//! |                  |           | not be written, and its code did not run);                    |
 //! |                  |           | `cleaning` (true: the run left many files; the worker reads   |
 //! |                  |           | no request before its `cleaned` frame)                        |
 //! | worker -> server | `result`  | `id`, `exit_code` (0), `pid`: the answer to `session`, with   |
@@ -107,7 +109,7 @@
 //! process's request pipe, but it runs in that process already). The child
 //! answers on its report pipe with a 4-byte length and a msgpack map of `id`
 //! (the call's), `status`, `result`, `error`, `artifacts` (as in `result`) and
-//! optional `cpu_ms`, `peak_rss_kb` and `artifacts_cut`. User code can write to that pipe too:
+//! optional `cpu_ms`, `peak_rss_kb`, `artifacts_cut` and `refused` (as in `result`). User code can write to that pipe too:
 //! the server skips reports of other calls and trusts no field.
 //!
 //! The server sends a clean run's `exec` frame in Python's marshal format
@@ -290,6 +292,16 @@ pub struct WireError {
     pub errno: Option<i32>,
 }
 
+/// Why a session call did not run: its input files could not be written
+/// (a directory or link of the session's where one goes, its disk full).
+/// `code` is the error code the client gets, `conflict` or `too_large`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct WireRefusal {
+    pub code: String,
+    pub message: String,
+}
+
 /// Any frame the worker sends. One flat shape instead of a tagged enum, so
 /// that large `stdout`/`stderr` payloads are decoded straight into their
 /// buffers without an intermediate copy.
@@ -332,6 +344,9 @@ pub struct WorkerFrame {
     pub peak_rss_kb: Option<u64>,
     /// Session mode: why the session child is gone after this call.
     pub session_lost: Option<String>,
+    /// Session mode: the call's input files could not be written in the
+    /// session's directory, and its code did not run.
+    pub refused: Option<WireRefusal>,
     /// The run was killed for going over its `limits.disk_bytes`.
     pub disk_exceeded: bool,
     /// The JSON of the value the `exec` frame's `call` returned.

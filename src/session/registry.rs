@@ -288,7 +288,15 @@ impl Sessions {
                         }
                     });
                 }
-                Ok(out)
+                match out.refused {
+                    // What the session's own files refused is the request's
+                    // to mend; the session goes on.
+                    Some(refused) if refused.code == "too_large" => {
+                        Err(ExecError::TooLarge(refused.message))
+                    }
+                    Some(refused) => Err(ExecError::Conflict(refused.message)),
+                    None => Ok(out),
+                }
             }
             Err(e) => {
                 let worker = slot.take();

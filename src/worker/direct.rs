@@ -19,7 +19,7 @@ use tokio::net::unix::pipe;
 
 use super::{OutputChunk, OutputSink, OutputStream, RunOutput, Worker};
 use crate::error::WorkerError;
-use crate::protocol::{self, WireArtifact, WireError};
+use crate::protocol::{self, WireArtifact, WireError, WireRefusal};
 
 /// Characters a result's repr may have past `max_result_chars`: the note
 /// that says it was cut, and how long it was (see `value_repr` in
@@ -210,6 +210,8 @@ struct Report {
     artifacts: Vec<WireArtifact>,
     /// The child's listing of the call's files was cut.
     artifacts_cut: bool,
+    /// The call's input files could not be written; its code did not run.
+    refused: Option<WireRefusal>,
 }
 
 /// A report's artifacts: the first [`MAX_ARTIFACTS`] whose paths are plain
@@ -908,6 +910,10 @@ fn report_output(report: Report, params: &CallParams<'_>) -> RunOutput {
         })
         .collect();
     RunOutput {
+        refused: report.refused.map(|r| WireRefusal {
+            code: first_chars(r.code, 64),
+            message: first_chars(r.message, MAX_ERROR_CHARS),
+        }),
         exit_code: whole_in(report.status, -255.0, 255.0).map_or(0, |v| v as i32),
         // Past the cap, the child cut the repr and said so after it.
         result: report.result.map(|r| {

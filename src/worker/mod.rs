@@ -205,6 +205,9 @@ pub struct RunOutput {
     pub network: Option<crate::api::NetworkUsage>,
     /// Session mode: why the session child is gone after this run.
     pub session_lost: Option<String>,
+    /// Session mode: the call's input files could not be written, and its
+    /// code did not run.
+    pub refused: Option<protocol::WireRefusal>,
     /// The run was killed for going over its `limits.disk_bytes`.
     pub disk_exceeded: bool,
     /// The JSON of the value its `call` returned (grading's function mode).
@@ -744,6 +747,7 @@ impl Worker {
                         cpu_ms: frame.cpu_ms,
                         peak_rss_kb: frame.peak_rss_kb,
                         session_lost: frame.session_lost,
+                        refused: frame.refused,
                         network: None,
                         disk_exceeded: frame.disk_exceeded,
                         returned: frame.returned,

@@ -1456,3 +1456,50 @@ async fn a_session_directory_past_the_walk_budget_still_gets_only_each_calls_fil
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_call_whose_files_the_session_has_something_else_in_the_way_of_is_refused() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({})).await;
+    ok(
+        &server,
+        &id,
+        "import os\nkept = 7\nos.mkdir('d.txt')\nos.symlink('/etc/hostname', 'l.txt')\nopen('f', 'w').close()\nos.mkfifo('p')\nos.mkdir('real')\nos.symlink('real', 'linked')",
+    )
+    .await;
+    let refused = [
+        ("d.txt", "the session has a directory there"),
+        ("l.txt", "the session has a symbolic link there"),
+        ("p", "the session has a named pipe there"),
+        ("f/x", "\"f\" in its path is not a directory in the session"),
+    ];
+    for (path, why) in refused {
+        let (status, body) = server
+            .execute(json!({"session": id, "code": "kept += 1", "files": {path: "input"}}))
+            .await;
+        assert_eq!(status, 409, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "conflict", "{body}");
+        assert_eq!(
+            body["error"]["message"],
+            format!("file \"{path}\" cannot be written: {why}; the call did not run"),
+            "{body}"
+        );
+    }
+    // None of those calls ran, nothing was written through the link, and
+    // the session goes on with its state.
+    let body = ok(
+        &server,
+        &id,
+        "import os\nprint(kept, os.path.isdir('d.txt'), os.readlink('l.txt'), os.listdir('d.txt'))",
+    )
+    .await;
+    assert_eq!(body["stdout"], "7 True /etc/hostname []\n", "{body}");
+    // A directory of the path may be a link to one, and a file that is
+    // there is replaced.
+    let (status, body) = server
+        .execute(json!({"session": id, "code": "print(open('real/x').read(), open('f').read())", "files": {"linked/x": "through", "f": "replaced"}}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], "through replaced\n", "{body}");
+    server.stop().await;
+}

@@ -209,6 +209,46 @@ async fn a_session_keeps_its_files_within_the_quota() {
 }
 
 #[tokio::test]
+async fn a_session_call_whose_files_do_not_fit_what_is_left_is_refused() {
+    let arena = arena().await;
+    let (status, info) = arena.server.post("/sessions", json!({})).await;
+    assert_eq!(status, 201, "{info}");
+    let id = info["id"].as_str().unwrap().to_string();
+    // The session fills its quota to within 256 KiB.
+    let body = arena
+        .attack(json!({"session": id, "timeout": 20, "code": "import shutil\nleft = shutil.disk_usage('.').free\nopen('fill.bin', 'wb').write(b'f' * (left - (256 << 10)))\nkept = 'state'"}))
+        .await;
+    assert_eq!(body["exit_code"], 0, "{body}");
+    let one_mib = "x".repeat(1 << 20);
+    let (status, body) = arena
+        .server
+        .execute(json!({"session": id, "code": "kept = 'lost'", "files": {"in.txt": one_mib}}))
+        .await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error"]["code"], "too_large", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "file \"in.txt\" could not be written: No space left on device; the call did not run"
+        ),
+        "{message}"
+    );
+    // The code did not run; with room made, the same file goes in.
+    let body = arena
+        .attack(json!({"session": id, "code": "import os\nos.remove('fill.bin')\nprint(kept)"}))
+        .await;
+    assert_eq!(body["stdout"], "state\n", "{body}");
+    let (status, body) = arena
+        .server
+        .execute(json!({"session": id, "code": "print(len(open('in.txt').read()))", "files": {"in.txt": one_mib}}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], format!("{}\n", 1 << 20), "{body}");
+    arena.server.delete(&format!("/sessions/{id}")).await;
+    arena.assert_recovered().await;
+}
+
+#[tokio::test]
 async fn health_reports_the_disk_quota() {
     let arena = arena().await;
     let (status, health) = arena.server.get("/health").await;
