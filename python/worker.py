@@ -116,8 +116,9 @@ twenty. Only the server writes that pipe (user code could write its own
 process's request pipe, but it runs in that process already). The child
 answers on its report pipe with a 4-byte length and a msgpack map of `id`
 (the call's), `status`, `result`, `error`, `artifacts` (as in `result`) and
-optional `cpu_ms`, `peak_rss_kb`, `artifacts_cut` and `refused` (as in `result`). User code can write to that pipe too:
-the server skips reports of other calls and trusts no field.
+optional `cpu_ms`, `peak_rss_kb`, `artifacts_cut` and `refused` (as in
+`result`). User code can write to that pipe too: the server skips reports
+of other calls and trusts no field.
 
 The server sends a clean run's `exec` frame in Python's marshal format
 rather than msgpack: a `dict` (its first byte `{` 0x7b, or 0xfb as Python
@@ -1041,8 +1042,8 @@ def check_session_files(root, files):
 
 def write_session_files(root, files):
     """Write a session call's input ``files``, replacing what earlier calls
-    left (checked first: see check_session_files); a write the system refuses is the
-    call's FilesRefused, not an exception of its code."""
+    left (checked first: see check_session_files); a write the system
+    refuses is the call's FilesRefused, not an exception of its code."""
     for rel, data in files:
         try:
             write_files(root, [(rel, data)], replace=True)
@@ -1420,6 +1421,13 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000, compile
     # may run before linecache is imported (see prepare_later_runs): the
     # entry is then added when it is.
     lines = code.splitlines(True)
+    if len(lines) != code.count("\n") + (code[-1:] != "\n") or "\r" in code:
+        # Breaks other than "\n": the lines as the compiler and a file's
+        # reader count them, on "\n", "\r\n" and "\r" only (splitlines also
+        # breaks on "\f", "\x85", U+2028 and others), each ended by "\n".
+        import io
+
+        lines = io.StringIO(code, None).readlines()
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"  # as linecache reads a file's last line
     entry = (len(code), None, lines, RUN_FILENAME)

@@ -51,6 +51,29 @@ async fn the_caret_under_a_traceback_line_sits_where_python_puts_it() {
 }
 
 #[tokio::test]
+async fn a_traceback_shows_the_line_python_counts_past_a_form_feed_or_unicode_break() {
+    // Python counts lines on "\n", "\r\n" and "\r" alone; a form feed,
+    // U+0085 or U+2028 in the code (in a string or a comment) is no break.
+    let server = TestServer::start().await;
+    for (code, line) in [
+        ("s = '\x0c'\ny = 1/0\n", 2),
+        ("\x0c\ns = 1\ny = 1/0", 3),
+        ("# \u{2028} and \u{85}\ny = 1/0\n", 2),
+        ("s = 1\r\ny = 1/0\r\n", 2),
+        ("s = 1\ry = 1/0", 2),
+    ] {
+        let body = server.run(code).await;
+        let stderr = body["stderr"].as_str().unwrap();
+        assert!(
+            stderr.ends_with("    y = 1/0\n        ~^~\nZeroDivisionError: division by zero\n"),
+            "{code:?}: {stderr}"
+        );
+        assert_eq!(body["error"]["line"], line, "{code:?}: {body}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn exit_statuses_follow_python_script_semantics() {
     let server = TestServer::start().await;
 
