@@ -202,7 +202,7 @@ impl McpHandler {
             let mut call = request.clone();
             call.session = Some(id);
             match self.execute_once(call, note, &ctx).await {
-                Err(ExecError::UnknownSession(_)) if !retried => retried = true,
+                Err(ExecError::UnknownSession { .. }) if !retried => retried = true,
                 done => return done.unwrap_or_else(refusal),
             }
         }

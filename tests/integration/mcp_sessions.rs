@@ -212,3 +212,38 @@ async fn a_session_calls_status_line_names_the_sessions_timeout() {
     let _ = client.cancel().await;
     executor.shutdown().await;
 }
+
+/// A call to a session that does not exist says how to open one the MCP
+/// way (the tool), not with the HTTP API's route; so does the cap on live
+/// sessions, about closing one.
+#[tokio::test]
+async fn session_errors_name_the_session_tools() {
+    let mut config = config();
+    config.sessions.max_sessions = 1;
+    let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+    let client = connect_in_process(executor.clone(), &config).await;
+    let (failed, out) = run(&client, json!({"code": "pass", "session": "nope"})).await;
+    assert!(failed, "{out}");
+    assert_eq!(
+        out,
+        "error (unknown_session): unknown session \"nope\"; create one with the `create_session` \
+         tool"
+    );
+    let closed = call(&client, "close_session", json!({"session": "nope"}))
+        .await
+        .unwrap();
+    assert_eq!(closed.is_error, Some(true));
+    assert_eq!(text(&closed), out);
+
+    let first = call(&client, "create_session", json!({})).await.unwrap();
+    assert_ne!(first.is_error, Some(true), "{}", text(&first));
+    let second = call(&client, "create_session", json!({})).await.unwrap();
+    assert_eq!(second.is_error, Some(true), "{}", text(&second));
+    assert_eq!(
+        text(&second),
+        "error (too_many_sessions): the server already runs its maximum of 1 sessions; close one \
+         with the `close_session` tool or wait for one to expire"
+    );
+    let _ = client.cancel().await;
+    executor.shutdown().await;
+}
