@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::schema_for_output;
-use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolResult, ContentBlock, Implementation, JsonObject, ProgressNotificationParam,
     ServerCapabilities, ServerConfig,
@@ -28,6 +27,7 @@ use crate::error::ExecError;
 use crate::executor::OutputStream;
 use crate::executor::{Executor, RunOptions};
 use crate::limits::ResultLimits;
+use crate::mcp::args::{Parameters, refused_arguments};
 use crate::mcp::result::{grade_result, refusal, run_result};
 use crate::mcp::session::{CloseSessionArgs, CreateSessionArgs, ImplicitSession};
 
@@ -904,9 +904,10 @@ fn human_bytes(bytes: u64) -> String {
     format!("{bytes} bytes")
 }
 
-/// Wrap a tool so that each call is counted in the metrics by tool and
-/// outcome (`ok`, `error` for an `isError` result, `failed` for a protocol
-/// error); covers every tool, whoever adds it.
+/// Wrap a tool so that refused arguments are its `isError` result (see
+/// [`refused_arguments`]) and each call is counted in the metrics by tool
+/// and outcome (`ok`, `error` for an `isError` result, `failed` for a
+/// protocol error); covers every tool, whoever adds it.
 fn count_calls(route: &mut rmcp::handler::server::router::tool::ToolRoute<McpHandler>) {
     use rmcp::model::CallToolResponse;
     let inner = route.call.clone();
@@ -915,7 +916,7 @@ fn count_calls(route: &mut rmcp::handler::server::router::tool::ToolRoute<McpHan
         let metrics = ctx.service.executor.metrics().clone();
         let tool = ctx.name.clone();
         Box::pin(async move {
-            let response = inner(ctx).await;
+            let response = refused_arguments(inner(ctx).await);
             let outcome = match &response {
                 Ok(CallToolResponse::Complete(result)) if result.is_error == Some(true) => "error",
                 Ok(_) => "ok",
