@@ -1,8 +1,15 @@
 //! MCP over streamable HTTP: the `rmcp` tower service the axum server nests
-//! at `/mcp` (behind the same bearer token as `/execute`).
+//! at `/mcp` (behind the same bearer token as `/execute`), with a thin layer
+//! where rmcp's answers differ from the specification's.
 
 use std::sync::Arc;
 
+use axum::Router;
+use axum::extract::Request;
+use axum::http::{Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
@@ -20,11 +27,7 @@ use crate::mcp::McpHandler;
 /// only, while the server listens on a loopback address. Bound to any other
 /// address the operator exposed it deliberately: any Host is accepted and the
 /// bearer token is the guard.
-pub fn http_service(
-    executor: Arc<Executor>,
-    config: &Config,
-    stop: CancellationToken,
-) -> StreamableHttpService<McpHandler, LocalSessionManager> {
+pub fn http_service(executor: Arc<Executor>, config: &Config, stop: CancellationToken) -> Router {
     let mut http_config = StreamableHttpServerConfig::default()
         .with_cancellation_token(stop)
         .with_max_request_body_bytes(config.max_body_bytes);
@@ -34,9 +37,39 @@ pub fn http_service(
     // Built once; each session gets a copy (cheap: `Arc`s and the router)
     // with its own implicit session, if those are on.
     let handler = McpHandler::new(executor, config);
-    StreamableHttpService::new(
+    let sessions = Arc::new(LocalSessionManager::default());
+    let service = StreamableHttpService::new(
         move || Ok(handler.for_connection()),
-        Arc::new(LocalSessionManager::default()),
+        sessions.clone(),
         http_config,
-    )
+    );
+    Router::new()
+        .fallback_service(service)
+        .layer(middleware::from_fn(move |req, next| {
+            as_specified(sessions.clone(), req, next)
+        }))
+}
+
+/// What `/mcp` answers as the specification (streamable HTTP, 2025-11-25)
+/// asks, where rmcp 3.11 answers otherwise: `DELETE` naming an MCP session
+/// that does not exist (never did, or has ended) is `404 Not Found`, as
+/// every other request naming one is; rmcp answers it `202 Accepted`.
+async fn as_specified(sessions: Arc<LocalSessionManager>, req: Request, next: Next) -> Response {
+    let mut unknown = false;
+    if req.method() == Method::DELETE
+        && let Some(id) = req
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+    {
+        // A lookup that fails leaves rmcp's answer as it is.
+        unknown = !sessions.has_session(&id.into()).await.unwrap_or(true);
+    }
+    let response = next.run(req).await;
+    // rmcp checks the request first (host, protocol version); only its
+    // answer that it ended the session becomes the 404.
+    if unknown && response.status() == StatusCode::ACCEPTED {
+        return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
+    }
+    response
 }
