@@ -51,10 +51,28 @@ pub fn http_service(executor: Arc<Executor>, config: &Config, stop: Cancellation
 }
 
 /// What `/mcp` answers as the specification (streamable HTTP, 2025-11-25)
-/// asks, where rmcp 3.11 answers otherwise: `DELETE` naming an MCP session
-/// that does not exist (never did, or has ended) is `404 Not Found`, as
-/// every other request naming one is; rmcp answers it `202 Accepted`.
-async fn as_specified(sessions: Arc<LocalSessionManager>, req: Request, next: Next) -> Response {
+/// asks, where rmcp 3.11 answers otherwise:
+/// * `DELETE` naming an MCP session that does not exist (never did, or has
+///   ended) is `404 Not Found`, as every other request naming one is; rmcp
+///   answers it `202 Accepted`.
+/// * A call's event stream taken up again with `Last-Event-ID` goes on after
+///   that event; rmcp sends that event again first (see
+///   [`event_after`]).
+async fn as_specified(
+    sessions: Arc<LocalSessionManager>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    if req.method() == Method::GET
+        && let Some(after) = req
+            .headers()
+            .get("last-event-id")
+            .and_then(|v| v.to_str().ok())
+            .and_then(event_after)
+            .and_then(|id| id.parse().ok())
+    {
+        req.headers_mut().insert("last-event-id", after);
+    }
     let mut unknown = false;
     if req.method() == Method::DELETE
         && let Some(id) = req
@@ -72,4 +90,32 @@ async fn as_specified(sessions: Arc<LocalSessionManager>, req: Request, next: Ne
         return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
     }
     response
+}
+
+/// The `Last-Event-ID` that makes rmcp's session cache resume after event
+/// `last` of a call's stream, not at it. Those events' ids are
+/// `<index>/<stream>`; rmcp replays the cached events from `<index>` on,
+/// the event the client already has among them. The ids of the stream a
+/// `GET` opens are bare indices, and its first (priming) event shares index
+/// 0 with the first cached one, so a bare index cannot say which the client
+/// has: those are left alone.
+fn event_after(last: &str) -> Option<String> {
+    let (index, stream) = last.split_once('/')?;
+    let index: usize = index.parse().ok()?;
+    let stream: u64 = stream.parse().ok()?;
+    Some(format!("{}/{stream}", index.checked_add(1)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_streams_event_id_moves_one_on_and_others_stay() {
+        assert_eq!(event_after("1/0").as_deref(), Some("2/0"));
+        assert_eq!(event_after("0/17").as_deref(), Some("1/17"));
+        assert_eq!(event_after("3"), None);
+        assert_eq!(event_after("a/0"), None);
+        assert_eq!(event_after("1/x"), None);
+    }
 }

@@ -1,10 +1,11 @@
 //! The streamable HTTP transport of `/mcp` as the specification has it, on
-//! raw HTTP: ending an MCP session with `DELETE`.
+//! raw HTTP: ending an MCP session with `DELETE`, and taking a call's event
+//! stream up again with `Last-Event-ID`.
 
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::common::TestServer;
 
@@ -151,5 +152,69 @@ async fn deleting_an_unknown_or_ended_mcp_session_answers_404() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 400);
+    server.stop().await;
+}
+
+/// A client that lost a call's event stream takes it up with the id of the
+/// last event it read, and gets every later event once: none again.
+#[tokio::test]
+async fn a_resumed_call_stream_sends_no_event_twice() {
+    let server = TestServer::start().await;
+    let session = open_session(&server).await;
+    let code = "import time\nprint('first', flush=True)\ntime.sleep(1.5)\nprint('second')";
+    let resp = request(&server, reqwest::Method::POST, Some(&session))
+        .json(&json!({
+            "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {
+                "name": "execute_code",
+                "arguments": {"code": code},
+                "_meta": {"progressToken": "p"},
+            },
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut events = Events::new(resp);
+    // Read up to the progress notification of the first line, then leave.
+    let last = loop {
+        let event = events
+            .next(Duration::from_secs(10))
+            .await
+            .expect("the progress of the first line");
+        if event.data.contains("[stdout] first") {
+            break event;
+        }
+    };
+    drop(events);
+    let last_id = last.id.clone().expect("events carry ids");
+
+    let resp = request(&server, reqwest::Method::GET, Some(&session))
+        .header("accept", "text/event-stream")
+        .header("Last-Event-ID", &last_id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let resumed = Events::new(resp).rest(Duration::from_secs(15)).await;
+    let ids: Vec<&str> = resumed.iter().filter_map(|e| e.id.as_deref()).collect();
+    assert!(
+        !ids.contains(&last_id.as_str()),
+        "{last_id} again: {resumed:?}"
+    );
+    assert!(
+        !resumed.iter().any(|e| e.data.contains("[stdout] first")),
+        "{resumed:?}"
+    );
+    let results: Vec<Value> = resumed
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
+        .filter(|m| m["id"] == 7)
+        .collect();
+    assert_eq!(results.len(), 1, "{resumed:?}");
+    assert_eq!(
+        results[0]["result"]["structuredContent"]["stdout"], "first\nsecond\n",
+        "{resumed:?}"
+    );
     server.stop().await;
 }
