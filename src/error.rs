@@ -111,12 +111,16 @@ pub enum ExecError {
         "replica {replica:?} is draining (shutting down) and starts no new session; retry: another replica will take it"
     )]
     Draining { replica: String },
-    #[error("{0}")]
-    UnknownSession(String),
+    /// No session of this id for the caller: `message` says why (it ended,
+    /// or it lives on another replica); `create_one` that the way on is a
+    /// new session, which the message then ends saying how in the HTTP
+    /// API's terms (the MCP front end names its tool instead).
+    #[error("{message}{}", if *create_one { "; create one with POST /sessions" } else { "" })]
+    UnknownSession { message: String, create_one: bool },
     /// A cap on live sessions is reached: the server's (`env` and
     /// `client` are `None`), one environment's or one client's
     /// (`max_sessions` in the clients file).
-    #[error("{}", too_many_sessions(env.as_deref(), client.as_deref(), *limit))]
+    #[error("{}", too_many_sessions(env.as_deref(), client.as_deref(), *limit, "(DELETE /sessions/{id})"))]
     TooManySessions {
         env: Option<String>,
         client: Option<String>,
@@ -154,14 +158,21 @@ pub enum ExecError {
     EnvFiles(#[source] io::Error),
 }
 
-fn too_many_sessions(env: Option<&str>, client: Option<&str>, limit: usize) -> String {
+/// The message of [`ExecError::TooManySessions`], with `close` saying how
+/// to close a session in the terms of the client's front end.
+pub fn too_many_sessions(
+    env: Option<&str>,
+    client: Option<&str>,
+    limit: usize,
+    close: &str,
+) -> String {
     let whose = match (env, client) {
         (_, Some(client)) => format!("client {client:?}"),
         (None, None) => "the server".to_string(),
         (Some(env), None) => format!("environment {env:?}"),
     };
     format!(
-        "{whose} already runs its maximum of {limit} sessions; close one (DELETE /sessions/{{id}}) or wait for one to expire"
+        "{whose} already runs its maximum of {limit} sessions; close one {close} or wait for one to expire"
     )
 }
 
@@ -176,7 +187,7 @@ impl ExecError {
             ExecError::EnvUnavailable { .. } => "env_unavailable",
             ExecError::ShuttingDown => "unavailable",
             ExecError::Draining { .. } => "draining",
-            ExecError::UnknownSession(_) => "unknown_session",
+            ExecError::UnknownSession { .. } => "unknown_session",
             ExecError::TooManySessions { .. } => "too_many_sessions",
             ExecError::Forbidden(_) => "forbidden",
             ExecError::TooManyRequests { .. } => "too_many_requests",
@@ -197,7 +208,7 @@ impl ExecError {
         match self {
             ExecError::BadRequest(_) => 400,
             ExecError::TooLarge(_) => 413,
-            ExecError::UnknownEnv { .. } | ExecError::UnknownSession(_) => 404,
+            ExecError::UnknownEnv { .. } | ExecError::UnknownSession { .. } => 404,
             ExecError::Forbidden(_) => 403,
             ExecError::TooManySessions { .. } | ExecError::TooManyRequests { .. } => 429,
             ExecError::AuditUnavailable(_) => 503,

@@ -6,10 +6,9 @@ use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::schema_for_output;
-use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolResult, ContentBlock, Implementation, JsonObject, ProgressNotificationParam,
-    ServerCapabilities, ServerConfig,
+    ProtocolVersion, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler, tool, tool_handler, tool_router};
@@ -28,6 +27,7 @@ use crate::error::ExecError;
 use crate::executor::OutputStream;
 use crate::executor::{Executor, RunOptions};
 use crate::limits::ResultLimits;
+use crate::mcp::args::{Parameters, refused_arguments};
 use crate::mcp::result::{grade_result, refusal, run_result};
 use crate::mcp::session::{CloseSessionArgs, CreateSessionArgs, ImplicitSession};
 
@@ -70,8 +70,14 @@ pub struct McpHandler {
     /// Options of every `execute_code` run: MCP keeps artifacts in the store,
     /// so its runs may return larger ones; plots are kept to a size.
     run_options: RunOptions,
-    /// The server's `instructions`: what it is for and the default env.
+    /// The server's `instructions`: what it is for, the default env, and
+    /// whether state carries over from call to call, for a client whose
+    /// calls share a connection (see [`shares_a_connection`]).
     instructions: Arc<str>,
+    /// What a client whose calls share no connection is told instead: an
+    /// implicit session cannot keep state for it. The same as for the
+    /// others without implicit sessions.
+    unconnected: Arc<UnconnectedTexts>,
     /// The tools, with descriptions naming this server's default environment
     /// and limits. Served by `#[tool_handler(router = self.tool_router)]`.
     tool_router: ToolRouter<McpHandler>,
@@ -107,8 +113,10 @@ impl McpHandler {
         for route in tool_router.map.values_mut() {
             count_calls(route);
         }
+        let implicit = config.mcp_implicit_session;
         if let Some(route) = tool_router.map.get_mut("execute_code") {
-            route.attr.description = Some(execute_code_description(config, &default_env).into());
+            route.attr.description =
+                Some(execute_code_description(config, &default_env, implicit).into());
         }
         // Installing changes an environment for every client: the tool exists
         // only when an admin token is configured (and over HTTP it checks the
@@ -116,22 +124,27 @@ impl McpHandler {
         if config.admin_token.is_none() && !executor.clients().any_has(Scope::Install) {
             tool_router.remove_route("install_packages");
         }
-        let state = if config.mcp_implicit_session {
-            "every call of this connection runs in one persistent session: variables, imports \
-             and files carry over from call to call"
-        } else {
-            "every call starts from a clean state (no variables, imports or files carry over) \
-             unless it names a session from `create_session`"
+        let instructions = |implicit: bool| {
+            let state = if implicit {
+                "every call of this connection runs in one persistent session: variables, \
+                 imports and files carry over from call to call"
+            } else {
+                "every call starts from a clean state (no variables, imports or files carry \
+                 over) unless it names a session from `create_session`"
+            };
+            format!(
+                "code-executor runs Python code in isolated, pre-warmed interpreters and returns \
+                 its stdout, stderr and exit status. Use `execute_code` to run a script; \
+                 {state}. The default environment is `{default_env}`{python_version}; \
+                 `list_environments` shows every environment and its Python version."
+            )
         };
-        let instructions = format!(
-            "code-executor runs Python code in isolated, pre-warmed interpreters and returns \
-             its stdout, stderr and exit status. Use `execute_code` to run a script; {state}. \
-             The default environment is `{default_env}`{python_version}; \
-             `list_environments` shows every environment and its Python version."
-        );
-        let implicit = config
-            .mcp_implicit_session
-            .then(|| Arc::new(ImplicitSession::new(executor.clone())));
+        let unconnected = UnconnectedTexts {
+            instructions: instructions(false),
+            execute_code: execute_code_description(config, &default_env, false),
+        };
+        let instructions = instructions(implicit);
+        let implicit = implicit.then(|| Arc::new(ImplicitSession::new(executor.clone())));
         McpHandler {
             executor,
             inline_image_bytes: config.mcp_inline_image_bytes,
@@ -145,6 +158,7 @@ impl McpHandler {
                 ..RunOptions::default()
             },
             instructions: instructions.into(),
+            unconnected: Arc::new(unconnected),
             tool_router,
             implicit,
             stdio_client: config.mcp_client.as_deref().map(Arc::from),
@@ -202,7 +216,7 @@ impl McpHandler {
             let mut call = request.clone();
             call.session = Some(id);
             match self.execute_once(call, note, &ctx).await {
-                Err(ExecError::UnknownSession(_)) if !retried => retried = true,
+                Err(ExecError::UnknownSession { .. }) if !retried => retried = true,
                 done => return done.unwrap_or_else(refusal),
             }
         }
@@ -627,8 +641,74 @@ fn owner_of(ctx: &RequestContext<RoleServer>) -> String {
     }
 }
 
+/// The `instructions` and the `execute_code` description for a client whose
+/// calls share no connection.
+struct UnconnectedTexts {
+    instructions: String,
+    execute_code: String,
+}
+
+/// Whether the calls of the client making this request share a connection,
+/// which an implicit session lives in: always over stdio (a launch, or a
+/// connection to the `--shared` server); over streamable HTTP only in an MCP
+/// session (`Mcp-Session-Id`), which `initialize` opens in the revisions up
+/// to 2025-11-25. A request of the stateless 2026-07-28 revision, whose
+/// `_meta` carries its protocol version and the client's capabilities (as
+/// `server/discover`'s must), has none: rmcp serves it on a handler of its
+/// own, so an implicit session made for it ends with it.
+fn shares_a_connection(ctx: &RequestContext<RoleServer>) -> bool {
+    if ctx.extensions.get::<axum::http::request::Parts>().is_none() {
+        return true;
+    }
+    let inline = ctx
+        .meta
+        .missing_required_keys(&ProtocolVersion::V_2026_07_28)
+        .is_empty();
+    !inline && ctx.protocol_version().is_none_or(|v| v.has_initialize())
+}
+
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for McpHandler {
+    /// The server's description for a client of the stateless revision (and
+    /// over stdio one that starts without `initialize`), with the
+    /// `instructions` for its kind of client.
+    async fn discover(
+        &self,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::DiscoverResult, rmcp::ErrorData> {
+        let mut info = self.get_info();
+        if !shares_a_connection(&ctx) {
+            info.instructions = Some(self.unconnected.instructions.clone());
+        }
+        Ok(rmcp::model::DiscoverResult::from_server_info(
+            self.supported_protocol_versions().into_owned(),
+            info,
+        ))
+    }
+
+    /// The tools, with the `execute_code` description for the caller's kind
+    /// of client.
+    async fn list_tools(
+        &self,
+        _request: Option<rmcp::model::PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListToolsResult, rmcp::ErrorData> {
+        let mut tools = self.tool_router.list_all();
+        if !shares_a_connection(&ctx) {
+            for tool in tools.iter_mut().filter(|t| t.name == "execute_code") {
+                tool.description = Some(self.unconnected.execute_code.clone().into());
+            }
+        }
+        // The cache hints of rmcp's own `list_tools` (`#[tool_handler]`).
+        let cache_hints = ctx
+            .protocol_version()
+            .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
+        let mut result = rmcp::model::ListToolsResult::with_all_items(tools);
+        result.ttl_ms = cache_hints.then_some(0);
+        result.cache_scope = cache_hints.then_some(rmcp::model::CacheScope::Public);
+        Ok(result)
+    }
+
     /// Every live artifact of the caller's runs.
     async fn list_resources(
         &self,
@@ -824,8 +904,9 @@ async fn guard_panics<T>(
     }
 }
 
-/// The description of `execute_code`, naming this server's defaults.
-fn execute_code_description(config: &Config, default_env: &str) -> String {
+/// The description of `execute_code`, naming this server's defaults;
+/// `implicit`: the client's calls share an implicit session.
+fn execute_code_description(config: &Config, default_env: &str, implicit: bool) -> String {
     let memory = config
         .run_limits
         .memory_bytes
@@ -845,7 +926,7 @@ fn execute_code_description(config: &Config, default_env: &str) -> String {
          `stdin` feeds standard input.\n\
          - The result is an error when the code fails (non-zero exit, uncaught exception, \
          timeout); the traceback is in the output.",
-        state = if config.mcp_implicit_session {
+        state = if implicit {
             "All calls of this connection share one persistent Python session: variables, \
              imports, functions and files carry over from call to call (unless `session` names \
              another one)."
@@ -904,9 +985,10 @@ fn human_bytes(bytes: u64) -> String {
     format!("{bytes} bytes")
 }
 
-/// Wrap a tool so that each call is counted in the metrics by tool and
-/// outcome (`ok`, `error` for an `isError` result, `failed` for a protocol
-/// error); covers every tool, whoever adds it.
+/// Wrap a tool so that refused arguments are its `isError` result (see
+/// [`refused_arguments`]) and each call is counted in the metrics by tool
+/// and outcome (`ok`, `error` for an `isError` result, `failed` for a
+/// protocol error); covers every tool, whoever adds it.
 fn count_calls(route: &mut rmcp::handler::server::router::tool::ToolRoute<McpHandler>) {
     use rmcp::model::CallToolResponse;
     let inner = route.call.clone();
@@ -915,7 +997,7 @@ fn count_calls(route: &mut rmcp::handler::server::router::tool::ToolRoute<McpHan
         let metrics = ctx.service.executor.metrics().clone();
         let tool = ctx.name.clone();
         Box::pin(async move {
-            let response = inner(ctx).await;
+            let response = refused_arguments(inner(ctx).await);
             let outcome = match &response {
                 Ok(CallToolResponse::Complete(result)) if result.is_error == Some(true) => "error",
                 Ok(_) => "ok",
@@ -986,7 +1068,8 @@ mod tests {
 
     #[test]
     fn description_names_env_and_limits() {
-        let text = execute_code_description(&Config::default(), "ml");
+        let config = Config::default();
+        let text = execute_code_description(&config, "ml", config.mcp_implicit_session);
         assert!(text.contains("`ml`"), "{text}");
         assert!(text.contains("30 s wall clock"), "{text}");
         assert!(text.contains("up to 300 s"), "{text}");

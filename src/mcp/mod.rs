@@ -2,6 +2,7 @@
 //! [`Executor`](crate::executor::Executor), served over stdio
 //! (`code-executor mcp`) and over streamable HTTP at `/mcp`.
 //!
+//! * [`args`]: tool arguments, and how a refused one is answered.
 //! * [`handler`]: the tools (`execute_code`, `list_environments`), their
 //!   descriptions and the server's `instructions`.
 //! * [`result`]: shaping a run or a refusal into a tool result.
@@ -11,6 +12,7 @@
 //! * [`shared`]: one warm server for a user's launches (`mcp --shared`).
 //! * [`http`]: the streamable HTTP service the axum server nests at `/mcp`.
 
+pub mod args;
 pub mod handler;
 pub mod http;
 pub mod result;

@@ -11,7 +11,7 @@ use rmcp::model::{CallToolResult, ContentBlock};
 
 use crate::api::ExecResult;
 use crate::api::{GradeResult, Verdict};
-use crate::error::{ExecError, error_chain};
+use crate::error::{ExecError, error_chain, too_many_sessions};
 use crate::outcome::Limit;
 
 /// Text of artifacts one tool result may embed as resources (beside their
@@ -93,7 +93,7 @@ pub fn run_result(result: &ExecResult, timeout: f64, inline_image_bytes: usize) 
 
 /// The tool result of a request the executor refused or could not run.
 pub fn refusal(err: ExecError) -> CallToolResult {
-    let message = error_chain(&err);
+    let message = message(&err);
     if err.status() >= 500 {
         tracing::error!(code = err.code(), "execute_code failed: {message}");
     }
@@ -101,6 +101,25 @@ pub fn refusal(err: ExecError) -> CallToolResult {
         "error ({}): {message}",
         err.code()
     ))])
+}
+
+/// The message of `err` as an MCP client reads it: the HTTP API's, except
+/// that where that names the route which opens or closes a session, this
+/// names the tool.
+fn message(err: &ExecError) -> String {
+    match err {
+        ExecError::UnknownSession {
+            message,
+            create_one: true,
+        } => format!("{message}; create one with the `create_session` tool"),
+        ExecError::TooManySessions { env, client, limit } => too_many_sessions(
+            env.as_deref(),
+            client.as_deref(),
+            *limit,
+            "with the `close_session` tool",
+        ),
+        _ => error_chain(err),
+    }
 }
 
 /// stdout, then stderr under a `[stderr]` line, then one bracketed status

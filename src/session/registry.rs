@@ -527,9 +527,7 @@ impl Sessions {
     /// `unknown_session` for a session of another client: the same answer
     /// as for one that never existed, so that ids cannot be probed.
     pub fn not_yours(&self, id: &str) -> ExecError {
-        ExecError::UnknownSession(format!(
-            "unknown session {id:?}; create one with POST /sessions"
-        ))
+        no_such_session(id)
     }
 
     /// `unknown_session`, saying why the session ended when it is
@@ -542,7 +540,7 @@ impl Sessions {
             .find(|(ended, _)| ended == id)
             .map(|(_, reason)| reason.as_str());
         let here = &*self.replica;
-        ExecError::UnknownSession(match (reason, crate::replica::replica_of(id)) {
+        let message = match (reason, crate::replica::replica_of(id)) {
             (Some(reason), _) => format!("session {id:?} no longer exists: {reason}"),
             (None, Some(there)) if there != here => format!(
                 "session {id:?} lives on replica {there:?}, but this call reached replica {here:?}: \
@@ -554,8 +552,21 @@ impl Sessions {
                 "session {id:?} is not known to replica {here:?}: it ended or was lost when this \
                  replica restarted (sessions live in a replica's memory)"
             ),
-            (None, None) => format!("unknown session {id:?}; create one with POST /sessions"),
-        })
+            (None, None) => return no_such_session(id),
+        };
+        ExecError::UnknownSession {
+            message,
+            create_one: false,
+        }
+    }
+}
+
+/// `unknown_session` for an id that never named a session here: the way on
+/// is a new one.
+fn no_such_session(id: &str) -> ExecError {
+    ExecError::UnknownSession {
+        message: format!("unknown session {id:?}"),
+        create_one: true,
     }
 }
 

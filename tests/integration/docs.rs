@@ -587,7 +587,10 @@ fn exec_errors() -> Vec<ExecError> {
         ExecError::Draining {
             replica: String::new(),
         },
-        ExecError::UnknownSession(String::new()),
+        ExecError::UnknownSession {
+            message: String::new(),
+            create_one: false,
+        },
         ExecError::TooManySessions {
             env: None,
             client: None,
@@ -616,7 +619,7 @@ fn exec_errors() -> Vec<ExecError> {
             | ExecError::Worker(_)
             | ExecError::ShuttingDown
             | ExecError::Draining { .. }
-            | ExecError::UnknownSession(_)
+            | ExecError::UnknownSession { .. }
             | ExecError::TooManySessions { .. }
             | ExecError::Cgroup(_)
             | ExecError::Encode(_)

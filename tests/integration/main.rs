@@ -30,6 +30,7 @@ mod isolation;
 mod manifests;
 mod mcp;
 mod mcp_artifacts;
+mod mcp_http;
 mod mcp_packages;
 mod mcp_protocol;
 mod mcp_python;

@@ -258,6 +258,63 @@ async fn refused_requests_are_tool_errors_with_the_reason() {
     stop(client, executor).await;
 }
 
+/// Arguments the tool's type refuses read as every other refusal:
+/// `error (bad_request): ...`, naming the argument, with serde's reason.
+#[tokio::test]
+async fn refused_arguments_name_the_argument_in_the_error_format() {
+    let (client, executor) = start().await;
+    let refused = async |tool: &str, args: Value| {
+        let out = call(&client, tool, args).await.unwrap();
+        assert_eq!(out.is_error, Some(true), "{out:?}");
+        assert!(out.structured_content.is_none(), "{out:?}");
+        text(&out)
+    };
+    let shown = refused("execute_code", json!({"code": "print(1)", "timeout": "5"})).await;
+    assert_eq!(
+        shown,
+        "error (bad_request): invalid argument `timeout`: invalid type: string \"5\", expected f64"
+    );
+    let shown = refused("execute_code", json!({"code": "print(1)", "cod": 1})).await;
+    assert!(
+        shown.starts_with(
+            "error (bad_request): invalid argument `cod`: unknown field `cod`, expected one of \
+             `code`, "
+        ),
+        "{shown}"
+    );
+    let shown = refused(
+        "execute_code",
+        json!({"code": "pass", "limits": {"memory_bytes": "x"}}),
+    )
+    .await;
+    assert!(
+        shown.starts_with("error (bad_request): invalid argument `limits.memory_bytes`: invalid type: string \"x\""),
+        "{shown}"
+    );
+    let shown = refused("execute_code", json!({})).await;
+    assert_eq!(
+        shown,
+        "error (bad_request): invalid arguments: missing field `code`"
+    );
+    let shown = refused("create_session", json!({"ttl": [1]})).await;
+    assert!(
+        shown.starts_with("error (bad_request): invalid argument `ttl`: invalid type: sequence"),
+        "{shown}"
+    );
+    let shown = refused("list_environments", json!({"env": "x"})).await;
+    assert!(
+        shown.starts_with("error (bad_request): invalid argument `env`: unknown field `env`"),
+        "{shown}"
+    );
+    // Counted as refused calls (`error`), as other refusals are.
+    let metrics = executor.metrics().render();
+    assert!(
+        metrics.contains("tool=\"execute_code\",outcome=\"error\"} 4"),
+        "{metrics}"
+    );
+    stop(client, executor).await;
+}
+
 #[tokio::test]
 async fn list_environments_shows_the_default_env() {
     let (client, executor) = start().await;

@@ -212,3 +212,127 @@ async fn a_session_calls_status_line_names_the_sessions_timeout() {
     let _ = client.cancel().await;
     executor.shutdown().await;
 }
+
+/// A call to a session that does not exist says how to open one the MCP
+/// way (the tool), not with the HTTP API's route; so does the cap on live
+/// sessions, about closing one.
+#[tokio::test]
+async fn session_errors_name_the_session_tools() {
+    let mut config = config();
+    config.sessions.max_sessions = 1;
+    let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+    let client = connect_in_process(executor.clone(), &config).await;
+    let (failed, out) = run(&client, json!({"code": "pass", "session": "nope"})).await;
+    assert!(failed, "{out}");
+    assert_eq!(
+        out,
+        "error (unknown_session): unknown session \"nope\"; create one with the `create_session` \
+         tool"
+    );
+    let closed = call(&client, "close_session", json!({"session": "nope"}))
+        .await
+        .unwrap();
+    assert_eq!(closed.is_error, Some(true));
+    assert_eq!(text(&closed), out);
+
+    let first = call(&client, "create_session", json!({})).await.unwrap();
+    assert_ne!(first.is_error, Some(true), "{}", text(&first));
+    let second = call(&client, "create_session", json!({})).await.unwrap();
+    assert_eq!(second.is_error, Some(true), "{}", text(&second));
+    assert_eq!(
+        text(&second),
+        "error (too_many_sessions): the server already runs its maximum of 1 sessions; close one \
+         with the `close_session` tool or wait for one to expire"
+    );
+    let _ = client.cancel().await;
+    executor.shutdown().await;
+}
+
+/// The `execute_code` description a `tools/list` answer carries.
+fn execute_code_description(tools: &[serde_json::Value]) -> String {
+    tools
+        .iter()
+        .find(|t| t["name"] == "execute_code")
+        .and_then(|t| t["description"].as_str())
+        .unwrap_or_else(|| panic!("no execute_code in {tools:?}"))
+        .to_string()
+}
+
+/// With implicit sessions on, only a client whose calls share a connection
+/// (an MCP session over HTTP) is told that state carries over; a client of
+/// the stateless revision, whose calls cannot share one, is told each call
+/// starts clean and to keep state with `create_session` — and that is what
+/// its calls do.
+#[tokio::test]
+async fn implicit_sessions_are_promised_only_where_calls_share_a_connection() {
+    let mut config = config();
+    config.mcp_implicit_session = true;
+    let server = TestServer::with_config(config).await;
+    let url = format!("{}/mcp", server.url);
+
+    let stateful = connect_http(&url, None).await;
+    let instructions = stateful
+        .peer_info()
+        .and_then(|info| info.instructions.clone())
+        .unwrap_or_default();
+    assert!(
+        instructions.contains("every call of this connection runs in one persistent session"),
+        "{instructions}"
+    );
+    let tools = stateful.list_all_tools().await.unwrap();
+    let tools: Vec<serde_json::Value> = tools
+        .iter()
+        .map(|t| serde_json::to_value(t).unwrap())
+        .collect();
+    let description = execute_code_description(&tools);
+    assert!(
+        description.contains("All calls of this connection share one persistent Python session"),
+        "{description}"
+    );
+    run(&stateful, json!({"code": "kept = 1"})).await;
+    let (failed, out) = run(&stateful, json!({"code": "print(kept)"})).await;
+    assert!(!failed && out.starts_with("1\n"), "{out}");
+    let _ = stateful.cancel().await;
+
+    let stateless = async |id, method: &str, params| {
+        crate::mcp_protocol::stateless_at(&url, None, id, method, params)
+            .await
+            .0
+    };
+    let discover = stateless(1, "server/discover", json!({})).await;
+    let instructions = discover["result"]["instructions"].as_str().unwrap_or("");
+    assert!(
+        instructions.contains(
+            "every call starts from a clean state (no variables, imports or files carry over) \
+             unless it names a session from `create_session`"
+        ),
+        "{discover}"
+    );
+    assert!(!instructions.contains("persistent"), "{instructions}");
+    let tools = stateless(2, "tools/list", json!({})).await;
+    let description = execute_code_description(tools["result"]["tools"].as_array().unwrap());
+    assert!(
+        description.contains(
+            "Every call starts from a clean state: no variables, imports or files carry over"
+        ) && description.contains("create a session with `create_session`"),
+        "{description}"
+    );
+    assert!(!description.contains("persistent"), "{description}");
+    let call = |id, code: &str| {
+        stateless(
+            id,
+            "tools/call",
+            json!({"name": "execute_code", "arguments": {"code": code}}),
+        )
+    };
+    call(3, "kept = 1").await;
+    let read = call(4, "print(kept)").await;
+    assert_eq!(read["result"]["isError"], true, "{read}");
+    assert!(
+        read["result"]["structuredContent"]["stderr"]
+            .as_str()
+            .is_some_and(|e| e.contains("NameError")),
+        "{read}"
+    );
+    server.stop().await;
+}
