@@ -370,6 +370,13 @@ impl Executor {
         };
         self.prepare_with(&shared, &graded)
             .map_err(|e| refusal_of(e, "request"))?;
+        if (function || tests_mode)
+            && let Some(name) = reserved_name(req.files.as_ref())
+        {
+            return Err(ExecError::BadRequest(format!(
+                "request: the file name {name} is reserved by the grader"
+            )));
+        }
         let mut ready = Vec::with_capacity(req.tests.len());
         for (index, case) in req.tests.into_iter().enumerate() {
             let label = || match &case.name {
@@ -409,18 +416,15 @@ impl Executor {
                     label()
                 )));
             }
-            let mut files = case_files(req.files.as_ref(), case.files.as_ref());
-            let reserved = [INPUT_FILE, RESULT_FILE, SUBMISSION_FILE, TESTS_FILE];
             if (function || tests_mode)
-                && let Some(name) = reserved
-                    .iter()
-                    .find(|r| files.keys().any(|p| normal_file_path(p) == **r))
+                && let Some(name) = reserved_name(case.files.as_ref())
             {
                 return Err(ExecError::BadRequest(format!(
                     "{}: the file name {name} is reserved by the grader",
                     label()
                 )));
             }
+            let mut files = case_files(req.files.as_ref(), case.files.as_ref());
             if let Some(tests) = test_code {
                 files.insert(
                     SUBMISSION_FILE.into(),
@@ -1014,6 +1018,15 @@ fn check_weights(weights: impl Iterator<Item = f64>) -> Result<(), ExecError> {
         "the weights of the cases sum to more than the largest number a score can be ({:e})",
         f64::MAX
     )))
+}
+
+/// The first of the names the grader reserves in a run directory (function
+/// and test-code mode) that `files` uses, however its path is spelt.
+fn reserved_name(files: Option<&BTreeMap<String, FileContent>>) -> Option<&'static str> {
+    let files = files?;
+    [INPUT_FILE, RESULT_FILE, SUBMISSION_FILE, TESTS_FILE]
+        .into_iter()
+        .find(|name| files.keys().any(|p| normal_file_path(p) == *name))
 }
 
 /// A case's input files: the request's, and its own, which replace any of

@@ -482,6 +482,33 @@ async fn bad_grading_requests_are_refused_with_a_reason() {
 }
 
 #[tokio::test]
+async fn a_reserved_file_name_is_blamed_on_the_part_that_sent_it() {
+    let server = TestServer::start().await;
+    let refusals = [
+        (
+            json!({"code": "1", "test_code": "pass", "files": {"__tests__.py": "x"}}),
+            "request: the file name __tests__.py is reserved by the grader",
+        ),
+        (
+            json!({"code": "def f(): pass", "entry": "f", "tests": [{}, {}],
+                   "files": {"./__grade_input__.json": "x"}}),
+            "request: the file name __grade_input__.json is reserved by the grader",
+        ),
+        (
+            json!({"code": "1", "test_code": "pass",
+                   "tests": [{}, {"name": "b", "files": {"__submission__.py": "x"}}]}),
+            "test 1 (\"b\"): the file name __submission__.py is reserved by the grader",
+        ),
+    ];
+    for (body, message) in refusals {
+        let (status, answer) = server.post("/grade", body.clone()).await;
+        assert_eq!(status, 400, "{body} -> {answer}");
+        assert_eq!(common::error_message(&answer), message, "{body}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn a_case_file_replaces_the_requests_however_its_path_is_spelt() {
     let server = TestServer::start().await;
     let result = grade(
