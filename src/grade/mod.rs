@@ -142,11 +142,10 @@ impl Executor {
         let mut submissions = Vec::with_capacity(req.submissions.len());
         for (i, sub) in req.submissions.into_iter().enumerate() {
             width = width.max(self.pool_size(sub.env.as_deref())?);
-            submissions.push(self.prepare_grade(sub).map_err(|e| match e {
-                ExecError::BadRequest(m) => ExecError::BadRequest(format!("submission {i}: {m}")),
-                ExecError::TooLarge(m) => ExecError::TooLarge(format!("submission {i}: {m}")),
-                other => other,
-            })?);
+            submissions.push(
+                self.prepare_grade(sub)
+                    .map_err(|e| refusal_of(e, format!("submission {i}")))?,
+            );
         }
         check_weights(
             submissions
@@ -305,10 +304,13 @@ impl Executor {
         }
         let max = self.max_grade_cases();
         if req.tests.len() > max {
-            return Err(ExecError::TooLarge(format!(
-                "{} test cases exceed the limit of {max} per request (max_grade_cases)",
-                req.tests.len()
-            )));
+            return Err(refusal_of(
+                ExecError::TooLarge(format!(
+                    "{} test cases exceed the limit of {max} per request (max_grade_cases)",
+                    req.tests.len()
+                )),
+                "request",
+            ));
         }
         let compare = match &req.compare {
             None => Compare::Exact,
@@ -648,11 +650,13 @@ fn returned_value(data: &str) -> Result<(Json, JsonText), serde_json::Error> {
     Ok((value, text))
 }
 
-/// A `bad_request` about part of a grading request, its message saying
-/// which part (`request`, `test 3`); other errors pass as they are.
+/// A `bad_request` or `too_large` about part of a grading request, its
+/// message saying which part (`request`, `test 3`, `submission 2`); other
+/// errors pass as they are.
 fn refusal_of(err: ExecError, part: impl std::fmt::Display) -> ExecError {
     match err {
         ExecError::BadRequest(m) => ExecError::BadRequest(format!("{part}: {m}")),
+        ExecError::TooLarge(m) => ExecError::TooLarge(format!("{part}: {m}")),
         other => other,
     }
 }
