@@ -912,3 +912,32 @@ async fn function_mode_keeps_big_integers_exact_end_to_end() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn mcp_tools_refuse_an_array_in_place_of_a_nested_object() {
+    let config = common::config();
+    let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+    let client = connect_in_process(executor, &config).await;
+    let refused = call(
+        &client,
+        "grade_code",
+        json!({"code": "print(1)", "tests": [["x", "", ["a"]]]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(refused.is_error, Some(true), "{refused:?}");
+    let message = text(&refused);
+    assert!(
+        message.contains("every item of tests must be a JSON object ({...}), not an array"),
+        "{message}"
+    );
+    let refused = call(&client, "create_session", json!({"network": [[]]}))
+        .await
+        .unwrap();
+    assert_eq!(refused.is_error, Some(true), "{refused:?}");
+    let message = text(&refused);
+    assert!(
+        message.contains("network must be a JSON object ({...}), not an array"),
+        "{message}"
+    );
+}
