@@ -63,7 +63,9 @@ frame of its type, except those marked optional.
 |                  |           | `compile` (paths of `files`: Python modules the worker        |
 |                  |           | compiles, as it compiles the code, for the code to find in    |
 |                  |           | its global `__compiled__`: path -> (code object, the names    |
-|                  |           | of the functions its top-level expression statements call)),  |
+|                  |           | of the functions its top-level expression statements call);   |
+|                  |           | the code is then a harness that runs them, whose frames a     |
+|                  |           | traceback leaves out, and an error's `line` is theirs),       |
 |                  |           | `paused` (true: the run came after a pause, with no other run |
 |                  |           | in flight; the next child forked warms up at once, unless the |
 |                  |           | run has `rusage` or the next request is already waiting)      |
@@ -1093,12 +1095,19 @@ def exit_code_of(exc):
     return 1
 
 
-def user_traceback(exc):
+def user_traceback(exc, modules=()):
     """Print ``exc`` to stderr as the interpreter would, without this file's
-    frames, and describe it for the result's ``error`` field."""
+    frames, and describe it for the result's ``error`` field. ``modules``:
+    the run's code is the server's harness that runs these files (an
+    ``exec`` frame's ``compile``), whose frames are not shown either; the
+    error's line is then the innermost of theirs."""
     traceback = stdlib_traceback()
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    # The harness's frames come first, as this file's do: the files' own
+    # are below them.
+    while modules and tb is not None and tb.tb_frame.f_code.co_filename == RUN_FILENAME:
         tb = tb.tb_next
     # An interrupt raised by a session child's handler: the interpreter's own
     # handler would show no frame of its own, so neither does this one.
@@ -1119,10 +1128,11 @@ def user_traceback(exc):
     except Exception:
         pass
     line = None
-    if isinstance(exc, SyntaxError) and exc.filename == RUN_FILENAME:
+    users = modules or (RUN_FILENAME,)
+    if isinstance(exc, SyntaxError) and exc.filename in users:
         line = exc.lineno
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename == RUN_FILENAME:
+        if tb.tb_frame.f_code.co_filename in users:
             line = tb.tb_lineno
         tb = tb.tb_next
     cls = type(exc)
@@ -1409,11 +1419,13 @@ def look_up_held_files(files):
 
 
 def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000, compiled=None,
-                  call=None):
+                  call=None, modules=()):
     """Run ``code`` as ``python script.py`` would, in ``main``. The value of a
     final expression statement is kept (its repr), as a notebook cell shows it.
     ``compiled``: the code already compiled (see precompile). ``call``: the
-    ``exec`` frame's, made once the code has run (see call_entry)."""
+    ``exec`` frame's, made once the code has run (see call_entry).
+    ``modules``: the ``exec`` frame's ``compile``, the files the code is a
+    harness for (see user_traceback)."""
     if main is None:
         main = fresh_main()
     sys.argv = [RUN_FILENAME] + list(argv or ())
@@ -1456,7 +1468,7 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000, compile
     except SystemExit as exc:
         outcome.status = exit_code_of(exc)
     except BaseException as exc:  # noqa: B902 - the run's own failure
-        outcome.error = user_traceback(exc)
+        outcome.error = user_traceback(exc, modules)
         outcome.status = 1
     if not at_exit:
         return outcome
@@ -1791,11 +1803,12 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         compiled = look_up_held(msg.get("compiled"))
         call = msg.get("call")
         returned_cap = msg["max_artifact_bytes"]
+        modules = tuple(msg.get("compile") or ())
         if msg.get("compiled_files"):
             main.__dict__["__compiled__"] = look_up_held_files(msg["compiled_files"])
         del msg
         outcome = run_user_code(code, argv, main, result_cap=result_cap, compiled=compiled,
-                                call=call)
+                                call=call, modules=modules)
         status = outcome.status
         report = {"status": status, "result": outcome.result, "error": outcome.error,
                   **own_usage(begun)}

@@ -56,7 +56,9 @@
 //! |                  |           | `compile` (paths of `files`: Python modules the worker        |
 //! |                  |           | compiles, as it compiles the code, for the code to find in    |
 //! |                  |           | its global `__compiled__`: path -> (code object, the names    |
-//! |                  |           | of the functions its top-level expression statements call)),  |
+//! |                  |           | of the functions its top-level expression statements call);   |
+//! |                  |           | the code is then a harness that runs them, whose frames a     |
+//! |                  |           | traceback leaves out, and an error's `line` is theirs),       |
 //! |                  |           | `paused` (true: the run came after a pause, with no other run |
 //! |                  |           | in flight; the next child forked warms up at once, unless the |
 //! |                  |           | run has `rusage` or the next request is already waiting)      |
@@ -211,7 +213,8 @@ pub struct ExecFrame<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub call: Option<&'a EntryCall>,
     /// Input files the worker compiles as Python modules for the run's code
-    /// (grading's test-code mode).
+    /// (grading's test-code mode). The code is then their harness: a
+    /// traceback leaves its frames out, and an error's `line` is theirs.
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     pub compile: &'a [String],
 }

@@ -7,6 +7,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use super::object::{self, RequestObject};
 use super::{FileContent, RunError, RunLimits};
 use crate::outcome::Limit;
 
@@ -38,7 +39,11 @@ pub struct GradeRequest {
     pub test_code: Option<String>,
     /// A custom checker, run per case in its own clean run after the
     /// submission's (which cannot reach or alter it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "object::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub checker: Option<Checker>,
     /// CPython's int/str digit limit in every run of the request: `0`
     /// (the default for grading) lifts it, so exact big-integer answers grade
@@ -50,7 +55,7 @@ pub struct GradeRequest {
     pub env: Option<String>,
     /// The test cases (at least one, unless `test_code` is set; at most the
     /// server's `max_grade_cases`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "object::list")]
     pub tests: Vec<TestCase>,
     /// `exact` (default), `trim` (trailing whitespace of each line and
     /// trailing blank lines ignored), `tokens` (whitespace-separated tokens)
@@ -71,10 +76,18 @@ pub struct GradeRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<f64>,
     /// Resource limits of every case (may only lower the server's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "object::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub limits: Option<RunLimits>,
     /// The network of every case: narrows the environment's allow-list.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "object::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub network: Option<super::NetworkRequest>,
     /// Input files every case gets (a case's own `files` win on a clash).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -119,6 +132,18 @@ pub struct TestCase {
     /// What the case counts in `score` (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<f64>,
+}
+
+impl RequestObject for GradeRequest {
+    const FIELD: &'static str = "submissions";
+}
+
+impl RequestObject for TestCase {
+    const FIELD: &'static str = "tests";
+}
+
+impl RequestObject for Checker {
+    const FIELD: &'static str = "checker";
 }
 
 /// A JSON value kept as JSON text (`input`, `expected`, `returned`), so
@@ -185,6 +210,7 @@ pub struct Checker {
 #[serde(deny_unknown_fields)]
 pub struct GradeBatchRequest {
     /// The submissions, each a whole `/grade` request.
+    #[serde(deserialize_with = "object::list")]
     pub submissions: Vec<GradeRequest>,
 }
 

@@ -2,6 +2,7 @@
 //! client sends and sees, in one place.
 
 pub mod grade;
+pub(crate) mod object;
 pub mod session;
 
 pub use grade::{
@@ -16,6 +17,7 @@ use base64::Engine;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use self::object::RequestObject;
 use crate::limits::RequestLimits;
 use crate::outcome::Limit;
 use crate::pool::PoolStatus;
@@ -87,7 +89,11 @@ pub struct ExecRequest {
     /// Resource limits for this run (`cpu_seconds`, `memory_bytes`,
     /// `file_size_bytes`, `open_files`, `processes`); each may only lower the
     /// server's configured limit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "object::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub limits: Option<RunLimits>,
     /// CPython's limit on the digits of an int converted to or from a
     /// string (3.11+): `0` lifts it; absent keeps the interpreter's default
@@ -96,8 +102,20 @@ pub struct ExecRequest {
     pub int_max_str_digits: Option<u32>,
     /// The run's network: `allowed_hosts` narrows the environment's
     /// allow-list (never widens it; an empty list allows nothing).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "object::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub network: Option<NetworkRequest>,
+}
+
+impl RequestObject for RunLimits {
+    const FIELD: &'static str = "limits";
+}
+
+impl RequestObject for NetworkRequest {
+    const FIELD: &'static str = "network";
 }
 
 /// A request's network policy.
@@ -191,11 +209,15 @@ pub struct RunError {
 
 /// Content of one input file.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, utoipa::ToSchema)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "every value of files must be a string or {\"base64\": \"...\"}"
+)]
 pub enum FileContent {
     /// UTF-8 text.
     Text(String),
     /// Binary content, base64-encoded.
+    #[serde(deserialize_with = "object::base64")]
     Base64 {
         /// The bytes in standard base64.
         base64: String,

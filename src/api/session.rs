@@ -4,6 +4,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::RunLimits;
+use super::object;
 
 /// `POST /sessions`, MCP `create_session`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
@@ -23,11 +24,19 @@ pub struct CreateSessionRequest {
     /// Resource limits of the session process, fixed for its life; each
     /// may only lower the server's configured limit. `cpu_seconds` is a
     /// budget per call.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "object::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub limits: Option<RunLimits>,
     /// The session's network, fixed for its life: narrows the
     /// environment's allow-list.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "object::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub network: Option<super::NetworkRequest>,
 }
 

@@ -142,11 +142,10 @@ impl Executor {
         let mut submissions = Vec::with_capacity(req.submissions.len());
         for (i, sub) in req.submissions.into_iter().enumerate() {
             width = width.max(self.pool_size(sub.env.as_deref())?);
-            submissions.push(self.prepare_grade(sub).map_err(|e| match e {
-                ExecError::BadRequest(m) => ExecError::BadRequest(format!("submission {i}: {m}")),
-                ExecError::TooLarge(m) => ExecError::TooLarge(format!("submission {i}: {m}")),
-                other => other,
-            })?);
+            submissions.push(
+                self.prepare_grade(sub)
+                    .map_err(|e| refusal_of(e, format!("submission {i}")))?,
+            );
         }
         check_weights(
             submissions
@@ -305,10 +304,13 @@ impl Executor {
         }
         let max = self.max_grade_cases();
         if req.tests.len() > max {
-            return Err(ExecError::TooLarge(format!(
-                "{} test cases exceed the limit of {max} per request (max_grade_cases)",
-                req.tests.len()
-            )));
+            return Err(refusal_of(
+                ExecError::TooLarge(format!(
+                    "{} test cases exceed the limit of {max} per request (max_grade_cases)",
+                    req.tests.len()
+                )),
+                "request",
+            ));
         }
         let compare = match &req.compare {
             None => Compare::Exact,
@@ -370,6 +372,13 @@ impl Executor {
         };
         self.prepare_with(&shared, &graded)
             .map_err(|e| refusal_of(e, "request"))?;
+        if (function || tests_mode)
+            && let Some(name) = reserved_name(req.files.as_ref())
+        {
+            return Err(ExecError::BadRequest(format!(
+                "request: the file name {name} is reserved by the grader"
+            )));
+        }
         let mut ready = Vec::with_capacity(req.tests.len());
         for (index, case) in req.tests.into_iter().enumerate() {
             let label = || match &case.name {
@@ -409,18 +418,15 @@ impl Executor {
                     label()
                 )));
             }
-            let mut files = case_files(req.files.as_ref(), case.files.as_ref());
-            let reserved = [INPUT_FILE, RESULT_FILE, SUBMISSION_FILE, TESTS_FILE];
             if (function || tests_mode)
-                && let Some(name) = reserved
-                    .iter()
-                    .find(|r| files.keys().any(|p| normal_file_path(p) == **r))
+                && let Some(name) = reserved_name(case.files.as_ref())
             {
                 return Err(ExecError::BadRequest(format!(
                     "{}: the file name {name} is reserved by the grader",
                     label()
                 )));
             }
+            let mut files = case_files(req.files.as_ref(), case.files.as_ref());
             if let Some(tests) = test_code {
                 files.insert(
                     SUBMISSION_FILE.into(),
@@ -644,11 +650,13 @@ fn returned_value(data: &str) -> Result<(Json, JsonText), serde_json::Error> {
     Ok((value, text))
 }
 
-/// A `bad_request` about part of a grading request, its message saying
-/// which part (`request`, `test 3`); other errors pass as they are.
+/// A `bad_request` or `too_large` about part of a grading request, its
+/// message saying which part (`request`, `test 3`, `submission 2`); other
+/// errors pass as they are.
 fn refusal_of(err: ExecError, part: impl std::fmt::Display) -> ExecError {
     match err {
         ExecError::BadRequest(m) => ExecError::BadRequest(format!("{part}: {m}")),
+        ExecError::TooLarge(m) => ExecError::TooLarge(format!("{part}: {m}")),
         other => other,
     }
 }
@@ -1014,6 +1022,15 @@ fn check_weights(weights: impl Iterator<Item = f64>) -> Result<(), ExecError> {
         "the weights of the cases sum to more than the largest number a score can be ({:e})",
         f64::MAX
     )))
+}
+
+/// The first of the names the grader reserves in a run directory (function
+/// and test-code mode) that `files` uses, however its path is spelt.
+fn reserved_name(files: Option<&BTreeMap<String, FileContent>>) -> Option<&'static str> {
+    let files = files?;
+    [INPUT_FILE, RESULT_FILE, SUBMISSION_FILE, TESTS_FILE]
+        .into_iter()
+        .find(|name| files.keys().any(|p| normal_file_path(p) == *name))
 }
 
 /// A case's input files: the request's, and its own, which replace any of

@@ -27,7 +27,11 @@ pub struct CreateSessionArgs {
     pub timeout: Option<f64>,
     /// The session's network: `allowed_hosts` narrows the environment's
     /// allow-list (environments with one only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::api::object::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub network: Option<crate::api::NetworkRequest>,
 }
 

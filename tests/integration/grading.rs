@@ -482,6 +482,80 @@ async fn bad_grading_requests_are_refused_with_a_reason() {
 }
 
 #[tokio::test]
+async fn a_reserved_file_name_is_blamed_on_the_part_that_sent_it() {
+    let server = TestServer::start().await;
+    let refusals = [
+        (
+            json!({"code": "1", "test_code": "pass", "files": {"__tests__.py": "x"}}),
+            "request: the file name __tests__.py is reserved by the grader",
+        ),
+        (
+            json!({"code": "def f(): pass", "entry": "f", "tests": [{}, {}],
+                   "files": {"./__grade_input__.json": "x"}}),
+            "request: the file name __grade_input__.json is reserved by the grader",
+        ),
+        (
+            json!({"code": "1", "test_code": "pass",
+                   "tests": [{}, {"name": "b", "files": {"__submission__.py": "x"}}]}),
+            "test 1 (\"b\"): the file name __submission__.py is reserved by the grader",
+        ),
+    ];
+    for (body, message) in refusals {
+        let (status, answer) = server.post("/grade", body.clone()).await;
+        assert_eq!(status, 400, "{body} -> {answer}");
+        assert_eq!(common::error_message(&answer), message, "{body}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn too_large_grading_requests_are_named_as_the_requests() {
+    let mut config = common::config();
+    config.max_grade_cases = 2;
+    config.request_limits.max_code_bytes = 64;
+    config.request_limits.max_files_bytes = 16;
+    let server = TestServer::with_config(config).await;
+    let refusals = [
+        (
+            json!({"code": "1", "tests": [{}, {}, {}]}),
+            "request: 3 test cases exceed the limit of 2 per request (max_grade_cases)",
+        ),
+        (
+            json!({"code": "#".repeat(100), "tests": [{}]}),
+            "request: code is 100 bytes, over the max_code_bytes limit of 64",
+        ),
+        (
+            json!({"code": "1", "tests": [{}], "files": {"a": "x".repeat(20)}}),
+            "request: files total over the max_files_bytes limit of 16 bytes",
+        ),
+        // A case's own files are that case's.
+        (
+            json!({"code": "1", "tests": [{}, {"files": {"a": "x".repeat(20)}}]}),
+            "test 1: files total over the max_files_bytes limit of 16 bytes",
+        ),
+    ];
+    for (body, message) in refusals {
+        let (status, answer) = server.post("/grade", body.clone()).await;
+        assert_eq!(status, 413, "{body} -> {answer}");
+        assert_eq!(answer["error"]["code"], "too_large", "{answer}");
+        assert_eq!(common::error_message(&answer), message, "{body}");
+    }
+    // In a batch, after the submission's name.
+    let (status, answer) = server
+        .post(
+            "/grade/batch",
+            json!({"submissions": [{"code": "1", "tests": [{}]}, {"code": "1", "tests": [{}, {}, {}]}]}),
+        )
+        .await;
+    assert_eq!(status, 413, "{answer}");
+    assert_eq!(
+        common::error_message(&answer),
+        "submission 1: request: 3 test cases exceed the limit of 2 per request (max_grade_cases)"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn a_case_file_replaces_the_requests_however_its_path_is_spelt() {
     let server = TestServer::start().await;
     let result = grade(
@@ -837,4 +911,33 @@ async fn function_mode_keeps_big_integers_exact_end_to_end() {
         "{result}"
     );
     server.stop().await;
+}
+
+#[tokio::test]
+async fn mcp_tools_refuse_an_array_in_place_of_a_nested_object() {
+    let config = common::config();
+    let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+    let client = connect_in_process(executor, &config).await;
+    let refused = call(
+        &client,
+        "grade_code",
+        json!({"code": "print(1)", "tests": [["x", "", ["a"]]]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(refused.is_error, Some(true), "{refused:?}");
+    let message = text(&refused);
+    assert!(
+        message.contains("every item of tests must be a JSON object ({...}), not an array"),
+        "{message}"
+    );
+    let refused = call(&client, "create_session", json!({"network": [[]]}))
+        .await
+        .unwrap();
+    assert_eq!(refused.is_error, Some(true), "{refused:?}");
+    let message = text(&refused);
+    assert!(
+        message.contains("network must be a JSON object ({...}), not an array"),
+        "{message}"
+    );
 }

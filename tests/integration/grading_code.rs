@@ -541,3 +541,60 @@ async fn test_code_compiles_as_its_files_would() {
     assert_eq!(body["cases"][0]["verdict"], "ok", "{body}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_failing_test_codes_traceback_and_line_are_the_users_own() {
+    let server = TestServer::start().await;
+    let code = "def inc(x):\n    return x + 1\n\ndef ratio(a, b):\n    return a / b\n";
+    let (status, body) = server
+        .post(
+            "/grade",
+            json!({
+                "code": code,
+                "tests": [
+                    // Raised in the submission, called from the test code.
+                    {"name": "deep", "test_code": "x = inc(1)\n\nratio(x, 0)\n"},
+                    // Raised in the test code itself.
+                    {"name": "own", "test_code": "assert inc(1) == 2\ninc()\n"},
+                    // A syntax error the worker could not compile ahead.
+                    {"name": "syntax", "test_code": "x = 1\ny = (\n"},
+                ],
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let cases = body["cases"].as_array().unwrap();
+    let expected = [
+        (
+            "ZeroDivisionError",
+            5,
+            &["__tests__.py\", line 3", "__submission__.py\", line 5"][..],
+        ),
+        ("TypeError", 2, &["__tests__.py\", line 2"][..]),
+        ("SyntaxError", 2, &["__tests__.py\", line 2"][..]),
+    ];
+    for (case, (kind, line, frames)) in cases.iter().zip(expected) {
+        assert_eq!(case["verdict"], "runtime_error", "{case}");
+        let error = &case["error"];
+        assert_eq!(error["type"], kind, "{case}");
+        assert_eq!(error["line"], line, "{case}");
+        let traceback = error["traceback"].as_str().unwrap();
+        let stderr = case["stderr"].as_str().unwrap();
+        for text in [traceback, stderr] {
+            for frame in frames {
+                assert!(text.contains(frame), "{frame} in {text}");
+            }
+            // None of the grader's own frames.
+            assert!(!text.contains("<code>"), "{text}");
+            assert!(!text.contains("__grade_tests"), "{text}");
+        }
+    }
+    // The first frame shown is the test code's, as `python tests.py` shows it.
+    let traceback = cases[0]["error"]["traceback"].as_str().unwrap();
+    assert!(
+        traceback
+            .starts_with("Traceback (most recent call last):\n  File \"__tests__.py\", line 3"),
+        "{traceback}"
+    );
+    server.stop().await;
+}

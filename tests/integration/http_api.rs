@@ -168,3 +168,82 @@ async fn a_configured_token_guards_execution_but_not_health() {
     assert_eq!(s, 200);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn an_array_in_place_of_a_nested_object_is_refused_naming_the_field() {
+    let server = TestServer::start().await;
+    // serde would fill each of these structs from an array of its fields
+    // in order; every one is refused with the field's name.
+    let refusals = [
+        (
+            "/execute",
+            json!({"code": "1", "limits": [1]}),
+            "limits must be a JSON object ({...}), not an array",
+        ),
+        (
+            "/execute",
+            json!({"code": "1", "network": [[]]}),
+            "network must be a JSON object ({...}), not an array",
+        ),
+        (
+            "/execute",
+            json!({"code": "1", "files": {"a.txt": ["aGk="]}}),
+            "every value of files must be a string or {\"base64\": \"...\"}",
+        ),
+        (
+            "/sessions",
+            json!({"limits": []}),
+            "limits must be a JSON object ({...}), not an array",
+        ),
+        (
+            "/sessions",
+            json!({"network": [[]]}),
+            "network must be a JSON object ({...}), not an array",
+        ),
+        (
+            "/grade",
+            json!({"code": "1", "tests": [{}, ["x"]]}),
+            "every item of tests must be a JSON object ({...}), not an array",
+        ),
+        (
+            "/grade",
+            json!({"code": "1", "tests": [{}], "limits": [1]}),
+            "limits must be a JSON object ({...}), not an array",
+        ),
+        (
+            "/grade",
+            json!({"code": "1", "tests": [{}], "checker": ["def check(*a):\n    return True\n"]}),
+            "checker must be a JSON object ({...}), not an array",
+        ),
+        (
+            "/grade",
+            json!({"code": "1", "tests": [{"files": {"a": ["aGk="]}}]}),
+            "every value of files must be a string or {\"base64\": \"...\"}",
+        ),
+        (
+            "/grade/batch",
+            json!({"submissions": [["print(1)", null, null, "pass"]]}),
+            "every item of submissions must be a JSON object ({...}), not an array",
+        ),
+    ];
+    for (path, body, mentions) in refusals {
+        let (s, b) = server.post(path, body.clone()).await;
+        assert_eq!(s, 400, "{path} {body} -> {b}");
+        assert_eq!(b["error"]["code"], "bad_request", "{b}");
+        let message = crate::common::error_message(&b);
+        assert!(
+            message.starts_with("invalid JSON body: ") && message.contains(mentions),
+            "{path} {body}: {message:?} lacks {mentions:?}"
+        );
+    }
+    // The objects themselves are read as before.
+    let (s, b) = server
+        .execute(
+            json!({"code": "print(open('a.txt').read())", "limits": {"cpu_seconds": 5},
+                        "files": {"a.txt": {"base64": "aGk="}}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["stdout"], "hi\n", "{b}");
+    server.stop().await;
+}
