@@ -172,10 +172,10 @@ fn site_packages(prefix: &Path) -> Vec<PathBuf> {
 
 /// What discovery looks at, as of now: the modification time and size of
 /// each watched path (`environments.txt`, the `envs/` folders, each found
-/// prefix's `conda-meta/`), `None` where it is missing. Two equal
-/// fingerprints mean nothing discovery reads has changed; a few `stat`s,
-/// cheap enough to take every few seconds.
-pub(crate) fn fingerprint(paths: &[PathBuf]) -> Vec<Option<(SystemTime, u64)>> {
+/// prefix's `conda-meta/` and `conda-meta/history`), `None` where it is
+/// missing. Two equal fingerprints mean nothing discovery reads has
+/// changed; a few `stat`s, cheap enough to take every few seconds.
+pub(crate) fn fingerprint(paths: &[PathBuf]) -> Stamp {
     paths
         .iter()
         .map(|p| {
@@ -184,6 +184,24 @@ pub(crate) fn fingerprint(paths: &[PathBuf]) -> Vec<Option<(SystemTime, u64)>> {
         })
         .collect()
 }
+
+/// What a Conda prefix's records look like now: the fingerprint of
+/// `conda-meta/` (a package record added or removed) and of
+/// `conda-meta/history` (a transaction written). Conda writes them after a
+/// package's files, activation scripts included, so a stamp that moved
+/// since an environment was read means Conda changed it meanwhile: a
+/// `conda create` still filling it when it was found, an install.
+pub(crate) fn conda_meta_stamp(prefix: &Path) -> Stamp {
+    fingerprint(&conda_meta_paths(prefix))
+}
+
+/// The paths [`conda_meta_stamp`] reads.
+pub(crate) fn conda_meta_paths(prefix: &Path) -> [PathBuf; 2] {
+    [prefix.join("conda-meta"), prefix.join("conda-meta/history")]
+}
+
+/// A [`fingerprint`].
+pub(crate) type Stamp = Vec<Option<(SystemTime, u64)>>;
 
 /// A new environment's name: letters, digits, `.`, `_`, `-`, starting
 /// with a letter or digit, at most 64 characters (a folder name that is

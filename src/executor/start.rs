@@ -167,7 +167,7 @@ impl Executor {
             egress_of(plan, sandbox.as_ref(), config)?;
         }
         let count = plans.len();
-        let pending = make_entries(config, &pools, plans, 0).await;
+        let pending = make_entries(config, &pools, plans.into_iter().enumerate().collect()).await;
         let replica = Arc::new(Replica::new(config.replica_id.clone()));
         let sessions = Sessions::start(config.sessions.clone(), config.grace_period, replica.id());
         let metrics = Arc::new(
@@ -181,7 +181,7 @@ impl Executor {
             .with_egress(
                 pending
                     .iter()
-                    .filter_map(|(plan, .., egress)| {
+                    .filter_map(|(plan, .., egress, _)| {
                         Some((plan.spec.name.clone(), egress.as_ref()?.ctx.clone()))
                     })
                     .collect(),

@@ -196,3 +196,72 @@ async fn python_version_and_platform_of_three_envs_are_listed_with_no_worker_sta
     }
     server.stop().await;
 }
+
+async fn run_stdout(server: &TestServer, env: &str, code: &str) -> String {
+    let (status, body) = server.execute(json!({"code": code, "env": env})).await;
+    assert_eq!(status, 200, "{body}");
+    body["stdout"].as_str().unwrap().to_string()
+}
+
+async fn env_hash_of(server: &TestServer, env: &str) -> String {
+    let (status, body) = server.get("/list-envs").await;
+    assert_eq!(status, 200, "{body}");
+    body["envs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == env)
+        .unwrap_or_else(|| panic!("{env} is not listed: {body}"))["env_hash"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn an_env_found_while_conda_fills_it_is_activated_again_when_conda_meta_changes() {
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    let server = TestServer::with_config(config_for(&fixture, Duration::from_millis(200))).await;
+    // Found before `conda create` has linked the package that brings the
+    // activation script.
+    let prefix = fixture.create_env("filling", Interpreter::primary());
+    wait_for_listing(&server, "filling", true, Duration::from_secs(5)).await;
+    let probe = "import os; print(os.environ.get('FILLED_BY', 'unset'))";
+    assert_eq!(run_stdout(&server, "filling", probe).await, "unset\n");
+    let first_hash = env_hash_of(&server, "filling").await;
+
+    // The rest of the transaction: the script, then the history's new lines.
+    crate::common::conda::add_activate_script(&prefix, "filled.sh", "export FILLED_BY=conda\n");
+    let history = prefix.join("conda-meta/history");
+    let mut text = std::fs::read_to_string(&history).unwrap();
+    text.push_str("+conda-forge/linux-64::activator-1.0-0\n");
+    std::fs::write(&history, text).unwrap();
+    let start = Instant::now();
+    loop {
+        let seen = run_stdout(&server, "filling", probe).await;
+        if seen == "conda\n" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the activation script is still not applied: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A package record written later changes the hash shown.
+    std::fs::write(
+        prefix.join("conda-meta/activator-1.0-0.json"),
+        r#"{"name": "activator", "version": "1.0", "build": "0"}"#,
+    )
+    .unwrap();
+    let start = Instant::now();
+    while env_hash_of(&server, "filling").await == first_hash {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "env_hash still {first_hash}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(run_stdout(&server, "filling", probe).await, "conda\n");
+    server.stop().await;
+}
