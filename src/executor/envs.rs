@@ -24,7 +24,7 @@ use crate::config::Config;
 use crate::env::lifecycle::{
     EnvFacts, Stamp, conda_meta_paths, conda_meta_stamp, env_hash, facts, fingerprint,
 };
-use crate::env::registry::EnvPlan;
+use crate::env::registry::{Clash, EnvPlan};
 use crate::env::{EnvSettings, EnvSpec, Registry, activate::activate};
 use crate::error::error_chain;
 use crate::metrics::{EnvMetrics, Metrics};
@@ -135,6 +135,9 @@ pub(crate) struct LiveEnvs {
     /// Prefixes `POST /envs` is making: a rescan meanwhile must not serve
     /// them half-made.
     creating: Mutex<HashSet<PathBuf>>,
+    /// The name clashes the last scan found, already logged: each is
+    /// logged once, not at every rescan.
+    clashes: Mutex<Vec<Clash>>,
 }
 
 /// Marks a prefix as being created until dropped (see [`LiveEnvs::creating`]).
@@ -350,7 +353,9 @@ impl LiveEnvs {
             watched: Mutex::new(Watched::default()),
             closed: AtomicBool::new(false),
             creating: Mutex::new(HashSet::new()),
+            clashes: Mutex::new(Vec::new()),
         });
+        live.warn_clashes(&registry.clashes);
         live.watch(registry);
         live.publish_pools();
         live
@@ -450,6 +455,15 @@ impl LiveEnvs {
         };
     }
 
+    /// Log the clashes the last scan did not have.
+    fn warn_clashes(&self, clashes: &[Clash]) {
+        let mut known = self.clashes.lock();
+        for clash in clashes.iter().filter(|c| !known.contains(c)) {
+            clash.warn();
+        }
+        *known = clashes.to_vec();
+    }
+
     /// Whether anything discovery reads changed since the last scan.
     fn changed(&self) -> bool {
         let watched = self.watched.lock();
@@ -497,7 +511,7 @@ impl LiveEnvs {
         if self.closed.load(Ordering::Acquire) || !self.config.discover {
             return;
         }
-        let registry = match Registry::build(&self.config.registry()).await {
+        let mut registry = match Registry::build(&self.config.registry()).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!("rescan of environments failed: {}", error_chain(&e));
@@ -515,44 +529,59 @@ impl LiveEnvs {
             .iter()
             .map(|p| p.spec.prefix.clone())
             .collect();
-        let mut names: HashSet<String> = current
+        let kept = |e: &EnvEntry| e.created && crate::env::python_in(&e.spec.prefix).is_some();
+        // Names served where no scan looks (made by `POST /envs` in the
+        // configured envs_dir) stay theirs; the scan names the rest as a
+        // start would.
+        let reserved: HashSet<String> = current
             .entries
             .iter()
+            .filter(|e| !e.configured && kept(e) && !found.contains(&e.spec.prefix))
             .map(|e| e.spec.name.clone())
             .collect();
-        let mut added = Vec::new();
-        let creating = self.creating.lock().clone();
-        for plan in registry.envs.iter().filter(|p| {
-            !p.configured && !known.contains(&p.spec.prefix) && !creating.contains(&p.spec.prefix)
-        }) {
-            let mut plan = plan.clone();
-            if names.contains(&plan.spec.name) {
-                let base = plan.spec.name.clone();
-                let unique = (2..)
-                    .map(|i| format!("{base}-{i}"))
-                    .find(|n| !names.contains(n))
-                    .expect("an unused suffix exists");
-                plan.spec.rename(unique);
-            }
-            names.insert(plan.spec.name.clone());
-            added.push(plan);
-        }
-        let removed: Vec<Arc<EnvEntry>> = current
-            .entries
+        registry.name_discovered(&reserved);
+        self.warn_clashes(&registry.clashes);
+        let named: HashMap<&PathBuf, &str> = registry
+            .envs
             .iter()
-            .filter(|e| {
-                let kept = e.created && crate::env::python_in(&e.spec.prefix).is_some();
-                !e.configured && !kept && !found.contains(&e.spec.prefix)
+            .filter(|p| !p.configured)
+            .map(|p| (&p.spec.prefix, p.spec.name.as_str()))
+            .collect();
+        let creating = self.creating.lock().clone();
+        let added: Vec<EnvPlan> = registry
+            .envs
+            .iter()
+            .filter(|p| {
+                !p.configured
+                    && !known.contains(&p.spec.prefix)
+                    && !creating.contains(&p.spec.prefix)
             })
             .cloned()
             .collect();
-        // Served ones whose records changed since they were read: read
-        // again under the same id and name, so that sessions keep them.
+        let removed: Vec<Arc<EnvEntry>> = current
+            .entries
+            .iter()
+            .filter(|e| !e.configured && !kept(e) && !found.contains(&e.spec.prefix))
+            .cloned()
+            .collect();
+        // Served ones whose records changed since they were read, or whose
+        // name the scan gives another: read again under the same id, so
+        // that sessions keep them.
         let gone: HashSet<usize> = removed.iter().map(|e| e.id).collect();
+        let renamed = |e: &EnvEntry| {
+            named
+                .get(&e.spec.prefix)
+                .is_some_and(|name| *name != e.spec.name)
+        };
         let stale: Vec<Arc<EnvEntry>> = current
             .entries
             .iter()
-            .filter(|e| !gone.contains(&e.id) && !creating.contains(&e.spec.prefix) && e.stale())
+            .filter(|e| {
+                !e.configured
+                    && !gone.contains(&e.id)
+                    && !creating.contains(&e.spec.prefix)
+                    && (renamed(e) || e.stale())
+            })
             .cloned()
             .collect();
         if added.is_empty() && removed.is_empty() && stale.is_empty() {
@@ -563,8 +592,12 @@ impl LiveEnvs {
         let plans: Vec<(usize, EnvPlan)> = (first..)
             .zip(added)
             .chain(stale.iter().map(|e| {
+                let mut spec = e.spec.clone();
+                if let Some(name) = named.get(&e.spec.prefix).filter(|n| **n != spec.name) {
+                    spec.rename(name.to_string());
+                }
                 let plan = EnvPlan {
-                    spec: e.spec.clone(),
+                    spec,
                     settings: e.settings.clone(),
                     configured: false,
                 };
@@ -598,7 +631,7 @@ impl LiveEnvs {
                 .filter(|e| !gone.contains(&e.id))
                 .map(|e| match renewed.remove(&e.id) {
                     Some(fresh) => {
-                        replaced.push(e.clone());
+                        replaced.push((e.clone(), fresh.spec.name.clone()));
                         fresh
                     }
                     None => e.clone(),
@@ -620,8 +653,12 @@ impl LiveEnvs {
         for e in renewed.into_values() {
             tokio::spawn(async move { e.pool.close().await });
         }
-        for e in replaced {
-            tracing::info!(env = %e.spec.name, prefix = %e.spec.prefix.display(), "environment changed on disk; read again, its workers restart");
+        for (e, name) in replaced {
+            if name == e.spec.name {
+                tracing::info!(env = %name, prefix = %e.spec.prefix.display(), "environment changed on disk; read again, its workers restart");
+            } else {
+                tracing::info!(env = %name, prefix = %e.spec.prefix.display(), "environment {:?} is served as {:?} now, as a start would name it; its workers restart", e.spec.name, name);
+            }
             tokio::spawn(async move { e.pool.close().await });
         }
         for e in removed {

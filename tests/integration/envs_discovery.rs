@@ -265,3 +265,109 @@ async fn an_env_found_while_conda_fills_it_is_activated_again_when_conda_meta_ch
     assert_eq!(run_stdout(&server, "filling", probe).await, "conda\n");
     server.stop().await;
 }
+
+/// `GET /envs/{name}`'s prefix.
+async fn details_prefix(server: &TestServer, env: &str) -> String {
+    let (status, body) = server.get(&format!("/envs/{env}")).await;
+    assert_eq!(status, 200, "{body}");
+    body["prefix"].as_str().unwrap().to_string()
+}
+
+/// What the server logs at `warn` and above, on this test's thread (a
+/// `#[tokio::test]` runs the server's tasks there).
+#[derive(Clone, Default)]
+struct Warnings(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Warnings {
+    fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(self.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn lines_with(&self, text: &str) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains(text))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl std::io::Write for Warnings {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Warnings {
+    type Writer = Warnings;
+
+    fn make_writer(&'a self) -> Warnings {
+        self.clone()
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_name_found_twice_at_runtime_goes_where_discovery_at_start_would_put_it() {
+    let warnings = Warnings::default();
+    let _capture = warnings.capture();
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    // `conda create -p .../projects/ml`: listed in environments.txt.
+    let listed = fixture.create_env_at(
+        &fixture.dir.path().join("projects/ml"),
+        Interpreter::primary(),
+    );
+    let server = TestServer::with_config(config_for(&fixture, Duration::from_millis(200))).await;
+    assert_eq!(
+        run_stdout(&server, "ml", PREFIX).await.trim(),
+        listed.display().to_string()
+    );
+
+    // `conda create -n ml`: in the root's envs/, which ranks first.
+    let named = fixture.create_env("ml", Interpreter::primary());
+    wait_for_listing(&server, "ml-2", true, Duration::from_secs(5)).await;
+    // Another rescan: the clash is not logged again.
+    fixture.create_env("other", Interpreter::primary());
+    wait_for_listing(&server, "other", true, Duration::from_secs(5)).await;
+    let clashes = warnings.lines_with("is taken");
+    assert_eq!(clashes.len(), 1, "{clashes:#?}");
+    assert!(
+        clashes[0].contains(&format!("prefix={}", listed.display()))
+            && clashes[0].contains(&format!("is taken by {}", named.display()))
+            && clashes[0].contains("\"ml-2\""),
+        "{}",
+        clashes[0]
+    );
+
+    let fresh = TestServer::with_config(config_for(&fixture, Duration::ZERO)).await;
+    for server in [&server, &fresh] {
+        for (env, prefix) in [("ml", &named), ("ml-2", &listed)] {
+            assert_eq!(
+                run_stdout(server, env, PREFIX).await.trim(),
+                prefix.display().to_string(),
+                "{env}"
+            );
+            assert_eq!(
+                details_prefix(server, env).await,
+                prefix.display().to_string()
+            );
+        }
+        let run = run_stdout(
+            server,
+            "ml-2",
+            "import os; print(os.environ['CONDA_DEFAULT_ENV'])",
+        );
+        assert_eq!(run.await, "ml-2\n");
+    }
+    fresh.stop().await;
+    server.stop().await;
+}
