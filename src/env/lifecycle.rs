@@ -279,6 +279,26 @@ pub(crate) fn undeletable(
         .map(Undeletable::Holds)
 }
 
+/// The symbolic links an environment is reached through: entries of the
+/// `envs_dirs` folders and paths `listed` in `environments.txt` that are
+/// links resolving to `prefix` (canonical). Deleting the environment
+/// removes them with it, each as a link: none is followed.
+pub(crate) fn links_to(prefix: &Path, envs_dirs: &[PathBuf], listed: &[PathBuf]) -> Vec<PathBuf> {
+    let mut links: Vec<PathBuf> = envs_dirs
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten())
+        .map(|entry| entry.path())
+        .chain(listed.iter().cloned())
+        .filter(|p| {
+            std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink())
+                && p.canonicalize().is_ok_and(|target| target == prefix)
+        })
+        .collect();
+    links.sort();
+    links.dedup();
+    links
+}
+
 /// The first folder below `prefix` that is an environment of its own: a
 /// Conda prefix (`conda-meta/history`) or a venv (`pyvenv.cfg` beside
 /// `bin/python`). Symbolic links are not followed.
@@ -638,6 +658,34 @@ mod tests {
         std::fs::write(top.join("plain-2/conda-meta/history"), "").unwrap();
         std::os::unix::fs::symlink(top.join("plain-2"), plain.join("linked")).unwrap();
         assert_eq!(undeletable(&plain, &[], &[]), None);
+    }
+
+    #[test]
+    fn only_links_that_resolve_to_the_prefix_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let top = dir.path().canonicalize().unwrap();
+        let prefix = top.join("data/ml");
+        let other = top.join("data/other");
+        std::fs::create_dir_all(&prefix).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        let envs = top.join("envs");
+        std::fs::create_dir_all(envs.join("plain")).unwrap();
+        std::os::unix::fs::symlink(&prefix, envs.join("ml")).unwrap();
+        std::os::unix::fs::symlink("../data/ml", envs.join("relative")).unwrap();
+        std::os::unix::fs::symlink(&other, envs.join("other")).unwrap();
+        std::os::unix::fs::symlink(top.join("gone"), envs.join("dangling")).unwrap();
+        let listed_link = top.join("listed");
+        std::os::unix::fs::symlink(&prefix, &listed_link).unwrap();
+        let found = links_to(
+            &prefix,
+            std::slice::from_ref(&envs),
+            &[listed_link.clone(), prefix.clone(), other.clone()],
+        );
+        assert_eq!(
+            found,
+            vec![envs.join("ml"), envs.join("relative"), listed_link],
+            "never the prefix itself, another env's link, a folder or a dangling link"
+        );
     }
 
     #[test]

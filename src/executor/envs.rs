@@ -391,6 +391,18 @@ impl LiveEnvs {
             .cloned()
     }
 
+    /// The folders whose members are environments: the configured
+    /// `envs_dir` and the `envs_dirs` discovery found last.
+    pub(crate) fn envs_dirs(&self) -> Vec<PathBuf> {
+        let watched = self.watched.lock();
+        self.config
+            .envs_dir
+            .iter()
+            .chain(&watched.envs_dirs)
+            .cloned()
+            .collect()
+    }
+
     /// `~/.conda/environments.txt`, where Conda lists prefixes.
     pub(crate) fn environments_txt(&self) -> Option<PathBuf> {
         self.config
