@@ -371,3 +371,32 @@ async fn a_name_found_twice_at_runtime_goes_where_discovery_at_start_would_put_i
     fresh.stop().await;
     server.stop().await;
 }
+
+/// `/health`'s `sandbox.disk_bytes`: each served environment's scratch size.
+async fn scratch_quotas(server: &TestServer) -> Value {
+    let (status, health) = server.get("/health").await;
+    assert_eq!(status, 200, "{health}");
+    assert_eq!(health["sandbox"]["disk_quota"], true, "{health}");
+    health["sandbox"]["disk_bytes"].clone()
+}
+
+#[tokio::test]
+async fn health_names_the_scratch_quota_of_the_envs_served_now() {
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    let config = config_for(&fixture, Duration::from_millis(200));
+    let size = config.sandbox.disk_bytes;
+    let server = TestServer::with_config(config).await;
+    assert_eq!(scratch_quotas(&server).await, json!({"base": size}));
+
+    let late = fixture.create_env("late", Interpreter::primary());
+    wait_for_listing(&server, "late", true, Duration::from_secs(5)).await;
+    assert_eq!(
+        scratch_quotas(&server).await,
+        json!({"base": size, "late": size})
+    );
+
+    std::fs::remove_dir_all(&late).unwrap();
+    wait_for_listing(&server, "late", false, Duration::from_secs(5)).await;
+    assert_eq!(scratch_quotas(&server).await, json!({"base": size}));
+    server.stop().await;
+}
