@@ -706,6 +706,9 @@ impl Config {
     /// default, prefix.
     pub async fn describe_envs(&self) -> Result<String, ConfigError> {
         let registry = crate::env::Registry::build(&self.registry()).await?;
+        for clash in &registry.clashes {
+            clash.warn();
+        }
         Ok(registry.describe().await)
     }
 

@@ -177,8 +177,9 @@ pub struct Options {
     #[arg(long = "install-timeout", env = "CODE_EXECUTOR_INSTALL_TIMEOUT")]
     pub install_timeout_secs: Option<Seconds>,
     /// Seconds between checks of what discovery reads (environments.txt,
-    /// envs/ folders) for new or removed environments; 0 turns the checks
-    /// off (an unknown name still rescans once).
+    /// envs/ folders, each env's conda-meta/) for new, removed or changed
+    /// environments; 0 turns the checks off (an unknown name still rescans
+    /// once).
     #[arg(long = "rescan-interval", env = "CODE_EXECUTOR_RESCAN_INTERVAL")]
     pub rescan_interval_secs: Option<Seconds>,
     /// Folder where POST /envs creates environments (default: the first

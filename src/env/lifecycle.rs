@@ -172,10 +172,10 @@ fn site_packages(prefix: &Path) -> Vec<PathBuf> {
 
 /// What discovery looks at, as of now: the modification time and size of
 /// each watched path (`environments.txt`, the `envs/` folders, each found
-/// prefix's `conda-meta/`), `None` where it is missing. Two equal
-/// fingerprints mean nothing discovery reads has changed; a few `stat`s,
-/// cheap enough to take every few seconds.
-pub(crate) fn fingerprint(paths: &[PathBuf]) -> Vec<Option<(SystemTime, u64)>> {
+/// prefix's `conda-meta/` and `conda-meta/history`), `None` where it is
+/// missing. Two equal fingerprints mean nothing discovery reads has
+/// changed; a few `stat`s, cheap enough to take every few seconds.
+pub(crate) fn fingerprint(paths: &[PathBuf]) -> Stamp {
     paths
         .iter()
         .map(|p| {
@@ -184,6 +184,24 @@ pub(crate) fn fingerprint(paths: &[PathBuf]) -> Vec<Option<(SystemTime, u64)>> {
         })
         .collect()
 }
+
+/// What a Conda prefix's records look like now: the fingerprint of
+/// `conda-meta/` (a package record added or removed) and of
+/// `conda-meta/history` (a transaction written). Conda writes them after a
+/// package's files, activation scripts included, so a stamp that moved
+/// since an environment was read means Conda changed it meanwhile: a
+/// `conda create` still filling it when it was found, an install.
+pub(crate) fn conda_meta_stamp(prefix: &Path) -> Stamp {
+    fingerprint(&conda_meta_paths(prefix))
+}
+
+/// The paths [`conda_meta_stamp`] reads.
+pub(crate) fn conda_meta_paths(prefix: &Path) -> [PathBuf; 2] {
+    [prefix.join("conda-meta"), prefix.join("conda-meta/history")]
+}
+
+/// A [`fingerprint`].
+pub(crate) type Stamp = Vec<Option<(SystemTime, u64)>>;
 
 /// A new environment's name: letters, digits, `.`, `_`, `-`, starting
 /// with a letter or digit, at most 64 characters (a folder name that is
@@ -259,6 +277,26 @@ pub(crate) fn undeletable(
         .find(|p| *p != prefix && p.starts_with(&prefix))
         .or_else(|| nested_env(&prefix))
         .map(Undeletable::Holds)
+}
+
+/// The symbolic links an environment is reached through: entries of the
+/// `envs_dirs` folders and paths `listed` in `environments.txt` that are
+/// links resolving to `prefix` (canonical). Deleting the environment
+/// removes them with it, each as a link: none is followed.
+pub(crate) fn links_to(prefix: &Path, envs_dirs: &[PathBuf], listed: &[PathBuf]) -> Vec<PathBuf> {
+    let mut links: Vec<PathBuf> = envs_dirs
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten())
+        .map(|entry| entry.path())
+        .chain(listed.iter().cloned())
+        .filter(|p| {
+            std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink())
+                && p.canonicalize().is_ok_and(|target| target == prefix)
+        })
+        .collect();
+    links.sort();
+    links.dedup();
+    links
 }
 
 /// The first folder below `prefix` that is an environment of its own: a
@@ -620,6 +658,34 @@ mod tests {
         std::fs::write(top.join("plain-2/conda-meta/history"), "").unwrap();
         std::os::unix::fs::symlink(top.join("plain-2"), plain.join("linked")).unwrap();
         assert_eq!(undeletable(&plain, &[], &[]), None);
+    }
+
+    #[test]
+    fn only_links_that_resolve_to_the_prefix_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let top = dir.path().canonicalize().unwrap();
+        let prefix = top.join("data/ml");
+        let other = top.join("data/other");
+        std::fs::create_dir_all(&prefix).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        let envs = top.join("envs");
+        std::fs::create_dir_all(envs.join("plain")).unwrap();
+        std::os::unix::fs::symlink(&prefix, envs.join("ml")).unwrap();
+        std::os::unix::fs::symlink("../data/ml", envs.join("relative")).unwrap();
+        std::os::unix::fs::symlink(&other, envs.join("other")).unwrap();
+        std::os::unix::fs::symlink(top.join("gone"), envs.join("dangling")).unwrap();
+        let listed_link = top.join("listed");
+        std::os::unix::fs::symlink(&prefix, &listed_link).unwrap();
+        let found = links_to(
+            &prefix,
+            std::slice::from_ref(&envs),
+            &[listed_link.clone(), prefix.clone(), other.clone()],
+        );
+        assert_eq!(
+            found,
+            vec![envs.join("ml"), envs.join("relative"), listed_link],
+            "never the prefix itself, another env's link, a folder or a dangling link"
+        );
     }
 
     #[test]

@@ -4,10 +4,12 @@
 //!
 //! Naming follows Conda: `base` for the root prefix, else the prefix's folder
 //! name. Configured names win; a discovered env whose name is taken gets
-//! `NAME-2`, `NAME-3`, ... in discovery order (root first, then by path),
-//! which is deterministic, and the rename is logged.
+//! `NAME-2`, `NAME-3`, ... in discovery order (root first, then the members
+//! of the `envs/` folders, then other prefixes, by path within each), which
+//! is deterministic: a rescan names what it finds as a start would. Each
+//! clash is in [`Registry::clashes`] for the caller to log.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use std::time::Duration;
@@ -99,6 +101,40 @@ pub(crate) struct Registry {
     pub envs_dirs: Vec<PathBuf>,
     /// `~/.conda/environments.txt`, when there is a home.
     pub environments_txt: Option<PathBuf>,
+    /// Discovered environments served under another name than Conda's,
+    /// because an environment before them holds it.
+    pub clashes: Vec<Clash>,
+}
+
+/// A discovered environment whose Conda name was taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Clash {
+    /// Conda's name of it (the folder's, or `base`).
+    pub name: String,
+    /// The name it is served under instead.
+    pub served_as: String,
+    /// The prefix that lost the name.
+    pub prefix: PathBuf,
+    /// The prefix that holds the name (none when it is held by an
+    /// environment no scan finds).
+    pub winner: Option<PathBuf>,
+}
+
+impl Clash {
+    /// Tell the operator, once per clash.
+    pub(crate) fn warn(&self) {
+        let winner = self
+            .winner
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "another environment".into());
+        tracing::warn!(
+            prefix = %self.prefix.display(),
+            "environment name {:?} is taken by {winner}; serving this one as {:?}",
+            self.name,
+            self.served_as
+        );
+    }
 }
 
 impl Registry {
@@ -190,25 +226,13 @@ impl Registry {
             if prefixes.contains(&prefix) {
                 continue;
             }
-            let mut spec = match EnvSpec::from_prefix(&prefix, Some(&name)) {
+            let spec = match EnvSpec::from_prefix(&prefix, Some(&name)) {
                 Ok(spec) => spec,
                 Err(e) => {
                     tracing::debug!("skipping discovered environment: {e}");
                     continue;
                 }
             };
-            if taken.contains(&name) {
-                let unique = (2..)
-                    .map(|i| format!("{name}-{i}"))
-                    .find(|n| !taken.contains(n))
-                    .expect("an unused suffix exists");
-                tracing::warn!(
-                    prefix = %prefix.display(),
-                    "environment name {name:?} is taken; serving this one as {unique:?}"
-                );
-                spec.rename(unique);
-            }
-            taken.insert(spec.name.clone());
             prefixes.insert(prefix);
             envs.push(EnvPlan {
                 spec,
@@ -222,7 +246,7 @@ impl Registry {
         {
             envs_dirs.insert(0, root.join("envs"));
         }
-        Ok(Registry {
+        let mut registry = Registry {
             envs,
             default,
             conda: found.conda,
@@ -232,7 +256,51 @@ impl Registry {
                 .home
                 .as_ref()
                 .map(|h| h.join(".conda/environments.txt")),
-        })
+            clashes: Vec::new(),
+        };
+        registry.name_discovered(&HashSet::new());
+        Ok(registry)
+    }
+
+    /// Name the discovered environments: Conda's name where it is free,
+    /// else `NAME-2`, `NAME-3`, ... in discovery order, after the
+    /// configured names and `reserved` (names served elsewhere that no scan
+    /// finds). The same scan always gives the same names, whenever it runs.
+    pub(crate) fn name_discovered(&mut self, reserved: &HashSet<String>) {
+        let mut taken: HashMap<String, Option<PathBuf>> = reserved
+            .iter()
+            .map(|n| (n.clone(), None))
+            .chain(
+                self.envs
+                    .iter()
+                    .filter(|e| e.configured)
+                    .map(|e| (e.spec.name.clone(), Some(e.spec.prefix.clone()))),
+            )
+            .collect();
+        self.clashes.clear();
+        for env in self.envs.iter_mut().filter(|e| !e.configured) {
+            let name = conda_name(&env.spec.prefix, self.root.as_deref());
+            let unique = match taken.get(&name) {
+                None => name.clone(),
+                Some(winner) => {
+                    let unique = (2..)
+                        .map(|i| format!("{name}-{i}"))
+                        .find(|n| !taken.contains_key(n))
+                        .expect("an unused suffix exists");
+                    self.clashes.push(Clash {
+                        name: name.clone(),
+                        served_as: unique.clone(),
+                        prefix: env.spec.prefix.clone(),
+                        winner: winner.clone(),
+                    });
+                    unique
+                }
+            };
+            if env.spec.name != unique {
+                env.spec.rename(unique.clone());
+            }
+            taken.insert(unique, Some(env.spec.prefix.clone()));
+        }
     }
 
     /// A table of the environments, as `code-executor envs` prints it:

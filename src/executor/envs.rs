@@ -4,7 +4,11 @@
 //! reads (`environments.txt`, the `envs/` folders, each found prefix) every
 //! `rescan_interval` and rescans when it changed. A rescan adds the new
 //! environments (their pools start on first use) and drains the pools of
-//! the discovered ones that are gone. Configured environments stay.
+//! the discovered ones that are gone. A discovered one whose `conda-meta/`
+//! changed since it was read (found while `conda create` was still filling
+//! it, or installed into) is read again: its activation, facts and hash are
+//! new, and so is its pool, the old one draining. Configured environments
+//! stay as they are.
 //!
 //! The hot path reads the table under a read lock and clones one `Arc`.
 
@@ -17,8 +21,10 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::Config;
-use crate::env::lifecycle::{EnvFacts, env_hash, facts, fingerprint};
-use crate::env::registry::EnvPlan;
+use crate::env::lifecycle::{
+    EnvFacts, Stamp, conda_meta_paths, conda_meta_stamp, env_hash, facts, fingerprint,
+};
+use crate::env::registry::{Clash, EnvPlan};
 use crate::env::{EnvSettings, EnvSpec, Registry, activate::activate};
 use crate::error::error_chain;
 use crate::metrics::{EnvMetrics, Metrics};
@@ -56,8 +62,9 @@ pub(crate) struct EnvEntry {
     /// The activated environment (scripts included) workers, package
     /// listings and installs run with; built from scratch.
     pub(crate) vars: HashMap<String, String>,
-    /// Installs into one environment run one at a time.
-    pub(crate) install_lock: tokio::sync::Mutex<()>,
+    /// Installs into one environment run one at a time; shared with the
+    /// entry that replaces this one when its prefix changes.
+    pub(crate) install_lock: Arc<tokio::sync::Mutex<()>>,
     /// This environment's run counters and histograms, resolved once.
     pub(crate) metrics: EnvMetrics,
     /// Python version and platform, read from disk when it was found.
@@ -66,6 +73,9 @@ pub(crate) struct EnvEntry {
     pub(crate) hash: RwLock<Arc<str>>,
     /// Its egress proxy and allow-list (environments with `allowed_hosts`).
     pub(crate) egress: Option<crate::worker::EgressSpec>,
+    /// Its `conda-meta` stamp taken before its activation, facts and hash
+    /// were read: a rescan that finds another reads them again.
+    pub(crate) conda_meta: Stamp,
 }
 
 impl EnvEntry {
@@ -78,6 +88,11 @@ impl EnvEntry {
     pub(crate) fn rehash(&self) {
         let hash = env_hash(&self.spec.prefix, self.facts.python_version.as_deref());
         *self.hash.write() = hash.into();
+    }
+
+    /// Whether its prefix's records changed since it was read.
+    fn stale(&self) -> bool {
+        !self.configured && conda_meta_stamp(&self.spec.prefix) != self.conda_meta
     }
 }
 
@@ -120,6 +135,9 @@ pub(crate) struct LiveEnvs {
     /// Prefixes `POST /envs` is making: a rescan meanwhile must not serve
     /// them half-made.
     creating: Mutex<HashSet<PathBuf>>,
+    /// The name clashes the last scan found, already logged: each is
+    /// logged once, not at every rescan.
+    clashes: Mutex<Vec<Clash>>,
 }
 
 /// Marks a prefix as being created until dropped (see [`LiveEnvs::creating`]).
@@ -138,7 +156,7 @@ impl Drop for CreatingGuard<'_> {
 #[derive(Default)]
 struct Watched {
     paths: Vec<PathBuf>,
-    print: Vec<Option<(std::time::SystemTime, u64)>>,
+    print: Stamp,
     /// Where environments are placed (`envs_dirs`, in discovery order).
     envs_dirs: Vec<PathBuf>,
     /// The Conda front end discovery found.
@@ -232,28 +250,28 @@ impl PoolContext {
 }
 
 /// Activate the environments of `plans` (side by side), read their facts
-/// and build their pools.
+/// and build their pools; each plan comes with its entry's id.
 pub(crate) async fn make_entries(
     config: &Config,
     pools: &PoolContext,
-    plans: Vec<EnvPlan>,
-    first_id: usize,
+    plans: Vec<(usize, EnvPlan)>,
 ) -> Vec<Built> {
-    let prepared = futures_util::future::join_all(plans.iter().map(|plan| async {
+    let prepared = futures_util::future::join_all(plans.iter().map(|(_, plan)| async {
+        // Before anything is read: a change meanwhile shows at the next scan.
+        let stamp = conda_meta_stamp(&plan.spec.prefix);
         let activation = activate(
             &plan.spec.prefix,
             &plan.spec.activation,
             config.activation_timeout,
         );
         let (activation, facts) = tokio::join!(activation, facts(&plan.spec));
-        (activation, facts)
+        (activation, facts, stamp)
     }))
     .await;
     plans
         .into_iter()
         .zip(prepared)
-        .enumerate()
-        .map(|(i, (plan, (activation, facts)))| {
+        .map(|((id, plan), (activation, facts, stamp))| {
             let (vars, mut unavailable) = match activation {
                 Ok(vars) => (vars, None),
                 Err(reason) => {
@@ -272,14 +290,14 @@ pub(crate) async fn make_entries(
                 }
             };
             let pool = pools.pool(config, &plan, &vars, egress.as_ref());
-            (plan, pool, unavailable, vars, facts, first_id + i, egress)
+            (plan, pool, unavailable, vars, facts, id, egress, stamp)
         })
         .collect()
 }
 
 /// What [`make_entries`] builds of one plan: the plan, its pool, why it
-/// cannot serve, its activated variables, what disk says of it, its id and
-/// its egress proxy.
+/// cannot serve, its activated variables, what disk says of it, its id,
+/// its egress proxy and its `conda-meta` stamp.
 pub(crate) type Built = (
     EnvPlan,
     EnvPool,
@@ -288,12 +306,13 @@ pub(crate) type Built = (
     EnvFacts,
     usize,
     Option<crate::worker::EgressSpec>,
+    Stamp,
 );
 
 /// An entry from what [`make_entries`] built.
 pub(crate) fn entry(
     metrics: &Metrics,
-    (plan, pool, unavailable, vars, facts, id, egress): Built,
+    (plan, pool, unavailable, vars, facts, id, egress, conda_meta): Built,
 ) -> Arc<EnvEntry> {
     let hash = env_hash(&plan.spec.prefix, facts.python_version.as_deref());
     Arc::new(EnvEntry {
@@ -306,10 +325,11 @@ pub(crate) fn entry(
         pool,
         unavailable,
         vars,
-        install_lock: tokio::sync::Mutex::new(()),
+        install_lock: Default::default(),
         facts,
         hash: RwLock::new(hash.into()),
         egress,
+        conda_meta,
     })
 }
 
@@ -333,7 +353,9 @@ impl LiveEnvs {
             watched: Mutex::new(Watched::default()),
             closed: AtomicBool::new(false),
             creating: Mutex::new(HashSet::new()),
+            clashes: Mutex::new(Vec::new()),
         });
+        live.warn_clashes(&registry.clashes);
         live.watch(registry);
         live.publish_pools();
         live
@@ -369,6 +391,18 @@ impl LiveEnvs {
             .cloned()
     }
 
+    /// The folders whose members are environments: the configured
+    /// `envs_dir` and the `envs_dirs` discovery found last.
+    pub(crate) fn envs_dirs(&self) -> Vec<PathBuf> {
+        let watched = self.watched.lock();
+        self.config
+            .envs_dir
+            .iter()
+            .chain(&watched.envs_dirs)
+            .cloned()
+            .collect()
+    }
+
     /// `~/.conda/environments.txt`, where Conda lists prefixes.
     pub(crate) fn environments_txt(&self) -> Option<PathBuf> {
         self.config
@@ -402,22 +436,21 @@ impl LiveEnvs {
         self.closed.store(true, Ordering::Release);
     }
 
-    /// Remember what the scan that built `registry` looked at.
+    /// Remember what the scan that built `registry` looked at. A served
+    /// prefix's `conda-meta` counts as it was when the prefix was read, so
+    /// that a change while it was read is a change.
     fn watch(&self, registry: &Registry) {
         let mut paths: Vec<PathBuf> = registry.envs_dirs.clone();
         paths.extend(registry.environments_txt.clone());
         if let Some(dir) = &self.config.envs_dir {
             paths.push(dir.clone());
         }
+        let mut print = fingerprint(&paths);
         let table = self.table();
-        paths.extend(
-            table
-                .entries
-                .iter()
-                .filter(|e| !e.configured || e.created)
-                .map(|e| e.spec.prefix.join("conda-meta")),
-        );
-        let print = fingerprint(&paths);
+        for e in table.entries.iter().filter(|e| !e.configured) {
+            paths.extend(conda_meta_paths(&e.spec.prefix));
+            print.extend(e.conda_meta.iter().cloned());
+        }
         let mut watched = self.watched.lock();
         let mut roots = std::mem::take(&mut watched.roots);
         if let Some(root) = &registry.root
@@ -432,6 +465,15 @@ impl LiveEnvs {
             conda: registry.conda.clone(),
             roots,
         };
+    }
+
+    /// Log the clashes the last scan did not have.
+    fn warn_clashes(&self, clashes: &[Clash]) {
+        let mut known = self.clashes.lock();
+        for clash in clashes.iter().filter(|c| !known.contains(c)) {
+            clash.warn();
+        }
+        *known = clashes.to_vec();
     }
 
     /// Whether anything discovery reads changed since the last scan.
@@ -481,7 +523,7 @@ impl LiveEnvs {
         if self.closed.load(Ordering::Acquire) || !self.config.discover {
             return;
         }
-        let registry = match Registry::build(&self.config.registry()).await {
+        let mut registry = match Registry::build(&self.config.registry()).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!("rescan of environments failed: {}", error_chain(&e));
@@ -499,63 +541,137 @@ impl LiveEnvs {
             .iter()
             .map(|p| p.spec.prefix.clone())
             .collect();
-        let mut names: HashSet<String> = current
+        let kept = |e: &EnvEntry| e.created && crate::env::python_in(&e.spec.prefix).is_some();
+        // Names served where no scan looks (made by `POST /envs` in the
+        // configured envs_dir) stay theirs; the scan names the rest as a
+        // start would.
+        let reserved: HashSet<String> = current
             .entries
             .iter()
+            .filter(|e| !e.configured && kept(e) && !found.contains(&e.spec.prefix))
             .map(|e| e.spec.name.clone())
             .collect();
-        let mut added = Vec::new();
-        let creating = self.creating.lock().clone();
-        for plan in registry.envs.iter().filter(|p| {
-            !p.configured && !known.contains(&p.spec.prefix) && !creating.contains(&p.spec.prefix)
-        }) {
-            let mut plan = plan.clone();
-            if names.contains(&plan.spec.name) {
-                let base = plan.spec.name.clone();
-                let unique = (2..)
-                    .map(|i| format!("{base}-{i}"))
-                    .find(|n| !names.contains(n))
-                    .expect("an unused suffix exists");
-                plan.spec.rename(unique);
-            }
-            names.insert(plan.spec.name.clone());
-            added.push(plan);
-        }
-        let removed: Vec<Arc<EnvEntry>> = current
-            .entries
+        registry.name_discovered(&reserved);
+        self.warn_clashes(&registry.clashes);
+        let named: HashMap<&PathBuf, &str> = registry
+            .envs
             .iter()
-            .filter(|e| {
-                let kept = e.created && crate::env::python_in(&e.spec.prefix).is_some();
-                !e.configured && !kept && !found.contains(&e.spec.prefix)
+            .filter(|p| !p.configured)
+            .map(|p| (&p.spec.prefix, p.spec.name.as_str()))
+            .collect();
+        let creating = self.creating.lock().clone();
+        let added: Vec<EnvPlan> = registry
+            .envs
+            .iter()
+            .filter(|p| {
+                !p.configured
+                    && !known.contains(&p.spec.prefix)
+                    && !creating.contains(&p.spec.prefix)
             })
             .cloned()
             .collect();
-        if added.is_empty() && removed.is_empty() {
+        let removed: Vec<Arc<EnvEntry>> = current
+            .entries
+            .iter()
+            .filter(|e| !e.configured && !kept(e) && !found.contains(&e.spec.prefix))
+            .cloned()
+            .collect();
+        // Served ones whose records changed since they were read, or whose
+        // name the scan gives another: read again under the same id, so
+        // that sessions keep them.
+        let gone: HashSet<usize> = removed.iter().map(|e| e.id).collect();
+        let renamed = |e: &EnvEntry| {
+            named
+                .get(&e.spec.prefix)
+                .is_some_and(|name| *name != e.spec.name)
+        };
+        let stale: Vec<Arc<EnvEntry>> = current
+            .entries
+            .iter()
+            .filter(|e| {
+                !e.configured
+                    && !gone.contains(&e.id)
+                    && !creating.contains(&e.spec.prefix)
+                    && (renamed(e) || e.stale())
+            })
+            .cloned()
+            .collect();
+        if added.is_empty() && removed.is_empty() && stale.is_empty() {
             self.watch(&registry);
             return;
         }
         let first = self.next_id.fetch_add(added.len(), Ordering::Relaxed);
-        let built = make_entries(&self.config, &self.pools, added, first).await;
-        let new: Vec<Arc<EnvEntry>> = built.into_iter().map(|b| entry(&self.metrics, b)).collect();
-        for e in &new {
-            tracing::info!(env = %e.spec.name, prefix = %e.spec.prefix.display(), "environment found; its workers start on first use");
+        let plans: Vec<(usize, EnvPlan)> = (first..)
+            .zip(added)
+            .chain(stale.iter().map(|e| {
+                let mut spec = e.spec.clone();
+                if let Some(name) = named.get(&e.spec.prefix).filter(|n| **n != spec.name) {
+                    spec.rename(name.to_string());
+                }
+                let plan = EnvPlan {
+                    spec,
+                    settings: e.settings.clone(),
+                    configured: false,
+                };
+                (e.id, plan)
+            }))
+            .collect();
+        let built = make_entries(&self.config, &self.pools, plans).await;
+        let mut new: Vec<Arc<EnvEntry>> = Vec::new();
+        let mut renewed: HashMap<usize, Arc<EnvEntry>> = HashMap::new();
+        for b in built {
+            let mut e = entry(&self.metrics, b);
+            match stale.iter().find(|old| old.id == e.id) {
+                Some(old) => {
+                    let fresh = Arc::get_mut(&mut e).expect("not shared yet");
+                    fresh.created = old.created;
+                    fresh.install_lock = old.install_lock.clone();
+                    renewed.insert(e.id, e);
+                }
+                None => {
+                    tracing::info!(env = %e.spec.name, prefix = %e.spec.prefix.display(), "environment found; its workers start on first use");
+                    new.push(e);
+                }
+            }
         }
+        let mut replaced = Vec::new();
         {
             let mut table = self.table.write();
-            let gone: HashSet<usize> = removed.iter().map(|e| e.id).collect();
             let mut entries: Vec<Arc<EnvEntry>> = table
                 .entries
                 .iter()
                 .filter(|e| !gone.contains(&e.id))
-                .cloned()
+                .map(|e| match renewed.remove(&e.id) {
+                    Some(fresh) => {
+                        replaced.push((e.clone(), fresh.spec.name.clone()));
+                        fresh
+                    }
+                    None => e.clone(),
+                })
                 .collect();
             // A create may have served one of them meanwhile.
             let served: HashSet<PathBuf> = entries.iter().map(|e| e.spec.prefix.clone()).collect();
-            entries.extend(new.into_iter().filter(|e| !served.contains(&e.spec.prefix)));
+            let (serve, unserved): (Vec<_>, Vec<_>) = new
+                .into_iter()
+                .partition(|e| !served.contains(&e.spec.prefix));
+            entries.extend(serve);
             *table = Arc::new(EnvTable {
                 entries,
                 default: table.default.clone(),
             });
+            // What a delete meanwhile took away is not served again.
+            renewed.extend(unserved.into_iter().map(|e| (e.id, e)));
+        }
+        for e in renewed.into_values() {
+            tokio::spawn(async move { e.pool.close().await });
+        }
+        for (e, name) in replaced {
+            if name == e.spec.name {
+                tracing::info!(env = %name, prefix = %e.spec.prefix.display(), "environment changed on disk; read again, its workers restart");
+            } else {
+                tracing::info!(env = %name, prefix = %e.spec.prefix.display(), "environment {:?} is served as {:?} now, as a start would name it; its workers restart", e.spec.name, name);
+            }
+            tokio::spawn(async move { e.pool.close().await });
         }
         for e in removed {
             tracing::info!(env = %e.spec.name, prefix = %e.spec.prefix.display(), "environment gone; draining its pool");
@@ -574,7 +690,7 @@ impl LiveEnvs {
             configured: false,
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let built = make_entries(&self.config, &self.pools, vec![plan], id).await;
+        let built = make_entries(&self.config, &self.pools, vec![(id, plan)]).await;
         let mut entry = entry(&self.metrics, built.into_iter().next().expect("one plan"));
         Arc::get_mut(&mut entry).expect("not shared yet").created = true;
         {
@@ -587,13 +703,10 @@ impl LiveEnvs {
             });
         }
         {
-            // Its removal from disk is noticed like a discovered env's.
+            // Its removal or change on disk is noticed like a discovered env's.
             let mut watched = self.watched.lock();
-            let path = entry.spec.prefix.join("conda-meta");
-            watched
-                .print
-                .push(fingerprint(std::slice::from_ref(&path)).remove(0));
-            watched.paths.push(path);
+            watched.paths.extend(conda_meta_paths(&entry.spec.prefix));
+            watched.print.extend(entry.conda_meta.iter().cloned());
         }
         self.publish_pools();
         entry

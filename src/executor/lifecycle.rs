@@ -20,7 +20,7 @@ use crate::env::install::{
     EnvCommands, Installer, ProcessOutput, check_install, run_bounded, tool_command,
 };
 use crate::env::lifecycle::{
-    Undeletable, check_env_name, clone_prefix, conda_explicit, undeletable,
+    Undeletable, check_env_name, clone_prefix, conda_explicit, links_to, undeletable,
 };
 use crate::env::packages::check_conda_spec;
 use crate::env::{EnvKind, EnvSpec, activate::activate};
@@ -425,7 +425,8 @@ impl Executor {
     }
 
     /// Delete an environment: it is no longer served (its pool drains) and
-    /// its prefix is removed, with its line in `environments.txt`. Only
+    /// its prefix is removed, with its line in `environments.txt` and the
+    /// symbolic links it was found through (see [`links_to`]). Only
     /// Conda prefixes can be deleted, never Conda's root nor a prefix that
     /// holds another environment (see [`undeletable`]); the default
     /// environment, or one with live sessions, only with `force` (which
@@ -518,14 +519,37 @@ impl Executor {
         self.envs.remove(entry.id);
         let prefix = entry.spec.prefix.clone();
         let listed = self.envs.environments_txt();
+        let envs_dirs = self.envs.envs_dirs();
         tokio::task::spawn_blocking(move || {
+            // Found before the prefix goes: a link to it then resolves.
+            let lines: Vec<PathBuf> = listed
+                .iter()
+                .flat_map(|txt| {
+                    std::fs::read_to_string(txt)
+                        .unwrap_or_default()
+                        .lines()
+                        .map(|l| PathBuf::from(l.trim()))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            let links = links_to(&prefix, &envs_dirs, &lines);
+            // The prefix is canonical: the environment's own folder, never a
+            // link to it.
             std::fs::remove_dir_all(&prefix)?;
+            for link in &links {
+                match std::fs::remove_file(link) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
+            }
             if let Some(txt) = listed
                 && let Ok(text) = std::fs::read_to_string(&txt)
             {
                 let kept: Vec<&str> = text
                     .lines()
-                    .filter(|l| Path::new(l.trim()) != prefix)
+                    .map(|l| (l, Path::new(l.trim())))
+                    .filter(|(_, p)| *p != prefix && !links.iter().any(|link| link == p))
+                    .map(|(l, _)| l)
                     .collect();
                 let mut out = kept.join("\n");
                 if !out.is_empty() {

@@ -250,9 +250,17 @@ impl Executor {
 
     /// Overall health: every environment's pool, the sandbox, the caps.
     pub fn health(&self) -> Health {
-        let envs: BTreeMap<_, _> = self
-            .envs
-            .table()
+        let table = self.envs.table();
+        let mut sandbox = self.sandbox.clone();
+        if sandbox.disk_quota {
+            // The environments served now: a rescan adds and removes some.
+            sandbox.disk_bytes = table
+                .entries
+                .iter()
+                .map(|e| (e.spec.name.clone(), e.settings.disk_bytes))
+                .collect();
+        }
+        let envs: BTreeMap<_, _> = table
             .entries
             .iter()
             .map(|e| {
@@ -276,7 +284,7 @@ impl Executor {
             replica: self.replica.id().to_string(),
             sessions: self.sessions.live(),
             envs,
-            sandbox: self.sandbox.clone(),
+            sandbox,
             request_limits: self.request_limits,
         }
     }

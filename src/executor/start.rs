@@ -49,18 +49,13 @@ fn remove_stale_base_dirs(tmp: &Path) {
     }
 }
 
-/// `/health`'s account of the sandbox: what is enforced, the rlimits
-/// every run gets and each env's scratch quota.
+/// `/health`'s account of the sandbox: what is enforced and the rlimits
+/// every run gets. Each env's scratch quota is added when `/health` is
+/// asked, from the environments served then.
 fn sandbox_status(sandbox: Option<&Sandbox>, envs: &[Arc<EnvEntry>]) -> SandboxStatus {
     let mut status = sandbox.map(|s| s.status.clone()).unwrap_or_default();
     if sandbox.is_none() {
         status.memory = "rlimit_as";
-    }
-    if status.disk_quota {
-        status.disk_bytes = envs
-            .iter()
-            .map(|e| (e.spec.name.clone(), e.settings.disk_bytes))
-            .collect();
     }
     if envs.iter().any(|e| e.egress.is_some()) {
         // Only the allow-listed hosts, through the proxy in each worker's
@@ -167,7 +162,7 @@ impl Executor {
             egress_of(plan, sandbox.as_ref(), config)?;
         }
         let count = plans.len();
-        let pending = make_entries(config, &pools, plans, 0).await;
+        let pending = make_entries(config, &pools, plans.into_iter().enumerate().collect()).await;
         let replica = Arc::new(Replica::new(config.replica_id.clone()));
         let sessions = Sessions::start(config.sessions.clone(), config.grace_period, replica.id());
         let metrics = Arc::new(
@@ -181,7 +176,7 @@ impl Executor {
             .with_egress(
                 pending
                     .iter()
-                    .filter_map(|(plan, .., egress)| {
+                    .filter_map(|(plan, .., egress, _)| {
                         Some((plan.spec.name.clone(), egress.as_ref()?.ctx.clone()))
                     })
                     .collect(),

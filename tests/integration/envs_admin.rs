@@ -525,3 +525,80 @@ async fn a_create_streams_its_progress_as_server_sent_events() {
     assert_eq!(result["name"], "streamed");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn an_env_reached_through_a_link_is_deleted_with_its_link_and_nothing_beside_it() {
+    let fixture = CondaFixture::new(Interpreter::primary());
+    let data = fixture.root.parent().unwrap().join("data");
+    // In the root's envs/, as a link to another disk.
+    let linked = data.join("linked");
+    create_prefix(&linked, Interpreter::primary());
+    let linked_link = fixture.root.join("envs/linked");
+    std::os::unix::fs::symlink(&linked, &linked_link).unwrap();
+    // Listed in environments.txt by the path of a link.
+    let tool = data.join("tool");
+    create_prefix(&tool, Interpreter::primary());
+    let tool_link = fixture.home.join("tool");
+    std::os::unix::fs::symlink(&tool, &tool_link).unwrap();
+    let listed = fixture.home.join(".conda/environments.txt");
+    std::fs::write(
+        &listed,
+        format!("{}\n{}\n", fixture.root.display(), tool_link.display()),
+    )
+    .unwrap();
+    std::fs::write(data.join("notes.txt"), "not an environment").unwrap();
+    let server = TestServer::with_config(config_for(&fixture)).await;
+    for (name, link, prefix) in [
+        ("linked", &linked_link, &linked),
+        ("tool", &tool_link, &tool),
+    ] {
+        let (status, body) = call(
+            &server,
+            reqwest::Method::GET,
+            &format!("/envs/{name}"),
+            USER,
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["prefix"], prefix.display().to_string(), "{body}");
+        let (status, body) = call(
+            &server,
+            reqwest::Method::DELETE,
+            &format!("/envs/{name}"),
+            ADMIN,
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["prefix"], prefix.display().to_string(), "{body}");
+        assert!(!prefix.exists(), "{name}: the environment's files are left");
+        assert!(
+            std::fs::symlink_metadata(link).is_err(),
+            "{name}: the link to it is left"
+        );
+        let (status, body) = call(
+            &server,
+            reqwest::Method::GET,
+            &format!("/envs/{name}"),
+            USER,
+            None,
+        )
+        .await;
+        assert_eq!(status, 404, "{body}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(data.join("notes.txt")).unwrap(),
+        "not an environment"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&listed).unwrap(),
+        format!("{}\n", fixture.root.display())
+    );
+    assert!(fixture.root.join("bin/python").is_file());
+    // The name is free again.
+    let (status, body) = create(&server, json!({"name": "linked", "clone": "base"})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["prefix"], linked_link.display().to_string());
+    server.stop().await;
+}

@@ -196,3 +196,207 @@ async fn python_version_and_platform_of_three_envs_are_listed_with_no_worker_sta
     }
     server.stop().await;
 }
+
+async fn run_stdout(server: &TestServer, env: &str, code: &str) -> String {
+    let (status, body) = server.execute(json!({"code": code, "env": env})).await;
+    assert_eq!(status, 200, "{body}");
+    body["stdout"].as_str().unwrap().to_string()
+}
+
+async fn env_hash_of(server: &TestServer, env: &str) -> String {
+    let (status, body) = server.get("/list-envs").await;
+    assert_eq!(status, 200, "{body}");
+    body["envs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == env)
+        .unwrap_or_else(|| panic!("{env} is not listed: {body}"))["env_hash"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn an_env_found_while_conda_fills_it_is_activated_again_when_conda_meta_changes() {
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    let server = TestServer::with_config(config_for(&fixture, Duration::from_millis(200))).await;
+    // Found before `conda create` has linked the package that brings the
+    // activation script.
+    let prefix = fixture.create_env("filling", Interpreter::primary());
+    wait_for_listing(&server, "filling", true, Duration::from_secs(5)).await;
+    let probe = "import os; print(os.environ.get('FILLED_BY', 'unset'))";
+    assert_eq!(run_stdout(&server, "filling", probe).await, "unset\n");
+    let first_hash = env_hash_of(&server, "filling").await;
+
+    // The rest of the transaction: the script, then the history's new lines.
+    crate::common::conda::add_activate_script(&prefix, "filled.sh", "export FILLED_BY=conda\n");
+    let history = prefix.join("conda-meta/history");
+    let mut text = std::fs::read_to_string(&history).unwrap();
+    text.push_str("+conda-forge/linux-64::activator-1.0-0\n");
+    std::fs::write(&history, text).unwrap();
+    let start = Instant::now();
+    loop {
+        let seen = run_stdout(&server, "filling", probe).await;
+        if seen == "conda\n" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the activation script is still not applied: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A package record written later changes the hash shown.
+    std::fs::write(
+        prefix.join("conda-meta/activator-1.0-0.json"),
+        r#"{"name": "activator", "version": "1.0", "build": "0"}"#,
+    )
+    .unwrap();
+    let start = Instant::now();
+    while env_hash_of(&server, "filling").await == first_hash {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "env_hash still {first_hash}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(run_stdout(&server, "filling", probe).await, "conda\n");
+    server.stop().await;
+}
+
+/// `GET /envs/{name}`'s prefix.
+async fn details_prefix(server: &TestServer, env: &str) -> String {
+    let (status, body) = server.get(&format!("/envs/{env}")).await;
+    assert_eq!(status, 200, "{body}");
+    body["prefix"].as_str().unwrap().to_string()
+}
+
+/// What the server logs at `warn` and above, on this test's thread (a
+/// `#[tokio::test]` runs the server's tasks there).
+#[derive(Clone, Default)]
+struct Warnings(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Warnings {
+    fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(self.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn lines_with(&self, text: &str) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains(text))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl std::io::Write for Warnings {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Warnings {
+    type Writer = Warnings;
+
+    fn make_writer(&'a self) -> Warnings {
+        self.clone()
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_name_found_twice_at_runtime_goes_where_discovery_at_start_would_put_it() {
+    let warnings = Warnings::default();
+    let _capture = warnings.capture();
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    // `conda create -p .../projects/ml`: listed in environments.txt.
+    let listed = fixture.create_env_at(
+        &fixture.dir.path().join("projects/ml"),
+        Interpreter::primary(),
+    );
+    let server = TestServer::with_config(config_for(&fixture, Duration::from_millis(200))).await;
+    assert_eq!(
+        run_stdout(&server, "ml", PREFIX).await.trim(),
+        listed.display().to_string()
+    );
+
+    // `conda create -n ml`: in the root's envs/, which ranks first.
+    let named = fixture.create_env("ml", Interpreter::primary());
+    wait_for_listing(&server, "ml-2", true, Duration::from_secs(5)).await;
+    // Another rescan: the clash is not logged again.
+    fixture.create_env("other", Interpreter::primary());
+    wait_for_listing(&server, "other", true, Duration::from_secs(5)).await;
+    let clashes = warnings.lines_with("is taken");
+    assert_eq!(clashes.len(), 1, "{clashes:#?}");
+    assert!(
+        clashes[0].contains(&format!("prefix={}", listed.display()))
+            && clashes[0].contains(&format!("is taken by {}", named.display()))
+            && clashes[0].contains("\"ml-2\""),
+        "{}",
+        clashes[0]
+    );
+
+    let fresh = TestServer::with_config(config_for(&fixture, Duration::ZERO)).await;
+    for server in [&server, &fresh] {
+        for (env, prefix) in [("ml", &named), ("ml-2", &listed)] {
+            assert_eq!(
+                run_stdout(server, env, PREFIX).await.trim(),
+                prefix.display().to_string(),
+                "{env}"
+            );
+            assert_eq!(
+                details_prefix(server, env).await,
+                prefix.display().to_string()
+            );
+        }
+        let run = run_stdout(
+            server,
+            "ml-2",
+            "import os; print(os.environ['CONDA_DEFAULT_ENV'])",
+        );
+        assert_eq!(run.await, "ml-2\n");
+    }
+    fresh.stop().await;
+    server.stop().await;
+}
+
+/// `/health`'s `sandbox.disk_bytes`: each served environment's scratch size.
+async fn scratch_quotas(server: &TestServer) -> Value {
+    let (status, health) = server.get("/health").await;
+    assert_eq!(status, 200, "{health}");
+    assert_eq!(health["sandbox"]["disk_quota"], true, "{health}");
+    health["sandbox"]["disk_bytes"].clone()
+}
+
+#[tokio::test]
+async fn health_names_the_scratch_quota_of_the_envs_served_now() {
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    let config = config_for(&fixture, Duration::from_millis(200));
+    let size = config.sandbox.disk_bytes;
+    let server = TestServer::with_config(config).await;
+    assert_eq!(scratch_quotas(&server).await, json!({"base": size}));
+
+    let late = fixture.create_env("late", Interpreter::primary());
+    wait_for_listing(&server, "late", true, Duration::from_secs(5)).await;
+    assert_eq!(
+        scratch_quotas(&server).await,
+        json!({"base": size, "late": size})
+    );
+
+    std::fs::remove_dir_all(&late).unwrap();
+    wait_for_listing(&server, "late", false, Duration::from_secs(5)).await;
+    assert_eq!(scratch_quotas(&server).await, json!({"base": size}));
+    server.stop().await;
+}
