@@ -977,13 +977,19 @@ def planned_limits(limits):
     return plan
 
 
-def safe_join(root, rel):
+def path_parts(rel):
+    """The names in a request's relative file path ``rel``, below the run's
+    directory; ValueError for a path that is not one."""
     if not rel or rel.startswith("/") or "\0" in rel:
         raise ValueError("file path %r is not a relative path" % rel)
     parts = [p for p in rel.split("/") if p not in ("", ".")]
     if not parts or any(p == ".." for p in parts):
         raise ValueError("file path %r leaves the working directory" % rel)
-    return os.path.join(root, *parts)
+    return parts
+
+
+def safe_join(root, rel):
+    return os.path.join(root, *path_parts(rel))
 
 
 def write_files(root, files, replace=False):
@@ -1016,11 +1022,11 @@ class FilesRefused(Exception):
 def check_session_files(root, files):
     """Refuse (FilesRefused) a session call's ``files`` that the session's
     directory under ``root`` cannot take as they are, before any is
-    written: a directory or symbolic link where a file goes (a file is
-    never written through a link), or a file where a directory goes. A
-    directory in the path may be a link to one, as ``os.makedirs`` takes."""
+    written: a directory, symbolic link or other non-file where a file
+    goes, or a file where a directory of its path goes (a link to a
+    directory there is followed, as ``os.makedirs`` follows it)."""
     for rel, _ in files:
-        parts = os.path.relpath(safe_join(root, rel), root).split(os.sep)
+        parts = path_parts(rel)
         at = root
         for depth, part in enumerate(parts, 1):
             at = os.path.join(at, part)
@@ -1034,29 +1040,63 @@ def check_session_files(root, files):
                                        "is not a directory in the session; the call did not run"
                                        % (quoted(rel), quoted("/".join(parts[:depth]))))
             elif not stat.S_ISREG(mode):
-                what = ("a directory" if stat.S_ISDIR(mode)
-                        else "a symbolic link" if stat.S_ISLNK(mode)
-                        else "a named pipe" if stat.S_ISFIFO(mode)
-                        else "a socket" if stat.S_ISSOCK(mode) else "a device file")
                 raise FilesRefused("conflict", "file %s cannot be written: the session has %s "
-                                   "there; the call did not run" % (quoted(rel), what))
+                                   "there; the call did not run" % (quoted(rel), kind_of(mode)))
+
+
+def kind_of(mode):
+    """What a file of ``mode`` that is not a regular file is, in words."""
+    return ("a directory" if stat.S_ISDIR(mode)
+            else "a symbolic link" if stat.S_ISLNK(mode)
+            else "a named pipe" if stat.S_ISFIFO(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "a device file")
 
 
 def write_session_files(root, files):
-    """Write a session call's input ``files``, replacing what earlier calls
-    left (checked first: see check_session_files); a write the system
-    refuses is the call's FilesRefused, not an exception of its code."""
-    for rel, data in files:
+    """Write a session call's input ``files`` (checked first: see
+    check_session_files), each replacing what an earlier call left only
+    once it is whole: it is written under a new name beside it and renamed
+    over it, so a write that fails (the quota full) leaves the earlier file
+    as it was, and a named pipe put there meanwhile is never opened. A
+    write the system refuses is the call's FilesRefused, not an exception
+    of its code."""
+    most = resource.getrlimit(resource.RLIMIT_FSIZE)[0] if resource is not None else -1
+    for number, (rel, data) in enumerate(files):
+        if 0 <= most < len(data):  # past it, the write would be SIGXFSZ
+            raise FilesRefused("too_large", "file %s is %d bytes, over the session's "
+                               "file_size_bytes of %d; the call did not run%s"
+                               % (quoted(rel), len(data), most, written_before(number)))
+        path = safe_join(root, rel)
+        parent = os.path.dirname(path)
+        new = os.path.join(parent, ".%s.%d.new" % (os.path.basename(path), os.getpid()))
+        made = False
         try:
-            write_files(root, [(rel, data)], replace=True)
+            if parent != root:
+                os.makedirs(parent, exist_ok=True)
+            fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            made = True
+            try:
+                write_all(fd, data)
+            finally:
+                os.close(fd)
+            os.replace(new, path)
         except OSError as exc:
+            if made:  # never a file of that name the session had
+                try:
+                    os.unlink(new)
+                except OSError:
+                    pass
             full = exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
             raise FilesRefused("too_large" if full else "conflict",
                                "file %s could not be written: %s; the call did not run%s"
-                               % (quoted(rel), os.strerror(exc.errno or 0) if exc.errno
-                                  else type(exc).__name__,
-                                  "" if rel == files[0][0] else
-                                  " (the files before it in the request were written)"))
+                               % (quoted(rel), os.strerror(exc.errno) if exc.errno
+                                  else type(exc).__name__, written_before(number)))
+
+
+def written_before(number):
+    """What a refusal of a call's file ``number`` adds: the files before it
+    were written."""
+    return " (the files before it in the request were written)" if number else ""
 
 
 def quoted(text):
@@ -2262,6 +2302,10 @@ def sane_report(report):
     returned = report.get("returned")
     if isinstance(returned, str) and returned.isascii():  # as json.dumps writes it
         sane["returned"] = returned
+    refused = report.get("refused")
+    if (isinstance(refused, dict) and refused.get("code") in ("conflict", "too_large")
+            and isinstance(refused.get("message"), str)):
+        sane["refused"] = {"code": refused["code"], "message": refused["message"]}
     size = report.get("returned_size")
     if isinstance(size, int) and not isinstance(size, bool) and 0 <= size < 1 << 63:
         sane["returned_size"] = size

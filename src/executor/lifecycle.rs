@@ -500,12 +500,7 @@ impl Executor {
                 entry.spec.name
             )));
         }
-        let sessions: Vec<_> = self
-            .sessions
-            .list(None)
-            .into_iter()
-            .filter(|s| s.env == entry.spec.name)
-            .collect();
+        let sessions = self.sessions.in_env(entry.id);
         if !sessions.is_empty() && !force {
             return Err(ExecError::Conflict(format!(
                 "environment {:?} is used by {} session(s); close them or pass force=true",
@@ -513,8 +508,8 @@ impl Executor {
                 sessions.len()
             )));
         }
-        for s in &sessions {
-            let _ = self.sessions.close(&s.id, None);
+        for id in &sessions {
+            let _ = self.sessions.close(id, None);
         }
         self.envs.remove(entry.id);
         let prefix = entry.spec.prefix.clone();
@@ -536,9 +531,13 @@ impl Executor {
             // The prefix is canonical: the environment's own folder, never a
             // link to it.
             std::fs::remove_dir_all(&prefix)?;
+            // The environment is gone with its prefix: a link that stays
+            // is told of, and environments.txt is still brought up to date.
             for link in &links {
                 match std::fs::remove_file(link) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        tracing::warn!(link = %link.display(), "a link to a deleted environment could not be removed: {e}");
+                    }
                     _ => {}
                 }
             }

@@ -115,6 +115,10 @@ impl AuditedRun<'_> {
                         r.stdout = Some(String::from_utf8_lossy(&out.stdout).into_owned());
                         r.stderr = Some(String::from_utf8_lossy(&out.stderr).into_owned());
                     }
+                    if let Some(err) = out.refused.as_ref().map(refusal) {
+                        r.error = Some(err.code());
+                        r.status = Some(err.status());
+                    }
                 }
                 Err(err) => {
                     r.outcome = Some(match err {
@@ -154,6 +158,15 @@ impl Drop for AuditedRun<'_> {
             r.outcome = Some("cancelled");
             r.wall_ms = Some(wall_ms);
         });
+    }
+}
+
+/// The client's error for a session call whose input files its session
+/// refused: `too_large` where they did not fit, else `conflict`.
+fn refusal(refused: &protocol::WireRefusal) -> ExecError {
+    match refused.code.as_str() {
+        "too_large" => ExecError::TooLarge(refused.message.clone()),
+        _ => ExecError::Conflict(refused.message.clone()),
     }
 }
 
@@ -280,7 +293,14 @@ impl Executor {
             if let (Some(client), Ok(report)) = (client, &ran) {
                 client.run(RunOutcome::of(&report.output, &report.outcome));
             }
-            return ran;
+            // A call whose files its session could not take did not run,
+            // and the client is told so. The refusal is the session
+            // process's word, as the rest of its report is: the record
+            // above keeps all the report held, output and CPU too.
+            return ran.and_then(|report| match report.output.refused.as_ref() {
+                Some(refused) => Err(refusal(refused)),
+                None => Ok(report),
+            });
         }
         let env_name = entry.spec.name.as_str();
         if paused {

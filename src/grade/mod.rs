@@ -372,12 +372,8 @@ impl Executor {
         };
         self.prepare_with(&shared, &graded)
             .map_err(|e| refusal_of(e, "request"))?;
-        if (function || tests_mode)
-            && let Some(name) = reserved_name(req.files.as_ref())
-        {
-            return Err(ExecError::BadRequest(format!(
-                "request: the file name {name} is reserved by the grader"
-            )));
+        if function || tests_mode {
+            refuse_reserved(req.files.as_ref(), || "request".to_string())?;
         }
         let mut ready = Vec::with_capacity(req.tests.len());
         for (index, case) in req.tests.into_iter().enumerate() {
@@ -418,13 +414,8 @@ impl Executor {
                     label()
                 )));
             }
-            if (function || tests_mode)
-                && let Some(name) = reserved_name(case.files.as_ref())
-            {
-                return Err(ExecError::BadRequest(format!(
-                    "{}: the file name {name} is reserved by the grader",
-                    label()
-                )));
+            if function || tests_mode {
+                refuse_reserved(case.files.as_ref(), label)?;
             }
             let mut files = case_files(req.files.as_ref(), case.files.as_ref());
             if let Some(tests) = test_code {
@@ -1024,13 +1015,26 @@ fn check_weights(weights: impl Iterator<Item = f64>) -> Result<(), ExecError> {
     )))
 }
 
-/// The first of the names the grader reserves in a run directory (function
-/// and test-code mode) that `files` uses, however its path is spelt.
-fn reserved_name(files: Option<&BTreeMap<String, FileContent>>) -> Option<&'static str> {
-    let files = files?;
-    [INPUT_FILE, RESULT_FILE, SUBMISSION_FILE, TESTS_FILE]
+/// Refuse `files` that use a name the grader reserves in a run directory
+/// (function and test-code mode), however its path is spelt, as the part
+/// of the request `whose` names.
+fn refuse_reserved(
+    files: Option<&BTreeMap<String, FileContent>>,
+    whose: impl FnOnce() -> String,
+) -> Result<(), ExecError> {
+    let Some(files) = files else {
+        return Ok(());
+    };
+    match [INPUT_FILE, RESULT_FILE, SUBMISSION_FILE, TESTS_FILE]
         .into_iter()
         .find(|name| files.keys().any(|p| normal_file_path(p) == *name))
+    {
+        Some(name) => Err(ExecError::BadRequest(format!(
+            "{}: the file name {name} is reserved by the grader",
+            whose()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// A case's input files: the request's, and its own, which replace any of

@@ -288,15 +288,7 @@ impl Sessions {
                         }
                     });
                 }
-                match out.refused {
-                    // What the session's own files refused is the request's
-                    // to mend; the session goes on.
-                    Some(refused) if refused.code == "too_large" => {
-                        Err(ExecError::TooLarge(refused.message))
-                    }
-                    Some(refused) => Err(ExecError::Conflict(refused.message)),
-                    None => Ok(out),
-                }
+                Ok(out)
             }
             Err(e) => {
                 let worker = slot.take();
@@ -308,6 +300,19 @@ impl Sessions {
                 Err(ExecError::Worker(e))
             }
         }
+    }
+
+    /// The ids of the live sessions in environment `env` (its index, which a
+    /// rename at a rescan keeps, where the name a session was made with may
+    /// have changed).
+    pub fn in_env(&self, env: usize) -> Vec<String> {
+        self.inner
+            .lock()
+            .live
+            .values()
+            .filter(|s| s.env() == env)
+            .map(|s| s.id.clone())
+            .collect()
     }
 
     /// Every live session client `owner` may use (all with `None`),

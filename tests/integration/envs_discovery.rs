@@ -400,3 +400,55 @@ async fn health_names_the_scratch_quota_of_the_envs_served_now() {
     assert_eq!(scratch_quotas(&server).await, json!({"base": size}));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_session_stays_with_its_environment_when_a_rescan_renames_it() {
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    let listed = fixture.create_env_at(
+        &fixture.dir.path().join("projects/ml"),
+        Interpreter::primary(),
+    );
+    let server = TestServer::with_config(Config {
+        admin_token: Some("admin-secret".into()),
+        ..config_for(&fixture, Duration::from_millis(200))
+    })
+    .await;
+    let (status, info) = server.post("/sessions", json!({"env": "ml"})).await;
+    assert_eq!(status, 201, "{info}");
+    let id = info["id"].as_str().unwrap().to_string();
+    // `conda create -n ml` ranks first: the session's environment is
+    // served as ml-2 now, and its session is still its own.
+    fixture.create_env("ml", Interpreter::primary());
+    wait_for_listing(&server, "ml-2", true, Duration::from_secs(5)).await;
+    let delete = |name: &str| {
+        server
+            .client
+            .delete(format!("{}/envs/{name}", server.url))
+            .bearer_auth("admin-secret")
+            .send()
+    };
+    let answer = delete("ml-2").await.unwrap();
+    let status = answer.status().as_u16();
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("is used by 1 session(s)"),
+        "{body}"
+    );
+    assert!(listed.exists());
+    // The environment that took the name has no session.
+    let answer = delete("ml").await.unwrap();
+    assert_eq!(answer.status().as_u16(), 200, "{:?}", answer.text().await);
+    let (status, body) = server
+        .execute(json!({"session": id, "code": "import sys; print(sys.prefix)"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["stdout"].as_str().unwrap().trim(),
+        listed.display().to_string()
+    );
+    server.stop().await;
+}

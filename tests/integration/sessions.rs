@@ -1503,3 +1503,28 @@ async fn a_call_whose_files_the_session_has_something_else_in_the_way_of_is_refu
     assert_eq!(body["stdout"], "through replaced\n", "{body}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_call_file_over_the_sessions_file_size_limit_is_refused_and_the_session_goes_on() {
+    let server = TestServer::start().await;
+    let id = create(&server, json!({"limits": {"file_size_bytes": 1000}})).await;
+    ok(&server, &id, "kept = 1").await;
+    let (status, body) = server
+        .execute(json!({"session": id, "code": "kept = 2", "files": {"small.txt": "s", "big.txt": "b".repeat(2000)}}))
+        .await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error"]["code"], "too_large", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("file \"big.txt\" is 2000 bytes, over the session's file_size_bytes of 1000; the call did not run"),
+        "{message}"
+    );
+    let body = ok(
+        &server,
+        &id,
+        "import os\nprint(kept, os.path.exists('big.txt'))",
+    )
+    .await;
+    assert_eq!(body["stdout"], "1 False\n", "{body}");
+    server.stop().await;
+}

@@ -214,9 +214,9 @@ async fn a_session_call_whose_files_do_not_fit_what_is_left_is_refused() {
     let (status, info) = arena.server.post("/sessions", json!({})).await;
     assert_eq!(status, 201, "{info}");
     let id = info["id"].as_str().unwrap().to_string();
-    // The session fills its quota to within 256 KiB.
+    // The session has an in.txt, and fills its quota to within 256 KiB.
     let body = arena
-        .attack(json!({"session": id, "timeout": 20, "code": "import shutil\nleft = shutil.disk_usage('.').free\nopen('fill.bin', 'wb').write(b'f' * (left - (256 << 10)))\nkept = 'state'"}))
+        .attack(json!({"session": id, "timeout": 20, "files": {"in.txt": "old"}, "code": "import shutil\nleft = shutil.disk_usage('.').free\nopen('fill.bin', 'wb').write(b'f' * (left - (256 << 10)))\nkept = 'state'"}))
         .await;
     assert_eq!(body["exit_code"], 0, "{body}");
     let one_mib = "x".repeat(1 << 20);
@@ -233,11 +233,12 @@ async fn a_session_call_whose_files_do_not_fit_what_is_left_is_refused() {
         ),
         "{message}"
     );
-    // The code did not run; with room made, the same file goes in.
+    // The code did not run, and the file it would have replaced is as it
+    // was; with room made, the same file goes in.
     let body = arena
-        .attack(json!({"session": id, "code": "import os\nos.remove('fill.bin')\nprint(kept)"}))
+        .attack(json!({"session": id, "code": "import os\nos.remove('fill.bin')\nprint(kept, open('in.txt').read(), sorted(os.listdir('.')))"}))
         .await;
-    assert_eq!(body["stdout"], "state\n", "{body}");
+    assert_eq!(body["stdout"], "state old ['in.txt']\n", "{body}");
     let (status, body) = arena
         .server
         .execute(json!({"session": id, "code": "print(len(open('in.txt').read()))", "files": {"in.txt": one_mib}}))
