@@ -146,10 +146,9 @@ impl RequestObject for Checker {
     const FIELD: &'static str = "checker";
 }
 
-/// A JSON value kept as JSON text (`input`, `expected`, `returned`), so
-/// that its numbers keep every digit: serde_json's `Value` holds an integer
-/// of 2**64 or more as an `f64`, which would hand the function a float and
-/// compare `10**20` equal to `10**20 + 1`. Serialized as the value itself.
+/// A JSON value kept as JSON text (`input`, `expected`, `returned`): its
+/// numbers keep every digit, as written, and it goes to the run as it came,
+/// never parsed into a tree. Serialized as the value itself.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(transparent)]
 pub struct JsonText(Box<RawValue>);

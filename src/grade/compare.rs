@@ -185,9 +185,9 @@ fn token_diff(expected: &[&str], got: &[&str], tol: f64) -> Option<String> {
     Some(summary)
 }
 
-/// A JSON value whose numbers keep their text: `Value` would hold an
-/// integer of 2**64 or more as an `f64`, and compare `10**20` equal to
-/// `10**20 + 1`.
+/// A JSON value whose numbers keep their text, compared as the grading
+/// modes say (`Value`'s equality compares two numbers' text as written,
+/// `1.0` unlike `1`).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Json {
     Null,

@@ -1000,7 +1000,12 @@ mod tests {
 
     /// A framed report on call `id` with `status`.
     fn report_on(id: u64, status: u8) -> Vec<u8> {
-        framed(&serde_json::json!({"id": id, "status": status}))
+        #[derive(Serialize)]
+        struct Bare {
+            id: u64,
+            status: u8,
+        }
+        framed(&Bare { id, status })
     }
 
     /// The parameters of call `id` as JSON (artifacts up to 1 MiB in all).
@@ -1061,7 +1066,17 @@ mod tests {
         assert_eq!(report.artifacts.len(), MAX_ARTIFACTS);
         assert!(report.artifacts.iter().all(|a| a.path == "out/a.txt"));
         // Not a list at all: the report reads as an empty one.
-        let mut buf = framed(&serde_json::json!({"id": 9, "status": 3, "artifacts": 7}));
+        #[derive(Serialize)]
+        struct NotAList {
+            id: u64,
+            status: u8,
+            artifacts: u8,
+        }
+        let mut buf = framed(&NotAList {
+            id: 9,
+            status: 3,
+            artifacts: 7,
+        });
         let Some(Ok(report)) = take_report(&mut buf, 9, cap) else {
             panic!("no report");
         };

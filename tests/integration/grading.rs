@@ -913,6 +913,48 @@ async fn function_mode_keeps_big_integers_exact_end_to_end() {
     server.stop().await;
 }
 
+/// Over MCP too, an integer of 2**64 or more reaches the function as a
+/// Python int and comes back with every digit.
+#[tokio::test]
+async fn grade_code_keeps_big_integers_exact() {
+    let two_70 = "1180591620717411303424"; // 2**70
+    let ten_20 = "100000000000000000000"; // 10**20
+    let config = common::config();
+    let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+    let client = connect_in_process(executor.clone(), &config).await;
+    let args: Value = serde_json::from_str(&format!(
+        r#"{{"code": "def f(x):\n    return [type(x).__name__, repr(x), x, x + 1]", "entry": "f",
+            "tests": [
+                {{"input": [{two_70}], "expected": ["int", "{two_70}", {two_70}, {two_70_plus}]}},
+                {{"input": [-{ten_20}], "expected": ["int", "-{ten_20}", -{ten_20}, -{ten_20}]}}
+            ]}}"#,
+        two_70_plus = "1180591620717411303425",
+    ))
+    .unwrap();
+    let result = call(&client, "grade_code", args).await.unwrap();
+    assert_eq!(result.is_error, Some(false), "{result:?}");
+    let structured = result.structured_content.expect("structuredContent");
+    assert_eq!(structured["cases"][0]["verdict"], "ok", "{structured}");
+    // 10**20 - 1 is not -10**20: an exact comparison.
+    assert_eq!(
+        structured["cases"][1]["verdict"], "wrong_answer",
+        "{structured}"
+    );
+    assert_eq!(
+        structured["cases"][1]["diff"],
+        format!("at $[3]: expected -{ten_20}, got -99999999999999999999"),
+        "{structured}"
+    );
+    // The returned value, as the client sees it, keeps every digit.
+    let returned = serde_json::to_string(&structured["cases"][0]["returned"]).unwrap();
+    assert_eq!(
+        returned,
+        format!(r#"["int","{two_70}",{two_70},1180591620717411303425]"#)
+    );
+    let _ = client.cancel().await;
+    executor.shutdown().await;
+}
+
 #[tokio::test]
 async fn mcp_tools_refuse_an_array_in_place_of_a_nested_object() {
     let config = common::config();
