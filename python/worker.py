@@ -1995,6 +1995,14 @@ def read_file(path, size):
         os.close(fd)
 
 
+def readable(path, size):
+    """``read_file``, or None where the run took away the read permission."""
+    try:
+        return read_file(path, size)
+    except PermissionError:
+        return None
+
+
 def removed_if_empty(path):
     """Whether ``path`` was an empty directory, now removed."""
     try:
@@ -2098,8 +2106,10 @@ def artifact_modules():
 def pick_artifacts(files, inputs, select, max_each, max_total):
     """The artifacts among ``files`` ((relative path, path, size) each):
     those ``select`` matches, except input files left as they were sent; the
-    content of each while the caps allow, else ``omitted``. And whether
-    there were more than MAX_ARTIFACTS of them (the rest are not listed)."""
+    content of each while the caps allow, else ``omitted`` (also where the
+    run took away the read permission: the file is still its own). And
+    whether there were more than MAX_ARTIFACTS of them (the rest are not
+    listed)."""
     found = []
     total = 0
     mimetypes = None
@@ -2112,7 +2122,7 @@ def pick_artifacts(files, inputs, select, max_each, max_total):
             continue
         try:
             original = inputs.get(rel)
-            if original is not None and len(original) == size and read_file(path, size) == original:
+            if original is not None and len(original) == size and readable(path, size) == original:
                 continue
             if len(found) >= MAX_ARTIFACTS:
                 return found, True
@@ -2121,10 +2131,13 @@ def pick_artifacts(files, inputs, select, max_each, max_total):
                 "size": size,
                 "mime": mimetypes.guess_type(rel)[0] or "application/octet-stream",
             }
-            if size > max_each or total + size > max_total:
+            data = None
+            if size <= max_each and total + size <= max_total:
+                data = readable(path, size)
+            if data is None:
                 item["omitted"] = True
             else:
-                item["data"] = read_file(path, size)
+                item["data"] = data
                 total += size
         except OSError:
             continue
