@@ -28,7 +28,8 @@ frame of its type, except those marked optional.
 |                  |           | optional: `cpu_ms`, `peak_rss_kb` (the run's CPU time and     |
 |                  |           | peak RSS, KiB: as its process measured them just before it    |
 |                  |           | reported, if it did; with `rusage`, from reaping it),         |
-|                  |           | `disk_exceeded` (true: killed over `limits.disk_bytes`);      |
+|                  |           | `disk_exceeded` (true: killed over `limits.disk_bytes`, or    |
+|                  |           | ended over it);                                               |
 |                  |           | `artifacts_cut` (true: there were more files than listed);    |
 |                  |           | `returned` (str: the JSON of the value `call` returned) or    |
 |                  |           | `returned_size` (its bytes, when over `max_artifact_bytes`);  |
@@ -3017,7 +3018,8 @@ class Worker:
             reply = result_frame(msg, run, artifacts, cut)
             if msg.get("rusage"):
                 reply.update(run_usage(child))
-            if run.ended == "disk":
+            # A run that ends between two looks may have ended over it.
+            if run.ended == "disk" or (disk is not None and disk.exceeded()):
                 reply["disk_exceeded"] = True
             heavy = cut or self.heavy_cleanup(child, removed)
             if heavy:
