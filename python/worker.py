@@ -28,7 +28,8 @@ frame of its type, except those marked optional.
 |                  |           | optional: `cpu_ms`, `peak_rss_kb` (the run's CPU time and     |
 |                  |           | peak RSS, KiB: as its process measured them just before it    |
 |                  |           | reported, if it did; with `rusage`, from reaping it),         |
-|                  |           | `disk_exceeded` (true: killed over `limits.disk_bytes`);      |
+|                  |           | `disk_exceeded` (true: killed over `limits.disk_bytes`, or    |
+|                  |           | ended over it);                                               |
 |                  |           | `artifacts_cut` (true: there were more files than listed);    |
 |                  |           | `returned` (str: the JSON of the value `call` returned) or    |
 |                  |           | `returned_size` (its bytes, when over `max_artifact_bytes`);  |
@@ -1995,6 +1996,14 @@ def read_file(path, size):
         os.close(fd)
 
 
+def readable(path, size):
+    """``read_file``, or None where the run took away the read permission."""
+    try:
+        return read_file(path, size)
+    except PermissionError:
+        return None
+
+
 def removed_if_empty(path):
     """Whether ``path`` was an empty directory, now removed."""
     try:
@@ -2098,8 +2107,10 @@ def artifact_modules():
 def pick_artifacts(files, inputs, select, max_each, max_total):
     """The artifacts among ``files`` ((relative path, path, size) each):
     those ``select`` matches, except input files left as they were sent; the
-    content of each while the caps allow, else ``omitted``. And whether
-    there were more than MAX_ARTIFACTS of them (the rest are not listed)."""
+    content of each while the caps allow, else ``omitted`` (also where the
+    run took away the read permission: the file is still its own). And
+    whether there were more than MAX_ARTIFACTS of them (the rest are not
+    listed)."""
     found = []
     total = 0
     mimetypes = None
@@ -2112,7 +2123,7 @@ def pick_artifacts(files, inputs, select, max_each, max_total):
             continue
         try:
             original = inputs.get(rel)
-            if original is not None and len(original) == size and read_file(path, size) == original:
+            if original is not None and len(original) == size and readable(path, size) == original:
                 continue
             if len(found) >= MAX_ARTIFACTS:
                 return found, True
@@ -2121,10 +2132,13 @@ def pick_artifacts(files, inputs, select, max_each, max_total):
                 "size": size,
                 "mime": mimetypes.guess_type(rel)[0] or "application/octet-stream",
             }
-            if size > max_each or total + size > max_total:
+            data = None
+            if size <= max_each and total + size <= max_total:
+                data = readable(path, size)
+            if data is None:
                 item["omitted"] = True
             else:
-                item["data"] = read_file(path, size)
+                item["data"] = data
                 total += size
         except OSError:
             continue
@@ -3004,7 +3018,8 @@ class Worker:
             reply = result_frame(msg, run, artifacts, cut)
             if msg.get("rusage"):
                 reply.update(run_usage(child))
-            if run.ended == "disk":
+            # A run that ends between two looks may have ended over it.
+            if run.ended == "disk" or (disk is not None and disk.exceeded()):
                 reply["disk_exceeded"] = True
             heavy = cut or self.heavy_cleanup(child, removed)
             if heavy:

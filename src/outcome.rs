@@ -96,9 +96,9 @@ impl Outcome {
     ///    a fork or a thread during the run. Then [`Limit::Processes`]: a
     ///    fork bomb that catches its errors and retries until the deadline is
     ///    stopped by the timeout, but what to fix is the number of processes.
-    /// 2. The worker killed the run past its `limits.disk_bytes`:
-    ///    [`Limit::Disk`]. A resource signal: `SIGXCPU` is [`Limit::Cpu`],
-    ///    `SIGXFSZ` [`Limit::FileSize`].
+    /// 2. The run went past its `limits.disk_bytes` (the worker killed it,
+    ///    or it ended over it): [`Limit::Disk`]. A resource signal:
+    ///    `SIGXCPU` is [`Limit::Cpu`], `SIGXFSZ` [`Limit::FileSize`].
     /// 3. An OOM kill in the worker's memory cgroup: [`Limit::Memory`].
     /// 4. The errno of the exception that ended the run: `ENOMEM`
     ///    (`MemoryError` and its subclasses), `EFBIG`, `ENOSPC` (the scratch

@@ -21,7 +21,8 @@
 //! |                  |           | optional: `cpu_ms`, `peak_rss_kb` (the run's CPU time and     |
 //! |                  |           | peak RSS, KiB: as its process measured them just before it    |
 //! |                  |           | reported, if it did; with `rusage`, from reaping it),         |
-//! |                  |           | `disk_exceeded` (true: killed over `limits.disk_bytes`);      |
+//! |                  |           | `disk_exceeded` (true: killed over `limits.disk_bytes`, or    |
+//! |                  |           | ended over it);                                               |
 //! |                  |           | `artifacts_cut` (true: there were more files than listed);    |
 //! |                  |           | `returned` (str: the JSON of the value `call` returned) or    |
 //! |                  |           | `returned_size` (its bytes, when over `max_artifact_bytes`);  |
@@ -351,7 +352,7 @@ pub struct WorkerFrame {
     /// Session mode: the call's input files could not be written in the
     /// session's directory, and its code did not run.
     pub refused: Option<WireRefusal>,
-    /// The run was killed for going over its `limits.disk_bytes`.
+    /// The run went over its `limits.disk_bytes`: killed, or ended over it.
     pub disk_exceeded: bool,
     /// The JSON of the value the `exec` frame's `call` returned.
     pub returned: Option<String>,

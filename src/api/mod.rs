@@ -184,7 +184,8 @@ pub struct Artifact {
     /// The content, base64-encoded; absent when `omitted`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base64: Option<String>,
-    /// The file was over the per-artifact or total cap; only listed.
+    /// The file was over the per-artifact or total cap, or unreadable (the
+    /// run took its read permission away); only listed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub omitted: bool,
     /// Over MCP: where the file can be read again (`resources/read`, and

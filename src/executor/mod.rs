@@ -40,6 +40,7 @@ pub use crate::worker::{OutputChunk, OutputSink, OutputStream};
 pub use lifecycle::Progress;
 pub use prepare::{PreparedRun, RunOptions};
 pub use run::RunReport;
+pub(crate) use run::complete_prefix;
 pub use start::WORKER_SCRIPT;
 
 /// Runs code in environments' worker pools.

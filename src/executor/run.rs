@@ -179,8 +179,8 @@ fn shape_result(report: RunReport) -> ExecResult {
     } = report;
     let truncated = out.stdout_truncated || out.stderr_truncated;
     ExecResult {
-        stdout: utf8(out.stdout),
-        stderr: utf8(out.stderr),
+        stdout: utf8(out.stdout, out.stdout_truncated),
+        stderr: utf8(out.stderr, out.stderr_truncated),
         exit_code: out.exit_code,
         artifacts: out
             .artifacts
@@ -215,9 +215,32 @@ fn shape_result(report: RunReport) -> ExecResult {
     }
 }
 
-/// Bytes as text without a copy when they are valid UTF-8.
-fn utf8(bytes: Vec<u8>) -> String {
+/// Bytes as text without a copy when they are valid UTF-8. A stream `cut`
+/// at the output cap may end inside a character: that part of a character
+/// is dropped, not replaced, so the text is the output as written (and
+/// within the cap), as its streamed events have it.
+fn utf8(mut bytes: Vec<u8>, cut: bool) -> String {
+    if cut {
+        bytes.truncate(complete_prefix(&bytes));
+    }
     String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// How much of `bytes` is whole: all of it but an incomplete UTF-8
+/// sequence at its end, which waits for (or, at a cut, lost) the rest of
+/// its character. Invalid bytes before it count as whole (they are
+/// replaced), so a character that follows them is never split.
+pub(crate) fn complete_prefix(bytes: &[u8]) -> usize {
+    let mut end = 0;
+    loop {
+        match std::str::from_utf8(&bytes[end..]) {
+            Ok(_) => return bytes.len(),
+            Err(e) => match e.error_len() {
+                Some(invalid) => end += e.valid_up_to() + invalid,
+                None => return end + e.valid_up_to(),
+            },
+        }
+    }
 }
 
 impl Executor {

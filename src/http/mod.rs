@@ -630,6 +630,28 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
         }
         serde_json::from_slice(&bytes)
             .map(JsonBody)
-            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+            .map_err(|e| ApiError::bad_request(body_error::<T>(&bytes, e)))
     }
+}
+
+/// Why `bytes` is no `T`: ``invalid JSON body: field `limits.memory_bytes`:
+/// invalid type: ...`` where the fault is in a field's value (serde's own
+/// message names only what it wanted there), else serde's message. The
+/// body is read again, tracking where the reader is, only to word a
+/// refusal: an accepted body costs nothing more.
+fn body_error<T: DeserializeOwned>(bytes: &[u8], e: serde_json::Error) -> String {
+    use serde_json::error::Category;
+    if matches!(e.classify(), Category::Data | Category::Syntax) {
+        let mut again = serde_json::Deserializer::from_slice(bytes);
+        if let Err(at) = serde_path_to_error::deserialize::<_, T>(&mut again) {
+            let path = at.path();
+            let named = path
+                .iter()
+                .all(|s| !matches!(s, serde_path_to_error::Segment::Unknown));
+            if named && path.iter().next().is_some() {
+                return format!("invalid JSON body: field `{path}`: {}", at.inner());
+            }
+        }
+    }
+    format!("invalid JSON body: {e}")
 }

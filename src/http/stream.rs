@@ -4,6 +4,7 @@
 //! the whole result (the JSON of the non-streaming answer), or one `error`
 //! event the JSON error body. A client that disconnects cancels its run.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -12,12 +13,13 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc;
 
 use super::ApiError;
-use crate::api::ExecRequest;
-use crate::executor::Executor;
+use crate::api::{ExecRequest, ExecResult};
+use crate::executor::{Executor, complete_prefix};
 use crate::executor::{OutputChunk, OutputStream, Progress};
 use crate::grade::PreparedBatch;
 
-/// Events buffered towards a slow client before the run waits for it.
+/// Events buffered towards a slow client (an `/execute` run's output
+/// queues behind them; the runs of a batch wait for the client).
 const EVENT_BUFFER: usize = 64;
 
 pub(super) fn execute_stream(
@@ -32,34 +34,42 @@ pub(super) fn execute_stream(
         let run = executor.run(prepared, Some(sink));
         tokio::pin!(run);
         let mut text = TextDecoder::default();
+        // Output the client has not taken yet. The run never waits for a
+        // slow client, or its timeout would wait too: this holds at most
+        // what the run may write, `max_output_bytes` a stream.
+        let mut queued = VecDeque::new();
         let outcome = loop {
             tokio::select! {
-                Some(chunk) = chunks.recv() => {
-                    if let Some(event) = text.event(chunk)
-                        && events.send(event).await.is_err()
-                    {
-                        return; // the client left: dropping `run` kills it
-                    }
-                }
                 outcome = &mut run => break outcome,
+                Some(chunk) = chunks.recv() => queued.extend(text.decode(chunk)),
+                Ok(permit) = events.reserve(), if !queued.is_empty() => {
+                    permit.send(output_event(queued.pop_front().expect("output is queued")));
+                }
+                // The client left: dropping `run` kills it.
                 _ = events.closed() => return,
             }
         };
         while let Ok(chunk) = chunks.try_recv() {
-            if let Some(event) = text.event(chunk) {
-                let _ = events.send(event).await;
-            }
+            queued.extend(text.decode(chunk));
         }
         let last = match outcome {
-            Ok(result) => Event::default()
-                .event("result")
-                .json_data(&result)
-                .unwrap_or_else(|_| Event::default().event("result")),
+            Ok(result) => {
+                queued.extend(text.rest(&result));
+                Event::default()
+                    .event("result")
+                    .json_data(&result)
+                    .unwrap_or_else(|_| Event::default().event("result"))
+            }
             Err(err) => {
                 let err = ApiError::from(err);
                 Event::default().event("error").data(err.body().to_string())
             }
         };
+        for output in queued {
+            if events.send(output_event(output)).await.is_err() {
+                return;
+            }
+        }
         let _ = events.send(last).await;
     };
     // The run goes on in its own task; it keeps the request's span (its id).
@@ -203,49 +213,75 @@ fn sse(rx: mpsc::Receiver<Event>) -> Response {
         .into_response()
 }
 
-/// Turns byte chunks into text events without splitting a UTF-8 character
-/// across two events: an incomplete tail waits for the next chunk.
+/// Text of one stream, for one `stdout` or `stderr` event.
+struct Output {
+    stream: OutputStream,
+    text: String,
+}
+
+/// The event carrying `output`, its text as a JSON string.
+fn output_event(output: Output) -> Event {
+    let name = match output.stream {
+        OutputStream::Stdout => "stdout",
+        OutputStream::Stderr => "stderr",
+    };
+    Event::default()
+        .event(name)
+        .data(serde_json::Value::String(output.text).to_string())
+}
+
+/// Turns byte chunks into text without splitting a UTF-8 character across
+/// two events: an incomplete tail waits for the next chunk. The text of a
+/// stream's events joined is the result's text of that stream.
 #[derive(Default)]
 struct TextDecoder {
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
+    stdout: Stream,
+    stderr: Stream,
+}
+
+/// One stream's bytes waiting for the rest of their character, and how
+/// much text was made of it so far.
+#[derive(Default)]
+struct Stream {
+    pending: Vec<u8>,
+    decoded: usize,
 }
 
 impl TextDecoder {
-    fn event(&mut self, chunk: OutputChunk) -> Option<Event> {
-        let (name, pending) = match chunk.stream {
-            OutputStream::Stdout => ("stdout", &mut self.stdout),
-            OutputStream::Stderr => ("stderr", &mut self.stderr),
+    fn decode(&mut self, chunk: OutputChunk) -> Option<Output> {
+        let stream = match chunk.stream {
+            OutputStream::Stdout => &mut self.stdout,
+            OutputStream::Stderr => &mut self.stderr,
         };
-        pending.extend_from_slice(&chunk.data);
-        let valid = complete_prefix(pending);
+        stream.pending.extend_from_slice(&chunk.data);
+        let valid = complete_prefix(&stream.pending);
         if valid == 0 {
             return None;
         }
-        let text = String::from_utf8_lossy(&pending[..valid]).into_owned();
-        pending.drain(..valid);
-        Some(
-            Event::default()
-                .event(name)
-                .data(serde_json::Value::String(text).to_string()),
-        )
+        let text = String::from_utf8_lossy(&stream.pending[..valid]).into_owned();
+        stream.pending.drain(..valid);
+        stream.decoded += text.len();
+        Some(Output {
+            stream: chunk.stream,
+            text,
+        })
     }
-}
 
-/// How much of `bytes` can be sent now: all of it but an incomplete UTF-8
-/// sequence at its end, which waits for the rest of its character. Invalid
-/// bytes anywhere before it are sent (and replaced), so a character that
-/// follows them is never split.
-fn complete_prefix(bytes: &[u8]) -> usize {
-    let mut end = 0;
-    loop {
-        match std::str::from_utf8(&bytes[end..]) {
-            Ok(_) => return bytes.len(),
-            Err(e) => match e.error_len() {
-                Some(invalid) => end += e.valid_up_to() + invalid,
-                None => return end + e.valid_up_to(),
-            },
-        }
+    /// The text of `result` no event has carried: an incomplete character
+    /// the run ended its output with (replaced in the result, as its other
+    /// invalid bytes are). Nothing where the stream was cut at the output
+    /// cap: the result drops the part of a character cut there.
+    fn rest(&self, result: &ExecResult) -> impl Iterator<Item = Output> {
+        let rest = |stream: OutputStream, sent: &Stream, whole: &str| {
+            let tail = whole.get(sent.decoded..).filter(|tail| !tail.is_empty())?;
+            Some(Output {
+                stream,
+                text: tail.to_string(),
+            })
+        };
+        let stdout = rest(OutputStream::Stdout, &self.stdout, &result.stdout);
+        let stderr = rest(OutputStream::Stderr, &self.stderr, &result.stderr);
+        stdout.into_iter().chain(stderr)
     }
 }
 
@@ -261,9 +297,9 @@ mod tests {
             stream: OutputStream::Stdout,
             data: data.to_vec(),
         };
-        assert!(d.event(chunk(&bytes[..1])).is_none());
-        assert!(d.event(chunk(&bytes[1..])).is_some());
-        assert!(d.stdout.is_empty());
+        assert!(d.decode(chunk(&bytes[..1])).is_none());
+        assert_eq!(d.decode(chunk(&bytes[1..])).unwrap().text, "é!");
+        assert!(d.stdout.pending.is_empty());
     }
 
     #[test]
@@ -275,10 +311,10 @@ mod tests {
         };
         // An invalid byte, then the first two bytes of "€": the invalid
         // byte goes now, the partial "€" waits for its last byte.
-        assert!(d.event(chunk(b"\xff\xe2\x82")).is_some());
-        assert_eq!(d.stdout, b"\xe2\x82");
-        assert!(d.event(chunk(b"\xacz")).is_some());
-        assert!(d.stdout.is_empty());
+        assert_eq!(d.decode(chunk(b"\xff\xe2\x82")).unwrap().text, "\u{fffd}");
+        assert_eq!(d.stdout.pending, b"\xe2\x82");
+        assert_eq!(d.decode(chunk(b"\xacz")).unwrap().text, "€z");
+        assert!(d.stdout.pending.is_empty());
         assert_eq!(complete_prefix(b"a\xffb\xe2"), 3);
         assert_eq!(complete_prefix(b"\xff\xfe"), 2);
         assert_eq!(complete_prefix("€".as_bytes()), 3);

@@ -208,7 +208,7 @@ pub struct RunOutput {
     /// Session mode: the call's input files could not be written, and its
     /// code did not run.
     pub refused: Option<protocol::WireRefusal>,
-    /// The run was killed for going over its `limits.disk_bytes`.
+    /// The run went over its `limits.disk_bytes`: killed, or ended over it.
     pub disk_exceeded: bool,
     /// The JSON of the value its `call` returned (grading's function mode).
     pub returned: Option<String>,

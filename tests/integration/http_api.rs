@@ -247,3 +247,73 @@ async fn an_array_in_place_of_a_nested_object_is_refused_naming_the_field() {
     assert_eq!(b["stdout"], "hi\n", "{b}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_value_of_the_wrong_type_is_refused_naming_its_field() {
+    let server = TestServer::start().await;
+    let refusals = [
+        (
+            "/execute",
+            r#"{"code": "1", "limits": {"memory_bytes": "NaN"}}"#,
+            "field `limits.memory_bytes`: invalid type: string \"NaN\"",
+        ),
+        (
+            "/execute",
+            r#"{"code": "1", "limits": {"cpu_seconds": -1}}"#,
+            "field `limits.cpu_seconds`: invalid value: integer `-1`",
+        ),
+        (
+            "/execute",
+            r#"{"code": "1", "limits": {"processes": 1.5}}"#,
+            "field `limits.processes`: invalid type: floating point `1.5`",
+        ),
+        (
+            "/execute",
+            r#"{"code": "1", "limits": {"file_size_bytes": 1e400}}"#,
+            "field `limits.file_size_bytes`: number out of range",
+        ),
+        (
+            "/execute",
+            r#"{"code": "1", "timeout": "5"}"#,
+            "field `timeout`: invalid type: string \"5\"",
+        ),
+        (
+            "/grade",
+            r#"{"code": "1", "tests": [{}, {"timeout": true}]}"#,
+            "field `tests[1].timeout`: invalid type: boolean `true`",
+        ),
+        (
+            "/sessions",
+            r#"{"limits": {"open_files": [64]}}"#,
+            "field `limits.open_files`: invalid type: sequence",
+        ),
+    ];
+    for (path, body, mentions) in refusals {
+        let resp = server
+            .client
+            .post(format!("{}{path}", server.url))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let answer: Value = resp.json().await.unwrap();
+        assert_eq!(status, 400, "{path} {body} -> {answer}");
+        assert_eq!(answer["error"]["code"], "bad_request", "{answer}");
+        let message = common::error_message(&answer);
+        assert!(
+            message.starts_with("invalid JSON body: ") && message.contains(mentions),
+            "{path} {body}: {message:?} lacks {mentions:?}"
+        );
+    }
+    // A zero names its field too.
+    let (status, answer) = server
+        .execute(json!({"code": "1", "limits": {"memory_bytes": 0}}))
+        .await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(
+        common::error_message(&answer),
+        "limits.memory_bytes must be positive"
+    );
+    server.stop().await;
+}

@@ -316,6 +316,35 @@ async fn artifacts_over_a_cap_are_listed_but_omitted() {
 }
 
 #[tokio::test]
+async fn a_file_the_run_made_unreadable_is_listed_without_its_content() {
+    let server = TestServer::start().await;
+    let code = "import os\nfor name in ('a.txt', 'in.txt'):\n    open(name, 'w').write('secret')\n    os.chmod(name, 0)\nopen('b.txt', 'w').write('b')";
+    let (status, body) = server
+        .execute(json!({"code": code, "files": {"in.txt": "secret"}}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["exit_code"], 0, "{body}");
+    let artifacts = body["artifacts"].as_array().unwrap();
+    let paths: Vec<&str> = artifacts
+        .iter()
+        .map(|a| a["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["a.txt", "b.txt", "in.txt"], "{body}");
+    for unreadable in [&artifacts[0], &artifacts[2]] {
+        assert_eq!(unreadable["omitted"], true, "{body}");
+        assert_eq!(unreadable["size"], 6, "{body}");
+        assert!(unreadable.get("base64").is_none(), "{body}");
+    }
+    assert_eq!(decode(&artifacts[1]), b"b");
+    // The worker clears the unreadable files away: the next run is clean.
+    for _ in 0..2 {
+        let body = server.run("import os\nprint(os.listdir('.'))").await;
+        assert_eq!(body["stdout"], "[]\n", "{body}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn a_run_that_leaves_over_a_thousand_files_lists_a_thousand_and_says_so() {
     let server = TestServer::start().await;
     let make = |n: usize| format!("for i in range({n}):\n    open('f%05d' % i, 'w').close()");

@@ -225,3 +225,116 @@ async fn a_session_call_streams_its_output_as_it_goes() {
     output_streams_as_the_code_writes_it(&server, json!({ "session": info["id"] })).await;
     server.stop().await;
 }
+
+/// The text of every event named `name`, joined.
+fn joined(events: &[Received], name: &str) -> String {
+    events
+        .iter()
+        .filter(|e| e.event == name)
+        .map(|e| e.data.as_str())
+        .collect()
+}
+
+#[tokio::test]
+async fn output_cut_inside_a_character_ends_on_a_whole_one() {
+    // 1000 bytes of output: "a" and 499 "é" fit, the 500th "é" is cut in two.
+    let server = TestServer::with_config(code_executor::Config {
+        max_output_bytes: 1000,
+        ..common::config()
+    })
+    .await;
+    let code = "import sys\nsys.stdout.write('a' + 'é' * 5000)\nsys.stderr.write('€' * 5000)";
+    let (status, plain) = server.execute(json!({ "code": code })).await;
+    assert_eq!(status, 200, "{plain}");
+    let (status, events) = stream_events(&server, json!({ "code": code }), true).await;
+    assert_eq!(status, 200);
+    let streamed: Value = serde_json::from_str(&events.last().unwrap().data).unwrap();
+    let stdout = format!("a{}", "é".repeat(499));
+    let stderr = "€".repeat(333);
+    for result in [&plain, &streamed] {
+        assert_eq!(result["stdout"], stdout, "{result}");
+        assert_eq!(result["stderr"], stderr, "{result}");
+        assert_eq!(result["truncated"], true, "{result}");
+        assert_eq!(result["limit"], "output", "{result}");
+    }
+    assert_eq!(joined(&events, "stdout"), stdout);
+    assert_eq!(joined(&events, "stderr"), stderr);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_character_left_incomplete_at_the_end_is_streamed_as_the_result_has_it() {
+    // The run ends with the first two bytes of "€": the result replaces
+    // them, and so do the events, which end as the result does.
+    let server = TestServer::start().await;
+    let code = "import os\nos.write(1, b'a\\xe2\\x82')\nos.write(2, b'\\xe2')";
+    let (status, events) = stream_events(&server, json!({ "code": code }), true).await;
+    assert_eq!(status, 200);
+    let result: Value = serde_json::from_str(&events.last().unwrap().data).unwrap();
+    assert_eq!(result["stdout"], "a\u{fffd}", "{result}");
+    assert_eq!(result["stderr"], "\u{fffd}", "{result}");
+    assert_eq!(joined(&events, "stdout"), "a\u{fffd}");
+    assert_eq!(joined(&events, "stderr"), "\u{fffd}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_that_reads_nothing_does_not_hold_the_run_past_its_timeout() {
+    let server = TestServer::start().await;
+    // A small receive buffer, and output that SSE makes six times larger
+    // (every byte a `\u0001` escape): the stream cannot fit in the sockets.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let address = server.url.trim_start_matches("http://").parse().unwrap();
+    let mut stream = socket.connect(address).await.unwrap();
+    let body = json!({
+        "code": "import sys, time\nwhile True:\n    sys.stdout.write(chr(1) * 4000)\n    sys.stdout.flush()\n    time.sleep(0.001)",
+        "timeout": 2,
+        "stream": true,
+    })
+    .to_string();
+    let request = format!(
+        "POST /execute HTTP/1.0\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut stream, request.as_bytes())
+        .await
+        .unwrap();
+    // Unread, the run still ends at its timeout and its worker serves on.
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    loop {
+        let pool = server.pool().await;
+        if pool["busy"] == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "the run outlived its 2 s timeout by far: {pool}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Read at last, the stream ends with the run's result.
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::io::AsyncReadExt::read_to_end(&mut stream, &mut answer),
+    )
+    .await
+    .expect("the stream ends")
+    .unwrap();
+    let answer = String::from_utf8(answer).unwrap();
+    let last = answer
+        .rsplit("\n\n")
+        .find(|event| !event.trim().is_empty())
+        .unwrap();
+    let data = last
+        .strip_prefix("event: result\ndata: ")
+        .unwrap_or_else(|| panic!("the last event is no result: {:?}", &last[..200]));
+    let result: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(result["timed_out"], true);
+    assert_eq!(result["limit"], "timeout");
+    assert_eq!(result["truncated"], true);
+    assert_eq!(server.run("print('ok')").await["stdout"], "ok\n");
+    server.stop().await;
+}

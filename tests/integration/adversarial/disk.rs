@@ -396,6 +396,21 @@ with open('big.bin', 'wb') as f:
     arena.assert_recovered().await;
 }
 
+/// A run that goes over its `limits.disk_bytes` and ends before the worker
+/// looks again is over it all the same.
+#[tokio::test]
+async fn a_run_that_ends_over_its_disk_limit_is_reported() {
+    let arena = arena().await;
+    let mut request = run("open('big.bin', 'wb').write(b'x' * (8 << 20))", 30.0);
+    request["limits"] = json!({"disk_bytes": 2 << 20});
+    for _ in 0..5 {
+        let body = arena.attack(request.clone()).await;
+        assert_eq!(body["limit"], "disk", "{body}");
+        assert_eq!(body["timed_out"], false, "{body}");
+    }
+    arena.assert_recovered().await;
+}
+
 /// A run that prints its worker's identity.
 async fn body_with_worker(arena: &Arena) -> Value {
     arena.attack(run(WORKER_STARTED, 10.0)).await
