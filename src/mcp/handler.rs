@@ -251,19 +251,29 @@ impl McpHandler {
         // Output goes out coalesced: at most one notification per
         // PROGRESS_INTERVAL, each with all the text since the one before, and
         // whatever is left once the run ended goes before the result.
+        // A task sends them, in order: the run never waits for a client
+        // slow to read them, or its timeout would wait too. What waits is
+        // at most the output the run may write.
         let mut pending = ProgressText::default();
-        let mut sent = 0u32;
         let mut next_send = tokio::time::Instant::now();
-        let notify = async |pending: &mut ProgressText, sent: &mut u32, last: bool| {
-            if let (Some(token), Some(message)) = (&progress, pending.take(last)) {
-                *sent += 1;
-                let _ = ctx
-                    .peer
-                    .notify_progress(
-                        ProgressNotificationParam::new(token.clone(), f64::from(*sent))
-                            .with_message(message),
-                    )
-                    .await;
+        let mut sender = tokio::task::JoinSet::new();
+        let messages = progress.clone().map(|token| {
+            let (messages, mut queued) = tokio::sync::mpsc::unbounded_channel::<String>();
+            let peer = ctx.peer.clone();
+            sender.spawn(async move {
+                let mut sent = 0u32;
+                while let Some(message) = queued.recv().await {
+                    sent += 1;
+                    let note = ProgressNotificationParam::new(token.clone(), f64::from(sent))
+                        .with_message(message);
+                    let _ = peer.notify_progress(note).await;
+                }
+            });
+            messages
+        });
+        let notify = |pending: &mut ProgressText, last: bool| {
+            if let (Some(messages), Some(message)) = (&messages, pending.take(last)) {
+                let _ = messages.send(message);
             }
         };
         // Dropping the run's future on cancellation kills the run's process
@@ -278,12 +288,12 @@ impl McpHandler {
                 Some(chunk) = chunks.recv(), if progress.is_some() => {
                     pending.push(chunk.stream, &chunk.data);
                     if tokio::time::Instant::now() >= next_send {
-                        notify(&mut pending, &mut sent, false).await;
+                        notify(&mut pending, false);
                         next_send = tokio::time::Instant::now() + PROGRESS_INTERVAL;
                     }
                 }
                 _ = tokio::time::sleep_until(next_send), if !pending.is_empty() => {
-                    notify(&mut pending, &mut sent, false).await;
+                    notify(&mut pending, false);
                     next_send = tokio::time::Instant::now() + PROGRESS_INTERVAL;
                 }
                 outcome = &mut run => {
@@ -292,7 +302,11 @@ impl McpHandler {
                     while let Ok(chunk) = chunks.try_recv() {
                         pending.push(chunk.stream, &chunk.data);
                     }
-                    notify(&mut pending, &mut sent, true).await;
+                    notify(&mut pending, true);
+                    drop(messages);
+                    // Dropping `sender` would stop the notifications not
+                    // yet sent.
+                    while sender.join_next().await.is_some() {}
                     return outcome.map(|mut result| {
                         self.keep_artifacts(&owner, &mut result);
                         let mut out = run_result(&result, timeout, self.inline_image_bytes);

@@ -174,3 +174,76 @@ async fn stdio_answers_initialize_at_once_and_its_first_call_is_right() {
     drop(client);
     let _ = child.kill().await;
 }
+
+/// A stdio client that sends `execute_code` with a progress token and then
+/// reads nothing for a while: its run still ends at its timeout, and the
+/// client then reads every notification before the result.
+#[tokio::test]
+async fn a_client_slow_to_read_progress_does_not_hold_the_run_past_its_timeout() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    let python = common::python();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_code-executor"))
+        .args([
+            "mcp",
+            "--python",
+            python.to_str().unwrap(),
+            "--pool-size",
+            "1",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the server starts");
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut send = async |message: Value| {
+        let mut line = message.to_string();
+        line.push('\n');
+        stdin.write_all(line.as_bytes()).await.unwrap();
+    };
+    send(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "slow", "version": "1"}}}),
+    )
+    .await;
+    let init: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+    assert!(init["result"].is_object(), "{init}");
+    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await;
+    // Output without end, far more than a pipe holds.
+    let code = "import sys\nwhile True:\n    sys.stdout.write('x' * 4000 + '\\n')\n    sys.stdout.flush()\n";
+    send(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "execute_code", "_meta": {"progressToken": "p"},
+        "arguments": {"code": code, "timeout": 2}}}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(7)).await;
+
+    let mut notifications = 0;
+    let result = loop {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the answer comes")
+            .unwrap()
+            .expect("the server stays");
+        let message: Value = serde_json::from_str(&line).unwrap();
+        if message["id"] == 2 {
+            break message;
+        }
+        assert_eq!(message["method"], "notifications/progress", "{message}");
+        notifications += 1;
+    };
+    let structured = &result["result"]["structuredContent"];
+    assert_eq!(structured["timed_out"], true, "{result}");
+    assert_eq!(structured["truncated"], true, "{result}");
+    // Killed at its 2 s timeout, not when the client read again at 7 s.
+    let wall_ms = structured["duration_ms"].as_f64().unwrap();
+    assert!(wall_ms < 5000.0, "ran {wall_ms} ms");
+    assert!(notifications > 1, "{notifications}");
+    drop(stdin);
+    let _ = child.kill().await;
+}
