@@ -25,7 +25,7 @@ use crate::env::lifecycle::{
     EnvFacts, Stamp, conda_meta_paths, conda_meta_stamp, env_hash, facts, fingerprint,
 };
 use crate::env::registry::{Clash, EnvPlan};
-use crate::env::{EnvSettings, EnvSpec, Registry, activate::activate};
+use crate::env::{EnvSettings, EnvSpec, Registry, ServedName, activate::activate};
 use crate::error::error_chain;
 use crate::metrics::{EnvMetrics, Metrics};
 use crate::pool::{EnvPool, PoolConfig, WorkerBudget};
@@ -50,6 +50,10 @@ pub(crate) struct EnvEntry {
     /// Never reused: sessions name their environment by it.
     pub(crate) id: usize,
     pub(crate) spec: EnvSpec,
+    /// The name the environment is served under now, shared with the
+    /// entries that replace this one (same id) and with its sessions;
+    /// `spec.name` is this entry's own, which a rescan's rename leaves.
+    pub(crate) served_name: ServedName,
     pub(crate) settings: EnvSettings,
     pub(crate) pool: EnvPool,
     /// Configured (command line, `[[envs]]`): kept when a rescan misses them.
@@ -318,6 +322,7 @@ pub(crate) fn entry(
     Arc::new(EnvEntry {
         id,
         metrics: metrics.env(&plan.spec.name),
+        served_name: ServedName::new(&plan.spec.name),
         configured: plan.configured,
         created: false,
         spec: plan.spec,
@@ -626,6 +631,7 @@ impl LiveEnvs {
                     let fresh = Arc::get_mut(&mut e).expect("not shared yet");
                     fresh.created = old.created;
                     fresh.install_lock = old.install_lock.clone();
+                    fresh.served_name = old.served_name.clone();
                     renewed.insert(e.id, e);
                 }
                 None => {
@@ -643,6 +649,9 @@ impl LiveEnvs {
                 .filter(|e| !gone.contains(&e.id))
                 .map(|e| match renewed.remove(&e.id) {
                     Some(fresh) => {
+                        // Its sessions show the new name with the table
+                        // that serves it.
+                        fresh.served_name.set(&fresh.spec.name);
                         replaced.push((e.clone(), fresh.spec.name.clone()));
                         fresh
                     }
