@@ -1,8 +1,9 @@
 //! Discovery that follows the disk: environments created or removed after
 //! the server started are served or dropped without a restart (the
-//! watcher, and one rescan for an unknown name), sessions show the name a
-//! rescan gives their environment, and `/list-envs` tells every env's
-//! Python version and platform without starting a worker.
+//! watcher, and one rescan for an unknown name), served ones whose
+//! `conda-meta` changed are read again (configured ones too), sessions show
+//! the name a rescan gives their environment, and `/list-envs` tells every
+//! env's Python version and platform without starting a worker.
 
 use std::time::{Duration, Instant};
 
@@ -515,5 +516,86 @@ async fn a_session_shows_the_name_a_rescan_gives_its_environment() {
     })
     .await;
     assert_eq!(created["env"], "ml", "{created}");
+    server.stop().await;
+}
+
+/// `/health`'s pool of environment `env`.
+async fn pool_of(server: &TestServer, env: &str) -> Value {
+    let (status, health) = server.get("/health").await;
+    assert_eq!(status, 200, "{health}");
+    health["envs"][env].clone()
+}
+
+#[tokio::test]
+async fn a_configured_env_is_activated_again_when_conda_meta_changes() {
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    let prefix = fixture.create_env("pinned", Interpreter::primary());
+    // `--conda-prefix`: the default environment, kept warm.
+    let server = TestServer::with_config(Config {
+        env: EnvChoice::CondaPrefix(prefix.clone()),
+        ..config_for(&fixture, Duration::from_millis(200))
+    })
+    .await;
+    let probe = "import os; print(os.environ.get('FILLED_BY', 'unset'))";
+    assert_eq!(run_stdout(&server, "pinned", probe).await, "unset\n");
+    let first_hash = env_hash_of(&server, "pinned").await;
+    let python = prefix.join("bin/python");
+    let first_workers = processes_mentioning(&python);
+    assert!(!first_workers.is_empty(), "no warm worker");
+
+    // `conda install -p PREFIX activator`: a script, then the records.
+    crate::common::conda::add_activate_script(&prefix, "filled.sh", "export FILLED_BY=conda\n");
+    let history = prefix.join("conda-meta/history");
+    let mut text = std::fs::read_to_string(&history).unwrap();
+    text.push_str("+conda-forge/linux-64::activator-1.0-0\n");
+    std::fs::write(&history, text).unwrap();
+    std::fs::write(
+        prefix.join("conda-meta/activator-1.0-0.json"),
+        r#"{"name": "activator", "version": "1.0", "build": "0"}"#,
+    )
+    .unwrap();
+    let start = Instant::now();
+    while env_hash_of(&server, "pinned").await == first_hash {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "env_hash still {first_hash}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Its pool is warm again, on new workers, before any request asks.
+    let start = Instant::now();
+    loop {
+        let pool = pool_of(&server, "pinned").await;
+        let workers = processes_mentioning(&python);
+        if pool["idle"] == 1
+            && pool["starting"] == 0
+            && !workers.is_empty()
+            && workers.iter().all(|pid| !first_workers.contains(pid))
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no new warm worker: {pool}, pids {workers:?} (were {first_workers:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Its name and place as the default stay; runs that name no env get the
+    // new activation.
+    let (status, body) = server.get("/list-envs").await;
+    assert_eq!(status, 200, "{body}");
+    let listed = body["envs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "pinned")
+        .unwrap_or_else(|| panic!("pinned is not listed: {body}"));
+    assert_eq!(listed["default"], true, "{listed}");
+    let (status, body) = server.execute(json!({"code": probe})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], "conda\n");
+    assert_ne!(body["env_hash"], first_hash.as_str());
+    assert_eq!(run_stdout(&server, "pinned", probe).await, "conda\n");
     server.stop().await;
 }
