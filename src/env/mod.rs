@@ -20,13 +20,39 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
+use parking_lot::RwLock;
 use serde::Serialize;
 
 use crate::error::ConfigError;
 
 pub use registry::{EnvConfig, EnvSettings};
 pub(crate) use registry::{Registry, RegistryConfig};
+
+/// The name an environment is served under now, shared by everything that
+/// names it after the fact (its sessions, their audit records): a rescan
+/// that serves it under another name (a clash resolved anew) sets it once,
+/// and they all show the new name. Read only where a name is shown, never
+/// on a call's path.
+#[derive(Debug, Clone)]
+pub(crate) struct ServedName(Arc<RwLock<Arc<str>>>);
+
+impl ServedName {
+    pub(crate) fn new(name: &str) -> ServedName {
+        ServedName(Arc::new(RwLock::new(Arc::from(name))))
+    }
+
+    /// The name now.
+    pub(crate) fn get(&self) -> Arc<str> {
+        self.0.read().clone()
+    }
+
+    /// Serve under `name` from now on.
+    pub(crate) fn set(&self, name: &str) {
+        *self.0.write() = Arc::from(name);
+    }
+}
 
 /// What kind of prefix an environment is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

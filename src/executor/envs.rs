@@ -4,11 +4,12 @@
 //! reads (`environments.txt`, the `envs/` folders, each found prefix) every
 //! `rescan_interval` and rescans when it changed. A rescan adds the new
 //! environments (their pools start on first use) and drains the pools of
-//! the discovered ones that are gone. A discovered one whose `conda-meta/`
-//! changed since it was read (found while `conda create` was still filling
-//! it, or installed into) is read again: its activation, facts and hash are
-//! new, and so is its pool, the old one draining. Configured environments
-//! stay as they are.
+//! the discovered ones that are gone (configured ones stay). A served one
+//! whose `conda-meta/` changed since it was read (found while `conda
+//! create` was still filling it, or installed into), configured or
+//! discovered, is read again: its activation, facts and hash are new, and
+//! so is its pool, the old one draining (a configured one's new pool warms
+//! at once).
 //!
 //! The hot path reads the table under a read lock and clones one `Arc`.
 
@@ -25,7 +26,7 @@ use crate::env::lifecycle::{
     EnvFacts, Stamp, conda_meta_paths, conda_meta_stamp, env_hash, facts, fingerprint,
 };
 use crate::env::registry::{Clash, EnvPlan};
-use crate::env::{EnvSettings, EnvSpec, Registry, activate::activate};
+use crate::env::{EnvSettings, EnvSpec, Registry, ServedName, activate::activate};
 use crate::error::error_chain;
 use crate::metrics::{EnvMetrics, Metrics};
 use crate::pool::{EnvPool, PoolConfig, WorkerBudget};
@@ -50,6 +51,10 @@ pub(crate) struct EnvEntry {
     /// Never reused: sessions name their environment by it.
     pub(crate) id: usize,
     pub(crate) spec: EnvSpec,
+    /// The name the environment is served under now, shared with the
+    /// entries that replace this one (same id) and with its sessions;
+    /// `spec.name` is this entry's own, which a rescan's rename leaves.
+    pub(crate) served_name: ServedName,
     pub(crate) settings: EnvSettings,
     pub(crate) pool: EnvPool,
     /// Configured (command line, `[[envs]]`): kept when a rescan misses them.
@@ -92,7 +97,7 @@ impl EnvEntry {
 
     /// Whether its prefix's records changed since it was read.
     fn stale(&self) -> bool {
-        !self.configured && conda_meta_stamp(&self.spec.prefix) != self.conda_meta
+        conda_meta_stamp(&self.spec.prefix) != self.conda_meta
     }
 }
 
@@ -250,11 +255,14 @@ impl PoolContext {
 }
 
 /// Activate the environments of `plans` (side by side), read their facts
-/// and build their pools; each plan comes with its entry's id.
+/// and build their pools; each plan comes with its entry's id. An entry
+/// read again under its name keeps its egress (`kept`, by id): the proxy
+/// counters `/metrics` reads go on.
 pub(crate) async fn make_entries(
     config: &Config,
     pools: &PoolContext,
     plans: Vec<(usize, EnvPlan)>,
+    kept: &HashMap<usize, crate::worker::EgressSpec>,
 ) -> Vec<Built> {
     let prepared = futures_util::future::join_all(plans.iter().map(|(_, plan)| async {
         // Before anything is read: a change meanwhile shows at the next scan.
@@ -281,7 +289,11 @@ pub(crate) async fn make_entries(
             };
             // Refused at start; an environment found later whose list
             // cannot be enforced serves nothing (and reaches nothing).
-            let egress = match super::start::egress_of(&plan, pools.sandbox.as_ref(), config) {
+            let egress = match kept.get(&id) {
+                Some(egress) => Ok(Some(egress.clone())),
+                None => super::start::egress_of(&plan, pools.sandbox.as_ref(), config),
+            };
+            let egress = match egress {
                 Ok(egress) => egress,
                 Err(e) => {
                     tracing::error!(env = %plan.spec.name, "environment unavailable: {e}");
@@ -318,6 +330,7 @@ pub(crate) fn entry(
     Arc::new(EnvEntry {
         id,
         metrics: metrics.env(&plan.spec.name),
+        served_name: ServedName::new(&plan.spec.name),
         configured: plan.configured,
         created: false,
         spec: plan.spec,
@@ -447,7 +460,7 @@ impl LiveEnvs {
         }
         let mut print = fingerprint(&paths);
         let table = self.table();
-        for e in table.entries.iter().filter(|e| !e.configured) {
+        for e in &table.entries {
             paths.extend(conda_meta_paths(&e.spec.prefix));
             print.extend(e.conda_meta.iter().cloned());
         }
@@ -576,9 +589,10 @@ impl LiveEnvs {
             .filter(|e| !e.configured && !kept(e) && !found.contains(&e.spec.prefix))
             .cloned()
             .collect();
-        // Served ones whose records changed since they were read, or whose
-        // name the scan gives another: read again under the same id, so
-        // that sessions keep them.
+        // Served ones whose records changed since they were read (configured
+        // ones too: their name and settings stay), or whose name the scan
+        // gives another: read again under the same id, so that sessions
+        // keep them.
         let gone: HashSet<usize> = removed.iter().map(|e| e.id).collect();
         let renamed = |e: &EnvEntry| {
             named
@@ -589,8 +603,7 @@ impl LiveEnvs {
             .entries
             .iter()
             .filter(|e| {
-                !e.configured
-                    && !gone.contains(&e.id)
+                !gone.contains(&e.id)
                     && !creating.contains(&e.spec.prefix)
                     && (renamed(e) || e.stale())
             })
@@ -611,12 +624,18 @@ impl LiveEnvs {
                 let plan = EnvPlan {
                     spec,
                     settings: e.settings.clone(),
-                    configured: false,
+                    configured: e.configured,
                 };
                 (e.id, plan)
             }))
             .collect();
-        let built = make_entries(&self.config, &self.pools, plans).await;
+        // Read again under its name, an environment keeps its egress.
+        let kept: HashMap<usize, crate::worker::EgressSpec> = stale
+            .iter()
+            .filter(|e| !renamed(e))
+            .filter_map(|e| Some((e.id, e.egress.clone()?)))
+            .collect();
+        let built = make_entries(&self.config, &self.pools, plans, &kept).await;
         let mut new: Vec<Arc<EnvEntry>> = Vec::new();
         let mut renewed: HashMap<usize, Arc<EnvEntry>> = HashMap::new();
         for b in built {
@@ -626,6 +645,7 @@ impl LiveEnvs {
                     let fresh = Arc::get_mut(&mut e).expect("not shared yet");
                     fresh.created = old.created;
                     fresh.install_lock = old.install_lock.clone();
+                    fresh.served_name = old.served_name.clone();
                     renewed.insert(e.id, e);
                 }
                 None => {
@@ -643,7 +663,10 @@ impl LiveEnvs {
                 .filter(|e| !gone.contains(&e.id))
                 .map(|e| match renewed.remove(&e.id) {
                     Some(fresh) => {
-                        replaced.push((e.clone(), fresh.spec.name.clone()));
+                        // Its sessions show the new name with the table
+                        // that serves it.
+                        fresh.served_name.set(&fresh.spec.name);
+                        replaced.push((e.clone(), fresh.clone()));
                         fresh
                     }
                     None => e.clone(),
@@ -655,23 +678,37 @@ impl LiveEnvs {
                 .into_iter()
                 .partition(|e| !served.contains(&e.spec.prefix));
             entries.extend(serve);
-            *table = Arc::new(EnvTable {
-                entries,
-                default: table.default.clone(),
-            });
+            // The default is configured, and read again like any other.
+            let default = entries
+                .iter()
+                .find(|e| e.id == table.default.id)
+                .unwrap_or(&table.default)
+                .clone();
+            *table = Arc::new(EnvTable { entries, default });
             // What a delete meanwhile took away is not served again.
             renewed.extend(unserved.into_iter().map(|e| (e.id, e)));
         }
         for e in renewed.into_values() {
             tokio::spawn(async move { e.pool.close().await });
         }
-        for (e, name) in replaced {
-            if name == e.spec.name {
+        for (e, fresh) in replaced {
+            let name = &fresh.spec.name;
+            if *name == e.spec.name {
                 tracing::info!(env = %name, prefix = %e.spec.prefix.display(), "environment changed on disk; read again, its workers restart");
             } else {
                 tracing::info!(env = %name, prefix = %e.spec.prefix.display(), "environment {:?} is served as {:?} now, as a start would name it; its workers restart", e.spec.name, name);
             }
-            tokio::spawn(async move { e.pool.close().await });
+            // A configured pool is kept warm: its new one fills once the old
+            // one's workers are gone (they count against max_workers), as at
+            // a start that does not wait; a request meanwhile waits for the
+            // first worker.
+            let warm = fresh.pool.keeps_warm() && fresh.unavailable.is_none();
+            tokio::spawn(async move {
+                e.pool.close().await;
+                if warm {
+                    fresh.pool.warm_first_then_rest().await;
+                }
+            });
         }
         for e in removed {
             tracing::info!(env = %e.spec.name, prefix = %e.spec.prefix.display(), "environment gone; draining its pool");
@@ -690,7 +727,8 @@ impl LiveEnvs {
             configured: false,
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let built = make_entries(&self.config, &self.pools, vec![(id, plan)]).await;
+        let built =
+            make_entries(&self.config, &self.pools, vec![(id, plan)], &HashMap::new()).await;
         let mut entry = entry(&self.metrics, built.into_iter().next().expect("one plan"));
         Arc::get_mut(&mut entry).expect("not shared yet").created = true;
         {

@@ -155,7 +155,7 @@ impl Executor {
         let env_hash = entry.hash();
         let info = self.sessions.insert(
             reservation,
-            entry.spec.name.clone(),
+            entry.served_name.clone(),
             env_hash.clone(),
             ttl,
             (timeout, limits),

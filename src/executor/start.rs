@@ -162,7 +162,13 @@ impl Executor {
             egress_of(plan, sandbox.as_ref(), config)?;
         }
         let count = plans.len();
-        let pending = make_entries(config, &pools, plans.into_iter().enumerate().collect()).await;
+        let pending = make_entries(
+            config,
+            &pools,
+            plans.into_iter().enumerate().collect(),
+            &Default::default(),
+        )
+        .await;
         let replica = Arc::new(Replica::new(config.replica_id.clone()));
         let sessions = Sessions::start(config.sessions.clone(), config.grace_period, replica.id());
         let metrics = Arc::new(

@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 
 use super::clock::rfc3339;
 use crate::api::SessionInfo;
+use crate::env::ServedName;
 use crate::pool::{EnvPool, PooledWorker};
 use crate::protocol::WireLimits;
 
@@ -17,7 +18,9 @@ pub struct Session {
     pub(super) id: String,
     /// Index of the session's environment in the executor.
     pub(super) env: usize,
-    pub(super) env_name: String,
+    /// The environment's name as it is served now: a rescan that renames
+    /// it (the index stays) shows in the session's info and records.
+    pub(super) env_name: ServedName,
     /// The environment's content hash when the session started (its
     /// expiry's audit record names it; no request is there to look it up).
     pub(super) env_hash: Arc<str>,
@@ -53,7 +56,7 @@ impl Session {
     /// A session `id` in `env` (its index, name and content hash).
     pub(super) fn new(
         id: String,
-        (env, env_name, env_hash): (usize, String, Arc<str>),
+        (env, env_name, env_hash): (usize, ServedName, Arc<str>),
         owner: Option<Arc<str>>,
         ttl: Duration,
         (timeout, limits): (f64, WireLimits),
@@ -88,9 +91,9 @@ impl Session {
         self.owner.as_deref().is_none_or(|owner| owner == name)
     }
 
-    /// The name of the session's environment.
-    pub fn env_name(&self) -> &str {
-        &self.env_name
+    /// The name its environment is served under now.
+    pub fn env_name(&self) -> Arc<str> {
+        self.env_name.get()
     }
 
     /// The client that created the session, if one did.
@@ -133,7 +136,7 @@ impl Session {
         let busy = self.active.load(Ordering::Acquire) > 0;
         SessionInfo {
             id: self.id.clone(),
-            env: self.env_name.clone(),
+            env: self.env_name.get().to_string(),
             created_at: rfc3339(self.created),
             // A busy session does not expire: its deadline is a full TTL
             // after its last call ends.

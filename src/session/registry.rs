@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use super::SessionConfig;
 use super::live::{ActiveCall, Session};
 use crate::api::SessionInfo;
+use crate::env::ServedName;
 use crate::error::ExecError;
 use crate::error::error_chain;
 use crate::pool::{EnvPool, PooledWorker};
@@ -183,10 +184,10 @@ impl Sessions {
     }
 
     /// Make a session live on `worker` (already in session mode).
-    pub fn insert(
+    pub(crate) fn insert(
         &self,
         reservation: Reservation,
-        env_name: String,
+        env_name: ServedName,
         env_hash: Arc<str>,
         ttl: Duration,
         call_defaults: (f64, WireLimits),
@@ -406,7 +407,7 @@ impl Sessions {
                     crate::audit::Record::new(crate::audit::RecordKind::SessionExpire, None);
                 record.client = session.owner.clone();
                 record.session = Some(session.id.clone());
-                record.env = Some(session.env_name.clone());
+                record.env = Some(session.env_name().to_string());
                 record.env_hash = Some(session.env_hash.to_string());
                 audit.emit(record, None);
             }

@@ -1,7 +1,9 @@
 //! Discovery that follows the disk: environments created or removed after
 //! the server started are served or dropped without a restart (the
-//! watcher, and one rescan for an unknown name), and `/list-envs` tells
-//! every env's Python version and platform without starting a worker.
+//! watcher, and one rescan for an unknown name), served ones whose
+//! `conda-meta` changed are read again (configured ones too), sessions show
+//! the name a rescan gives their environment, and `/list-envs` tells every
+//! env's Python version and platform without starting a worker.
 
 use std::time::{Duration, Instant};
 
@@ -450,5 +452,150 @@ async fn a_session_stays_with_its_environment_when_a_rescan_renames_it() {
         body["stdout"].as_str().unwrap().trim(),
         listed.display().to_string()
     );
+    server.stop().await;
+}
+
+/// `GET /sessions`' one session.
+async fn listed_session(server: &TestServer) -> Value {
+    let (status, body) = server.get("/sessions").await;
+    assert_eq!(status, 200, "{body}");
+    let sessions = body["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 1, "{body}");
+    sessions[0].clone()
+}
+
+#[tokio::test]
+async fn a_session_shows_the_name_a_rescan_gives_its_environment() {
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    let listed = fixture.create_env_at(
+        &fixture.dir.path().join("projects/ml"),
+        Interpreter::primary(),
+    );
+    let log = fixture.dir.path().join("audit.jsonl");
+    let server = TestServer::with_config(Config {
+        audit: crate::audit::audit_to(&log, code_executor::audit::AuditFail::Open),
+        ..config_for(&fixture, Duration::from_millis(200))
+    })
+    .await;
+    let (status, info) = server.post("/sessions", json!({"env": "ml"})).await;
+    assert_eq!(status, 201, "{info}");
+    assert_eq!(info["env"], "ml");
+    let id = info["id"].as_str().unwrap().to_string();
+    assert_eq!(listed_session(&server).await["env"], "ml");
+
+    // `conda create -n ml` ranks first: the session's environment is served
+    // as ml-2 now, and the session says so wherever it names it.
+    fixture.create_env("ml", Interpreter::primary());
+    wait_for_listing(&server, "ml-2", true, Duration::from_secs(5)).await;
+    let shown = listed_session(&server).await;
+    assert_eq!(shown["id"], id.as_str());
+    assert_eq!(shown["env"], "ml-2", "{shown}");
+    assert!(env_names(&server).await.contains(&"ml-2".to_string()));
+    let (status, body) = server
+        .execute(json!({"session": id, "env": "ml-2", "code": "import sys; print(sys.prefix)"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["stdout"].as_str().unwrap().trim(),
+        listed.display().to_string()
+    );
+    let (status, closed) = server.delete(&format!("/sessions/{id}")).await;
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!(closed["env"], "ml-2", "{closed}");
+
+    // The records of its later calls and of its close name it the same way.
+    for kind in ["session_call", "session_close"] {
+        let record = crate::audit::wait_for_record(&log, kind, |r| {
+            r["kind"] == kind && r["session"] == id.as_str()
+        })
+        .await;
+        assert_eq!(record["env"], "ml-2", "{record}");
+    }
+    let created = crate::audit::wait_for_record(&log, "session_create", |r| {
+        r["kind"] == "session_create" && r["session"] == id.as_str()
+    })
+    .await;
+    assert_eq!(created["env"], "ml", "{created}");
+    server.stop().await;
+}
+
+/// `/health`'s pool of environment `env`.
+async fn pool_of(server: &TestServer, env: &str) -> Value {
+    let (status, health) = server.get("/health").await;
+    assert_eq!(status, 200, "{health}");
+    health["envs"][env].clone()
+}
+
+#[tokio::test]
+async fn a_configured_env_is_activated_again_when_conda_meta_changes() {
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    let prefix = fixture.create_env("pinned", Interpreter::primary());
+    // `--conda-prefix`: the default environment, kept warm.
+    let server = TestServer::with_config(Config {
+        env: EnvChoice::CondaPrefix(prefix.clone()),
+        ..config_for(&fixture, Duration::from_millis(200))
+    })
+    .await;
+    let probe = "import os; print(os.environ.get('FILLED_BY', 'unset'))";
+    assert_eq!(run_stdout(&server, "pinned", probe).await, "unset\n");
+    let first_hash = env_hash_of(&server, "pinned").await;
+    let python = prefix.join("bin/python");
+    let first_workers = processes_mentioning(&python);
+    assert!(!first_workers.is_empty(), "no warm worker");
+
+    // `conda install -p PREFIX activator`: a script, then the records.
+    crate::common::conda::add_activate_script(&prefix, "filled.sh", "export FILLED_BY=conda\n");
+    let history = prefix.join("conda-meta/history");
+    let mut text = std::fs::read_to_string(&history).unwrap();
+    text.push_str("+conda-forge/linux-64::activator-1.0-0\n");
+    std::fs::write(&history, text).unwrap();
+    std::fs::write(
+        prefix.join("conda-meta/activator-1.0-0.json"),
+        r#"{"name": "activator", "version": "1.0", "build": "0"}"#,
+    )
+    .unwrap();
+    let start = Instant::now();
+    while env_hash_of(&server, "pinned").await == first_hash {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "env_hash still {first_hash}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Its pool is warm again, on new workers, before any request asks.
+    let start = Instant::now();
+    loop {
+        let pool = pool_of(&server, "pinned").await;
+        let workers = processes_mentioning(&python);
+        if pool["idle"] == 1
+            && pool["starting"] == 0
+            && !workers.is_empty()
+            && workers.iter().all(|pid| !first_workers.contains(pid))
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no new warm worker: {pool}, pids {workers:?} (were {first_workers:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Its name and place as the default stay; runs that name no env get the
+    // new activation.
+    let (status, body) = server.get("/list-envs").await;
+    assert_eq!(status, 200, "{body}");
+    let listed = body["envs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "pinned")
+        .unwrap_or_else(|| panic!("pinned is not listed: {body}"));
+    assert_eq!(listed["default"], true, "{listed}");
+    let (status, body) = server.execute(json!({"code": probe})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], "conda\n");
+    assert_ne!(body["env_hash"], first_hash.as_str());
+    assert_eq!(run_stdout(&server, "pinned", probe).await, "conda\n");
     server.stop().await;
 }
