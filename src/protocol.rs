@@ -501,7 +501,16 @@ mod tests {
 
     #[test]
     fn frame_carries_big_endian_length() {
-        let frame = encode_frame(&serde_json::json!({"t": "echo", "value": 1})).unwrap();
+        #[derive(Serialize)]
+        struct Echo {
+            t: &'static str,
+            value: u8,
+        }
+        let frame = encode_frame(&Echo {
+            t: "echo",
+            value: 1,
+        })
+        .unwrap();
         let len = u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize;
         assert_eq!(len, frame.len() - 4);
     }

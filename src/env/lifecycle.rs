@@ -13,7 +13,8 @@ use sha2::{Digest, Sha256};
 use super::EnvSpec;
 
 /// An environment's Python version and platform, as `/list-envs` shows
-/// them; read once when the environment is found.
+/// them; read when the environment is found, and again when its
+/// `conda-meta` changes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct EnvFacts {
     /// `3.11.7` (or `3.11` when only the layout tells), when known.

@@ -95,6 +95,13 @@ impl EnvEntry {
         *self.hash.write() = hash.into();
     }
 
+    /// An install into it is running: what that changes is read at the
+    /// first rescan after it ends (its records still differ from the
+    /// entry's, so the scan comes), not at every step of it.
+    fn installing(&self) -> bool {
+        self.install_lock.try_lock().is_err()
+    }
+
     /// Whether its prefix's records changed since it was read.
     fn stale(&self) -> bool {
         conda_meta_stamp(&self.spec.prefix) != self.conda_meta
@@ -606,6 +613,7 @@ impl LiveEnvs {
                 !gone.contains(&e.id)
                     && !creating.contains(&e.spec.prefix)
                     && (renamed(e) || e.stale())
+                    && !e.installing()
             })
             .cloned()
             .collect();

@@ -15,6 +15,7 @@ mod prepare;
 mod run;
 mod sessions;
 mod start;
+mod text;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -40,8 +41,8 @@ pub use crate::worker::{OutputChunk, OutputSink, OutputStream};
 pub use lifecycle::Progress;
 pub use prepare::{PreparedRun, RunOptions};
 pub use run::RunReport;
-pub(crate) use run::complete_prefix;
 pub use start::WORKER_SCRIPT;
+pub(crate) use text::{Output, OutputText};
 
 /// Runs code in environments' worker pools.
 pub struct Executor {

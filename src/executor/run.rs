@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 
 use super::prepare::PreparedRun;
+use super::text::{utf8, utf8_lossy};
 use super::{EnvEntry, Executor, pool_refusal};
 use crate::api::{Artifact, ExecRequest, ExecResult, RunError};
 use crate::audit::{CodeFacts, RecordKind};
@@ -112,8 +113,8 @@ impl AuditedRun<'_> {
                         r.net_bytes_in = Some(net.bytes_received);
                     }
                     if include {
-                        r.stdout = Some(String::from_utf8_lossy(&out.stdout).into_owned());
-                        r.stderr = Some(String::from_utf8_lossy(&out.stderr).into_owned());
+                        r.stdout = Some(utf8_lossy(&out.stdout, out.stdout_truncated).into_owned());
+                        r.stderr = Some(utf8_lossy(&out.stderr, out.stderr_truncated).into_owned());
                     }
                     if let Some(err) = out.refused.as_ref().map(refusal) {
                         r.error = Some(err.code());
@@ -212,34 +213,6 @@ fn shape_result(report: RunReport) -> ExecResult {
         session_lost: out.session_lost,
         network: out.network,
         env_hash: env_hash.to_string(),
-    }
-}
-
-/// Bytes as text without a copy when they are valid UTF-8. A stream `cut`
-/// at the output cap may end inside a character: that part of a character
-/// is dropped, not replaced, so the text is the output as written (and
-/// within the cap), as its streamed events have it.
-fn utf8(mut bytes: Vec<u8>, cut: bool) -> String {
-    if cut {
-        bytes.truncate(complete_prefix(&bytes));
-    }
-    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-}
-
-/// How much of `bytes` is whole: all of it but an incomplete UTF-8
-/// sequence at its end, which waits for (or, at a cut, lost) the rest of
-/// its character. Invalid bytes before it count as whole (they are
-/// replaced), so a character that follows them is never split.
-pub(crate) fn complete_prefix(bytes: &[u8]) -> usize {
-    let mut end = 0;
-    loop {
-        match std::str::from_utf8(&bytes[end..]) {
-            Ok(_) => return bytes.len(),
-            Err(e) => match e.error_len() {
-                Some(invalid) => end += e.valid_up_to() + invalid,
-                None => return end + e.valid_up_to(),
-            },
-        }
     }
 }
 

@@ -13,8 +13,8 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::mpsc;
 
 use super::ApiError;
-use crate::api::{ExecRequest, ExecResult};
-use crate::executor::{Executor, complete_prefix};
+use crate::api::ExecRequest;
+use crate::executor::{Executor, Output, OutputText};
 use crate::executor::{OutputChunk, OutputStream, Progress};
 use crate::grade::PreparedBatch;
 
@@ -33,15 +33,16 @@ pub(super) fn execute_stream(
         let (sink, mut chunks) = mpsc::unbounded_channel::<OutputChunk>();
         let run = executor.run(prepared, Some(sink));
         tokio::pin!(run);
-        let mut text = TextDecoder::default();
+        let mut text = OutputText::default();
         // Output the client has not taken yet. The run never waits for a
         // slow client, or its timeout would wait too: this holds at most
-        // what the run may write, `max_output_bytes` a stream.
+        // what the run may write, `max_output_bytes` a stream (as text: up
+        // to 3 bytes for an invalid byte), in one piece a stream change.
         let mut queued = VecDeque::new();
         let outcome = loop {
             tokio::select! {
                 outcome = &mut run => break outcome,
-                Some(chunk) = chunks.recv() => queued.extend(text.decode(chunk)),
+                Some(chunk) = chunks.recv() => queue(&mut queued, text.decode(chunk)),
                 Ok(permit) = events.reserve(), if !queued.is_empty() => {
                     permit.send(output_event(queued.pop_front().expect("output is queued")));
                 }
@@ -50,11 +51,13 @@ pub(super) fn execute_stream(
             }
         };
         while let Ok(chunk) = chunks.try_recv() {
-            queued.extend(text.decode(chunk));
+            queue(&mut queued, text.decode(chunk));
         }
         let last = match outcome {
             Ok(result) => {
-                queued.extend(text.rest(&result));
+                for output in text.rest(&result) {
+                    queue(&mut queued, Some(output));
+                }
                 Event::default()
                     .event("result")
                     .json_data(&result)
@@ -213,10 +216,15 @@ fn sse(rx: mpsc::Receiver<Event>) -> Response {
         .into_response()
 }
 
-/// Text of one stream, for one `stdout` or `stderr` event.
-struct Output {
-    stream: OutputStream,
-    text: String,
+/// `output` queued behind what waits: joined to the last piece when that
+/// is of the same stream, so that what waits is one piece a stream change,
+/// however small the run's writes.
+fn queue(queued: &mut VecDeque<Output>, output: Option<Output>) {
+    let Some(output) = output else { return };
+    match queued.back_mut() {
+        Some(last) if last.stream == output.stream => last.text.push_str(&output.text),
+        _ => queued.push_back(output),
+    }
 }
 
 /// The event carrying `output`, its text as a JSON string.
@@ -230,93 +238,34 @@ fn output_event(output: Output) -> Event {
         .data(serde_json::Value::String(output.text).to_string())
 }
 
-/// Turns byte chunks into text without splitting a UTF-8 character across
-/// two events: an incomplete tail waits for the next chunk. The text of a
-/// stream's events joined is the result's text of that stream.
-#[derive(Default)]
-struct TextDecoder {
-    stdout: Stream,
-    stderr: Stream,
-}
-
-/// One stream's bytes waiting for the rest of their character, and how
-/// much text was made of it so far.
-#[derive(Default)]
-struct Stream {
-    pending: Vec<u8>,
-    decoded: usize,
-}
-
-impl TextDecoder {
-    fn decode(&mut self, chunk: OutputChunk) -> Option<Output> {
-        let stream = match chunk.stream {
-            OutputStream::Stdout => &mut self.stdout,
-            OutputStream::Stderr => &mut self.stderr,
-        };
-        stream.pending.extend_from_slice(&chunk.data);
-        let valid = complete_prefix(&stream.pending);
-        if valid == 0 {
-            return None;
-        }
-        let text = String::from_utf8_lossy(&stream.pending[..valid]).into_owned();
-        stream.pending.drain(..valid);
-        stream.decoded += text.len();
-        Some(Output {
-            stream: chunk.stream,
-            text,
-        })
-    }
-
-    /// The text of `result` no event has carried: an incomplete character
-    /// the run ended its output with (replaced in the result, as its other
-    /// invalid bytes are). Nothing where the stream was cut at the output
-    /// cap: the result drops the part of a character cut there.
-    fn rest(&self, result: &ExecResult) -> impl Iterator<Item = Output> {
-        let rest = |stream: OutputStream, sent: &Stream, whole: &str| {
-            let tail = whole.get(sent.decoded..).filter(|tail| !tail.is_empty())?;
-            Some(Output {
-                stream,
-                text: tail.to_string(),
-            })
-        };
-        let stdout = rest(OutputStream::Stdout, &self.stdout, &result.stdout);
-        let stderr = rest(OutputStream::Stderr, &self.stderr, &result.stderr);
-        stdout.into_iter().chain(stderr)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn split_characters_wait_for_their_tail() {
-        let mut d = TextDecoder::default();
-        let bytes = "é!".as_bytes();
-        let chunk = |data: &[u8]| OutputChunk {
-            stream: OutputStream::Stdout,
-            data: data.to_vec(),
+    fn waiting_output_is_one_piece_a_stream_change() {
+        let piece = |stream: OutputStream, text: &str| {
+            Some(Output {
+                stream,
+                text: text.to_string(),
+            })
         };
-        assert!(d.decode(chunk(&bytes[..1])).is_none());
-        assert_eq!(d.decode(chunk(&bytes[1..])).unwrap().text, "é!");
-        assert!(d.stdout.pending.is_empty());
-    }
-
-    #[test]
-    fn a_character_after_an_invalid_byte_is_not_split() {
-        let mut d = TextDecoder::default();
-        let chunk = |data: &[u8]| OutputChunk {
-            stream: OutputStream::Stdout,
-            data: data.to_vec(),
-        };
-        // An invalid byte, then the first two bytes of "€": the invalid
-        // byte goes now, the partial "€" waits for its last byte.
-        assert_eq!(d.decode(chunk(b"\xff\xe2\x82")).unwrap().text, "\u{fffd}");
-        assert_eq!(d.stdout.pending, b"\xe2\x82");
-        assert_eq!(d.decode(chunk(b"\xacz")).unwrap().text, "€z");
-        assert!(d.stdout.pending.is_empty());
-        assert_eq!(complete_prefix(b"a\xffb\xe2"), 3);
-        assert_eq!(complete_prefix(b"\xff\xfe"), 2);
-        assert_eq!(complete_prefix("€".as_bytes()), 3);
+        let mut queued = VecDeque::new();
+        for text in ["a", "b", "c"] {
+            queue(&mut queued, piece(OutputStream::Stdout, text));
+        }
+        queue(&mut queued, None);
+        queue(&mut queued, piece(OutputStream::Stderr, "e"));
+        queue(&mut queued, piece(OutputStream::Stdout, "d"));
+        let pieces: Vec<(OutputStream, String)> =
+            queued.into_iter().map(|o| (o.stream, o.text)).collect();
+        assert_eq!(
+            pieces,
+            [
+                (OutputStream::Stdout, "abc".to_string()),
+                (OutputStream::Stderr, "e".to_string()),
+                (OutputStream::Stdout, "d".to_string()),
+            ]
+        );
     }
 }

@@ -24,8 +24,8 @@ use crate::artifacts::{self, StoredArtifact};
 use crate::auth::{Caller, Client, FrontEnd, Scope};
 use crate::config::Config;
 use crate::error::ExecError;
-use crate::executor::OutputStream;
 use crate::executor::{Executor, RunOptions};
+use crate::executor::{Output, OutputStream, OutputText};
 use crate::limits::ResultLimits;
 use crate::mcp::args::{Parameters, refused_arguments};
 use crate::mcp::result::{grade_result, refusal, run_result};
@@ -254,6 +254,7 @@ impl McpHandler {
         // A task sends them, in order: the run never waits for a client
         // slow to read them, or its timeout would wait too. What waits is
         // at most the output the run may write.
+        let mut text = OutputText::default();
         let mut pending = ProgressText::default();
         let mut next_send = tokio::time::Instant::now();
         let mut sender = tokio::task::JoinSet::new();
@@ -271,8 +272,8 @@ impl McpHandler {
             });
             messages
         });
-        let notify = |pending: &mut ProgressText, last: bool| {
-            if let (Some(messages), Some(message)) = (&messages, pending.take(last)) {
+        let notify = |pending: &mut ProgressText| {
+            if let (Some(messages), Some(message)) = (&messages, pending.take()) {
                 let _ = messages.send(message);
             }
         };
@@ -286,27 +287,35 @@ impl McpHandler {
                     return Ok(CallToolResult::error(vec![ContentBlock::text("cancelled: the run was killed")]));
                 }
                 Some(chunk) = chunks.recv(), if progress.is_some() => {
-                    pending.push(chunk.stream, &chunk.data);
+                    if let Some(output) = text.decode(chunk) {
+                        pending.push(output);
+                    }
                     if tokio::time::Instant::now() >= next_send {
-                        notify(&mut pending, false);
+                        notify(&mut pending);
                         next_send = tokio::time::Instant::now() + PROGRESS_INTERVAL;
                     }
                 }
                 _ = tokio::time::sleep_until(next_send), if !pending.is_empty() => {
-                    notify(&mut pending, false);
+                    notify(&mut pending);
                     next_send = tokio::time::Instant::now() + PROGRESS_INTERVAL;
                 }
                 outcome = &mut run => {
                     // Every chunk the run sent reaches the client before
-                    // its result.
+                    // its result, as the result has its text.
                     while let Ok(chunk) = chunks.try_recv() {
-                        pending.push(chunk.stream, &chunk.data);
+                        pending.extend(text.decode(chunk));
                     }
-                    notify(&mut pending, true);
+                    if let Ok(result) = &outcome {
+                        pending.extend(text.rest(result));
+                    }
+                    notify(&mut pending);
                     drop(messages);
-                    // Dropping `sender` would stop the notifications not
-                    // yet sent.
-                    while sender.join_next().await.is_some() {}
+                    // The notifications go first (dropping `sender` stops
+                    // those not yet sent), unless the client cancels.
+                    tokio::select! {
+                        _ = async { while sender.join_next().await.is_some() {} } => {}
+                        _ = ctx.ct.cancelled() => {}
+                    }
                     return outcome.map(|mut result| {
                         self.keep_artifacts(&owner, &mut result);
                         let mut out = run_result(&result, timeout, self.inline_image_bytes);
@@ -828,64 +837,49 @@ impl ServerHandler for McpHandler {
 pub const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Output of a run not yet sent as a progress notification: `[stdout] ...`
-/// and `[stderr] ...` segments, a new one each time the stream changes. A
-/// UTF-8 character split across chunks waits for its tail.
+/// and `[stderr] ...` segments, a new one each time the stream changes.
 #[derive(Default)]
 struct ProgressText {
     text: String,
-    /// The stream the text (and the tail) is of.
+    /// The stream the text is of.
     stream: Option<OutputStream>,
     /// The next text needs its stream's header (the notification before
     /// took the text so far).
     needs_header: bool,
-    /// Bytes of an incomplete character at the end of the last chunk.
-    tail: Vec<u8>,
 }
 
 impl ProgressText {
-    fn push(&mut self, stream: OutputStream, data: &[u8]) {
-        if self.stream != Some(stream) {
-            if !self.tail.is_empty() {
-                let tail = std::mem::take(&mut self.tail);
-                self.text.push_str(&String::from_utf8_lossy(&tail));
-            }
+    fn extend(&mut self, outputs: impl IntoIterator<Item = Output>) {
+        for output in outputs {
+            self.push(output);
+        }
+    }
+
+    fn push(&mut self, output: Output) {
+        if self.stream != Some(output.stream) {
             if !self.text.is_empty() && !self.text.ends_with('\n') {
                 self.text.push('\n');
             }
-            self.stream = Some(stream);
+            self.stream = Some(output.stream);
             self.needs_header = true;
         }
         if self.needs_header {
-            self.text.push_str(match stream {
+            self.text.push_str(match output.stream {
                 OutputStream::Stdout => "[stdout] ",
                 OutputStream::Stderr => "[stderr] ",
             });
             self.needs_header = false;
         }
-        self.tail.extend_from_slice(data);
-        let valid = match std::str::from_utf8(&self.tail) {
-            Ok(_) => self.tail.len(),
-            Err(e) if e.error_len().is_none() => e.valid_up_to(),
-            Err(_) => self.tail.len(), // invalid, not incomplete: shown lossily
-        };
-        let rest = self.tail.split_off(valid);
-        self.text.push_str(&String::from_utf8_lossy(&self.tail));
-        self.tail = rest;
+        self.text.push_str(&output.text);
     }
 
-    /// Nothing to send yet (an incomplete character waits for its tail).
     fn is_empty(&self) -> bool {
         self.text.is_empty()
     }
 
     /// The text so far, for one notification (which starts with its
-    /// stream's header); an incomplete character stays for the next one
-    /// unless this is the `last`.
-    fn take(&mut self, last: bool) -> Option<String> {
-        if last && !self.tail.is_empty() {
-            let tail = std::mem::take(&mut self.tail);
-            self.text.push_str(&String::from_utf8_lossy(&tail));
-        }
+    /// stream's header).
+    fn take(&mut self) -> Option<String> {
         if self.text.is_empty() {
             return None;
         }
@@ -1029,18 +1023,29 @@ mod tests {
 
     #[test]
     fn progress_text_keeps_streams_apart_and_characters_whole() {
+        let mut text = OutputText::default();
         let mut p = ProgressText::default();
-        p.push(OutputStream::Stdout, b"a\n");
-        p.push(OutputStream::Stdout, b"b\n\xc3");
-        assert_eq!(p.take(false).as_deref(), Some("[stdout] a\nb\n"));
-        p.push(OutputStream::Stdout, b"\xa9\n");
-        p.push(OutputStream::Stderr, b"oops");
+        let mut push = |p: &mut ProgressText, stream, data: &[u8]| {
+            let chunk = crate::executor::OutputChunk {
+                stream,
+                data: data.to_vec(),
+            };
+            if let Some(output) = text.decode(chunk) {
+                p.push(output);
+            }
+        };
+        push(&mut p, OutputStream::Stdout, b"a\n");
+        push(&mut p, OutputStream::Stdout, b"b\n\xc3");
+        assert_eq!(p.take().as_deref(), Some("[stdout] a\nb\n"));
+        // The other stream between the two halves of a character.
+        push(&mut p, OutputStream::Stderr, b"oops");
+        push(&mut p, OutputStream::Stdout, b"\xa9\n");
         assert_eq!(
-            p.take(true).as_deref(),
-            Some("[stdout] \u{e9}\n[stderr] oops")
+            p.take().as_deref(),
+            Some("[stderr] oops\n[stdout] \u{e9}\n")
         );
         assert!(p.is_empty());
-        assert_eq!(p.take(true), None);
+        assert_eq!(p.take(), None);
     }
 
     #[tokio::test]

@@ -303,11 +303,13 @@ async fn a_client_that_reads_nothing_does_not_hold_the_run_past_its_timeout() {
     // Unread, the run still ends at its timeout and its worker serves on.
     let started = Instant::now();
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut seen_busy = false;
     loop {
         let pool = server.pool().await;
-        if pool["busy"] == 0 {
+        if pool["busy"] == 0 && seen_busy {
             break;
         }
+        seen_busy |= pool["busy"] == 1;
         assert!(
             started.elapsed() < Duration::from_secs(6),
             "the run outlived its 2 s timeout by far: {pool}"
@@ -335,6 +337,8 @@ async fn a_client_that_reads_nothing_does_not_hold_the_run_past_its_timeout() {
     assert_eq!(result["timed_out"], true);
     assert_eq!(result["limit"], "timeout");
     assert_eq!(result["truncated"], true);
+    let wall_ms = result["duration_ms"].as_f64().unwrap();
+    assert!(wall_ms < 5000.0, "ran {wall_ms} ms");
     assert_eq!(server.run("print('ok')").await["stdout"], "ok\n");
     server.stop().await;
 }
