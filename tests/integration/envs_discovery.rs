@@ -205,6 +205,28 @@ async fn run_stdout(server: &TestServer, env: &str, code: &str) -> String {
     body["stdout"].as_str().unwrap().to_string()
 }
 
+/// `conda install`'s last step: the package's record in `conda-meta/`.
+fn write_package_record(prefix: &std::path::Path) {
+    std::fs::write(
+        prefix.join("conda-meta/activator-1.0-0.json"),
+        r#"{"name": "activator", "version": "1.0", "build": "0"}"#,
+    )
+    .unwrap();
+}
+
+/// Wait (5 s at most) until `/list-envs` shows `env` with a hash other
+/// than `first_hash`.
+async fn wait_for_new_hash(server: &TestServer, env: &str, first_hash: &str) {
+    let start = Instant::now();
+    while env_hash_of(server, env).await == first_hash {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "env_hash still {first_hash}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn env_hash_of(server: &TestServer, env: &str) -> String {
     let (status, body) = server.get("/list-envs").await;
     assert_eq!(status, 200, "{body}");
@@ -251,19 +273,8 @@ async fn an_env_found_while_conda_fills_it_is_activated_again_when_conda_meta_ch
     }
 
     // A package record written later changes the hash shown.
-    std::fs::write(
-        prefix.join("conda-meta/activator-1.0-0.json"),
-        r#"{"name": "activator", "version": "1.0", "build": "0"}"#,
-    )
-    .unwrap();
-    let start = Instant::now();
-    while env_hash_of(&server, "filling").await == first_hash {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "env_hash still {first_hash}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    write_package_record(&prefix);
+    wait_for_new_hash(&server, "filling", &first_hash).await;
     assert_eq!(run_stdout(&server, "filling", probe).await, "conda\n");
     server.stop().await;
 }
@@ -549,19 +560,8 @@ async fn a_configured_env_is_activated_again_when_conda_meta_changes() {
     let mut text = std::fs::read_to_string(&history).unwrap();
     text.push_str("+conda-forge/linux-64::activator-1.0-0\n");
     std::fs::write(&history, text).unwrap();
-    std::fs::write(
-        prefix.join("conda-meta/activator-1.0-0.json"),
-        r#"{"name": "activator", "version": "1.0", "build": "0"}"#,
-    )
-    .unwrap();
-    let start = Instant::now();
-    while env_hash_of(&server, "pinned").await == first_hash {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "env_hash still {first_hash}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    write_package_record(&prefix);
+    wait_for_new_hash(&server, "pinned", &first_hash).await;
 
     // Its pool is warm again, on new workers, before any request asks.
     let start = Instant::now();
