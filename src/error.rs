@@ -98,6 +98,11 @@ pub enum ExecError {
     TooLarge(String),
     #[error("unknown environment {name:?}; known environments: {known}")]
     UnknownEnv { name: String, known: String },
+    /// A request named no environment, and the default one was deleted.
+    #[error(
+        "the default environment {name:?} was deleted: name an environment in `env` (known environments: {known})"
+    )]
+    DefaultEnvDeleted { name: String, known: String },
     #[error(transparent)]
     Busy(PoolError),
     #[error("environment {env:?} is unavailable: {reason}")]
@@ -182,7 +187,7 @@ impl ExecError {
         match self {
             ExecError::BadRequest(_) => "bad_request",
             ExecError::TooLarge(_) => "too_large",
-            ExecError::UnknownEnv { .. } => "unknown_env",
+            ExecError::UnknownEnv { .. } | ExecError::DefaultEnvDeleted { .. } => "unknown_env",
             ExecError::Busy(_) => "busy",
             ExecError::EnvUnavailable { .. } => "env_unavailable",
             ExecError::ShuttingDown => "unavailable",
@@ -208,7 +213,9 @@ impl ExecError {
         match self {
             ExecError::BadRequest(_) => 400,
             ExecError::TooLarge(_) => 413,
-            ExecError::UnknownEnv { .. } | ExecError::UnknownSession { .. } => 404,
+            ExecError::UnknownEnv { .. }
+            | ExecError::DefaultEnvDeleted { .. }
+            | ExecError::UnknownSession { .. } => 404,
             ExecError::Forbidden(_) => 403,
             ExecError::TooManySessions { .. } | ExecError::TooManyRequests { .. } => 429,
             ExecError::AuditUnavailable(_) => 503,

@@ -111,7 +111,22 @@ impl Executor {
     /// default one, among those served now.
     fn env_entry(&self, name: Option<&str>) -> Result<Arc<EnvEntry>, ExecError> {
         let table = self.envs.table();
+        let known = || {
+            let names: Vec<&str> = table.entries.iter().map(|e| e.spec.name.as_str()).collect();
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            }
+        };
         let Some(name) = name.filter(|n| !n.is_empty()) else {
+            // Still served unless `DELETE /envs` (with `force`) took it.
+            if !table.entries.iter().any(|e| e.id == table.default.id) {
+                return Err(ExecError::DefaultEnvDeleted {
+                    name: table.default.spec.name.clone(),
+                    known: known(),
+                });
+            }
             return Ok(table.default.clone());
         };
         if let Some(entry) = table.entries.iter().find(|e| e.spec.name == name) {
@@ -127,12 +142,7 @@ impl Executor {
         }
         Err(ExecError::UnknownEnv {
             name: name.to_string(),
-            known: table
-                .entries
-                .iter()
-                .map(|e| e.spec.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
+            known: known(),
         })
     }
 

@@ -577,6 +577,10 @@ fn exec_errors() -> Vec<ExecError> {
             name: String::new(),
             known: String::new(),
         },
+        ExecError::DefaultEnvDeleted {
+            name: String::new(),
+            known: String::new(),
+        },
         ExecError::Busy(PoolError::Busy(std::time::Duration::from_secs(1))),
         ExecError::EnvUnavailable {
             env: String::new(),
@@ -614,6 +618,7 @@ fn exec_errors() -> Vec<ExecError> {
             ExecError::BadRequest(_)
             | ExecError::TooLarge(_)
             | ExecError::UnknownEnv { .. }
+            | ExecError::DefaultEnvDeleted { .. }
             | ExecError::Busy(_)
             | ExecError::EnvUnavailable { .. }
             | ExecError::Worker(_)

@@ -428,6 +428,25 @@ async fn a_root_only_conda_names_is_never_deleted() {
     assert_eq!(status, 200, "{body}");
     assert!(!alpha.exists());
     assert!(fixture.root.join("bin/python").is_file());
+    // It was the default: a request that names no environment is told so,
+    // and one that names another still runs.
+    let (status, body) = call(
+        &server,
+        reqwest::Method::POST,
+        "/execute",
+        USER,
+        Some(json!({"code": "print(1)"})),
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_env", "{body}");
+    assert_eq!(
+        body["error"]["message"],
+        "the default environment \"alpha\" was deleted: name an environment in `env` \
+         (known environments: base)"
+    );
+    let ran = run_in(&server, "base", "print('served')").await;
+    assert_eq!(ran["stdout"], "served\n", "{ran}");
     server.stop().await;
 }
 
