@@ -265,6 +265,8 @@ pub struct Metrics {
     routes: RwLock<HashMap<Box<str>, Arc<str>>>,
     /// The pools read at scrape time; replaced when environments come and go.
     pools: Arc<RwLock<Vec<(String, EnvPool)>>>,
+    /// The egress proxies read at scrape time, the same way.
+    egress: Arc<RwLock<Vec<(String, Arc<crate::egress::ProxyContext>)>>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -354,8 +356,13 @@ impl Metrics {
         registry.register_collector(Box::new(PoolCollector {
             pools: pools.clone(),
         }));
+        let egress = Arc::new(RwLock::new(Vec::new()));
+        registry.register_collector(Box::new(EgressCollector {
+            proxies: egress.clone(),
+        }));
         Metrics {
             pools,
+            egress,
             client_runs,
             client_refusals,
             client_queue_wait,
@@ -376,6 +383,13 @@ impl Metrics {
         *self.pools.write() = pools;
     }
 
+    /// The egress proxies of the environments served now (after a rescan):
+    /// those of environments found, created or read again since the start
+    /// count too.
+    pub(crate) fn set_egress(&self, proxies: Vec<(String, Arc<crate::egress::ProxyContext>)>) {
+        *self.egress.write() = proxies;
+    }
+
     /// With this replica's own gauges: `replica_info{replica}`, `draining`
     /// and `sessions` (read at scrape time).
     pub fn with_replica(mut self, replica: Arc<Replica>, sessions: Arc<Sessions>) -> Metrics {
@@ -387,13 +401,10 @@ impl Metrics {
     /// Count the egress proxies' connections and bytes, per environment
     /// with `allowed_hosts` (read from the proxies at scrape time).
     pub(crate) fn with_egress(
-        mut self,
+        self,
         proxies: Vec<(String, Arc<crate::egress::ProxyContext>)>,
     ) -> Metrics {
-        if !proxies.is_empty() {
-            self.registry
-                .register_collector(Box::new(EgressCollector { proxies }));
-        }
+        self.set_egress(proxies);
         self
     }
 
@@ -502,15 +513,20 @@ impl Metrics {
     }
 }
 
-/// The egress proxies' counts, read at scrape time.
+/// The egress proxies' counts, read at scrape time (no families where no
+/// environment has an allow-list).
 #[derive(Debug)]
 struct EgressCollector {
-    proxies: Vec<(String, Arc<crate::egress::ProxyContext>)>,
+    proxies: Arc<RwLock<Vec<(String, Arc<crate::egress::ProxyContext>)>>>,
 }
 
 impl Collector for EgressCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         use std::sync::atomic::Ordering::Relaxed;
+        let proxies = self.proxies.read().clone();
+        if proxies.is_empty() {
+            return Ok(());
+        }
         {
             let counter = ConstCounter::new(0u64);
             let mut family = encoder.encode_descriptor(
@@ -519,7 +535,7 @@ impl Collector for EgressCollector {
                 None,
                 counter.metric_type(),
             )?;
-            for (name, ctx) in &self.proxies {
+            for (name, ctx) in &proxies {
                 for (decision, n) in [("allowed", &ctx.allowed), ("denied", &ctx.denied)] {
                     let labels = [("env", name.as_str()), ("decision", decision)];
                     ConstCounter::new(n.load(Relaxed)).encode(family.encode_family(&labels)?)?;
@@ -533,7 +549,7 @@ impl Collector for EgressCollector {
             Some(&Unit::Bytes),
             counter.metric_type(),
         )?;
-        for (name, ctx) in &self.proxies {
+        for (name, ctx) in &proxies {
             for (direction, n) in [("sent", &ctx.bytes_sent), ("received", &ctx.bytes_received)] {
                 let labels = [("env", name.as_str()), ("direction", direction)];
                 ConstCounter::new(n.load(Relaxed)).encode(family.encode_family(&labels)?)?;

@@ -512,6 +512,13 @@ impl LiveEnvs {
                 .map(|e| (e.spec.name.clone(), e.pool.clone()))
                 .collect(),
         );
+        self.metrics.set_egress(
+            table
+                .entries
+                .iter()
+                .filter_map(|e| Some((e.spec.name.clone(), e.egress.as_ref()?.ctx.clone())))
+                .collect(),
+        );
     }
 
     /// Rescan because a request named an unknown environment. A request

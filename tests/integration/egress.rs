@@ -577,3 +577,48 @@ async fn an_allow_list_is_refused_where_it_cannot_be_enforced() {
     let err = code_executor::Config::merge(&Default::default(), bad).unwrap_err();
     assert!(err.to_string().contains("pypi.org:0"), "{err}");
 }
+
+/// An environment found after the start, under the server's allow-list:
+/// `/metrics` counts its proxy's connections as it counts the first ones'.
+#[tokio::test]
+async fn an_environment_found_later_counts_its_egress_in_metrics() {
+    use crate::common::conda::{CondaFixture, Interpreter};
+
+    let a = Origin::start(HashMap::new(), 0).await;
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    std::fs::write(
+        fixture.home.join(".conda/environments.txt"),
+        format!("{}\n", fixture.root.display()),
+    )
+    .unwrap();
+    let server = TestServer::with_config(code_executor::Config {
+        host_env: fixture.host_env(),
+        env: code_executor::config::EnvChoice::Default,
+        rescan_interval: Duration::from_millis(200),
+        ..config(&[format!("127.0.0.1:{}", a.port)])
+    })
+    .await;
+    fixture.create_env("late", Interpreter::primary());
+    let url = format!("http://127.0.0.1:{}/", a.port);
+    let got = run(&server, json!({"code": fetch(&url), "env": "late"})).await;
+    assert_eq!(got["stdout"], "hello from the test server\n", "{got}");
+    let metrics = server
+        .client
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("code_executor_egress_connections_total")
+                && l.contains("env=\"late\"")
+                && l.contains("allowed")
+        })
+        .unwrap_or_else(|| panic!("no line for env late in:\n{metrics}"));
+    assert!(line.ends_with(" 1"), "{line}");
+    server.stop().await;
+}
