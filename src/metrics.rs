@@ -266,7 +266,7 @@ pub struct Metrics {
     /// The pools read at scrape time; replaced when environments come and go.
     pools: Arc<RwLock<Vec<(String, EnvPool)>>>,
     /// The egress proxies read at scrape time, the same way.
-    egress: Arc<RwLock<Vec<(String, Arc<crate::egress::ProxyContext>)>>>,
+    egress: Arc<RwLock<Proxies>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -386,7 +386,7 @@ impl Metrics {
     /// The egress proxies of the environments served now (after a rescan):
     /// those of environments found, created or read again since the start
     /// count too.
-    pub(crate) fn set_egress(&self, proxies: Vec<(String, Arc<crate::egress::ProxyContext>)>) {
+    pub(crate) fn set_egress(&self, proxies: Proxies) {
         *self.egress.write() = proxies;
     }
 
@@ -400,10 +400,7 @@ impl Metrics {
 
     /// Count the egress proxies' connections and bytes, per environment
     /// with `allowed_hosts` (read from the proxies at scrape time).
-    pub(crate) fn with_egress(
-        self,
-        proxies: Vec<(String, Arc<crate::egress::ProxyContext>)>,
-    ) -> Metrics {
+    pub(crate) fn with_egress(self, proxies: Proxies) -> Metrics {
         self.set_egress(proxies);
         self
     }
@@ -513,11 +510,14 @@ impl Metrics {
     }
 }
 
+/// The egress proxies of the environments served, by environment name.
+type Proxies = Vec<(String, Arc<crate::egress::ProxyContext>)>;
+
 /// The egress proxies' counts, read at scrape time (no families where no
 /// environment has an allow-list).
 #[derive(Debug)]
 struct EgressCollector {
-    proxies: Arc<RwLock<Vec<(String, Arc<crate::egress::ProxyContext>)>>>,
+    proxies: Arc<RwLock<Proxies>>,
 }
 
 impl Collector for EgressCollector {
