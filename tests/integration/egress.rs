@@ -166,15 +166,7 @@ async fn listed_hosts_are_reached_and_others_refused_with_the_rule() {
     .await;
     assert_eq!(named["stdout"], "hello from the test server\n", "{named}");
     // The metrics count each decision.
-    let metrics = server
-        .client
-        .get(format!("{}/metrics", server.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.metrics_text().await;
     for (decision, n) in [("allowed", 2), ("denied", 1)] {
         let line = metrics
             .lines()
@@ -602,15 +594,7 @@ async fn an_environment_found_later_counts_its_egress_in_metrics() {
     let url = format!("http://127.0.0.1:{}/", a.port);
     let got = run(&server, json!({"code": fetch(&url), "env": "late"})).await;
     assert_eq!(got["stdout"], "hello from the test server\n", "{got}");
-    let metrics = server
-        .client
-        .get(format!("{}/metrics", server.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.metrics_text().await;
     let line = metrics
         .lines()
         .find(|l| {

@@ -241,6 +241,17 @@ impl TestServer {
         answer(self.client.get(format!("{}{path}", self.url))).await
     }
 
+    /// The text of `GET /metrics`.
+    pub async fn metrics_text(&self) -> String {
+        let resp = self
+            .client
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .unwrap();
+        resp.text().await.unwrap()
+    }
+
     /// Pool counts of the default environment from /health.
     pub async fn pool(&self) -> Value {
         let (_, health) = self.get("/health").await;
