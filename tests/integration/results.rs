@@ -287,6 +287,33 @@ os.symlink("/etc/passwd", "link")
         .collect();
     assert_eq!(paths, ["a.png"]);
     assert_eq!(body["artifacts"][0]["mime"], "image/png");
+    // A glob matches the whole relative path, `*` across `/` too (as
+    // api.md says), and `[...]` is a class.
+    let (_, body) = server
+        .execute(json!({
+            "code": "import os\nos.makedirs('figs/2024')\nos.makedirs('out/x')\nfor p in ['plot.png', 'figs/2024/p.png', 'out/x/a.csv', 'out/b.csv', 'c.csv', 'out/b1.txt', 'out/b2.txt', 'out/b3.txt']:\n    open(p, 'w').write(p)",
+            "artifacts": ["*.png", "out/*.csv", "out/b[12].txt"],
+        }))
+        .await;
+    let mut paths: Vec<&str> = body["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["path"].as_str().unwrap())
+        .collect();
+    paths.sort_unstable();
+    assert_eq!(
+        paths,
+        [
+            "figs/2024/p.png",
+            "out/b.csv",
+            "out/b1.txt",
+            "out/b2.txt",
+            "out/x/a.csv",
+            "plot.png"
+        ],
+        "{body}"
+    );
     let (_, body) = server
         .execute(json!({"code": "open('a.txt','w').write('x')", "artifacts": false}))
         .await;
