@@ -391,6 +391,25 @@ impl LiveEnvs {
         self.table().entries.iter().find(|e| e.id == id).cloned()
     }
 
+    /// The entry that serves `entry`'s environment after a successful
+    /// install into it (its install lock released). An install that changed
+    /// its `conda-meta` (Conda's) is read again now, as the watcher's next
+    /// rescan would (activation, facts, `env_hash`, one new pool), so that
+    /// rescan finds nothing left to do and its workers restart once.
+    /// Otherwise (pip and uv, no discovery, or a rescan that did not get to
+    /// it) its workers are replaced and its hash read again.
+    pub(crate) async fn after_install(&self, entry: &Arc<EnvEntry>) -> Arc<EnvEntry> {
+        if entry.stale() {
+            self.rescan().await;
+            if let Some(fresh) = self.by_id(entry.id).filter(|e| !Arc::ptr_eq(e, entry)) {
+                return fresh;
+            }
+        }
+        entry.pool.replace();
+        entry.rehash();
+        entry.clone()
+    }
+
     /// Where new environments go: the configured `envs_dir`, else the
     /// first writable `envs_dirs` entry discovery found.
     pub(crate) fn placement(&self) -> Option<PathBuf> {

@@ -484,8 +484,9 @@ impl Executor {
     /// and its items passed as argv items; the `requirements` text goes to
     /// a private file passed with `-r`. Installs into one env are
     /// serialized; runs keep using the current workers meanwhile, and after
-    /// a successful install the env's workers are replaced so the next run
-    /// sees the new packages, and its `env_hash` is read again.
+    /// a successful install the env's workers are replaced once so the next
+    /// run sees the new packages, and its `env_hash` is read again (with a
+    /// Conda install, its activation too: see [`LiveEnvs::after_install`]).
     pub async fn install(&self, req: InstallRequest) -> Result<InstallResult, ExecError> {
         if self.closing.load(Ordering::Acquire) {
             return Err(ExecError::ShuttingDown);
@@ -496,7 +497,7 @@ impl Executor {
         let conda = self.envs.conda();
         let tool = Installer::choose(req.manager, self.uv.as_deref(), conda.as_deref())?;
         let commands = self.commands(&entry);
-        let _serialized = entry.install_lock.lock().await;
+        let serialized = entry.install_lock.lock().await;
         let requirements = match &req.requirements {
             Some(text) => {
                 let mut file = tempfile::Builder::new()
@@ -518,8 +519,8 @@ impl Executor {
             .map_err(ExecError::Installer)?;
         drop(requirements);
         let mut installed = Vec::new();
-        if out.exit_code == 0 && !out.timed_out {
-            entry.pool.replace();
+        let done = out.exit_code == 0 && !out.timed_out;
+        if done {
             let after = commands.packages().await.unwrap_or_default();
             installed = after
                 .into_iter()
@@ -527,11 +528,18 @@ impl Executor {
                 .map(|p| format!("{}=={}", p.name, p.version))
                 .collect();
         }
-        // Even a failed install may have changed something.
-        entry.rehash();
+        drop(serialized);
+        let served = if done {
+            self.envs.after_install(&entry).await
+        } else {
+            // Even a failed install may have changed something.
+            entry.rehash();
+            entry.clone()
+        };
+        let env_hash = served.hash().to_string();
         self.audit_record(crate::audit::RecordKind::Install, |r| {
             r.env = Some(entry.spec.name.clone());
-            r.env_hash = Some(entry.hash().to_string());
+            r.env_hash = Some(env_hash.clone());
             r.packages = Some(req.packages.clone());
             r.outcome = Some(if out.timed_out {
                 "timeout"
@@ -550,7 +558,7 @@ impl Executor {
             stderr: out.stderr,
             installed,
             timed_out: out.timed_out,
-            env_hash: entry.hash().to_string(),
+            env_hash,
         })
     }
 }

@@ -590,6 +590,52 @@ async fn conda_install_runs_the_discovered_conda_with_the_prefix() {
     server.stop().await;
 }
 
+const SHOW_ACTIVATOR: &str = "import os; print(os.environ.get('ACTIVATOR'))";
+
+#[tokio::test]
+async fn conda_install_is_read_at_once_and_restarts_the_workers_once() {
+    let fixture = two_env_fixture();
+    let server = TestServer::with_config(Config {
+        admin_token: Some("admin-secret".into()),
+        rescan_interval: Duration::from_millis(300),
+        ..config_for(&fixture)
+    })
+    .await;
+    let body = run_in(&server, "ml", SHOW_ACTIVATOR).await;
+    assert_eq!(body["stdout"], "None\n");
+    // The package brings an activation script, as a real one may.
+    let (status, body) = request(
+        &server,
+        reqwest::Method::POST,
+        "/install",
+        Some("admin-secret"),
+        Some(json!({"env": "ml", "packages": ["activator=1.0"], "manager": "conda"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["exit_code"], 0, "{body}");
+    assert_eq!(body["installed"], json!(["activator==1.0"]));
+    let installed_hash = body["env_hash"].clone();
+
+    // The next run has the environment as the install left it, its
+    // activation included, without waiting for a rescan.
+    let body = run_in(&server, "ml", SHOW_ACTIVATOR).await;
+    assert_eq!(body["stdout"], "installed\n");
+    let workers = common::worker_pids(&server);
+    // Several rescans later, nothing read the environment again: the same
+    // workers serve it, with the hash the install answered.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let body = run_in(&server, "ml", SHOW_ACTIVATOR).await;
+    assert_eq!(body["stdout"], "installed\n");
+    assert_eq!(common::worker_pids(&server), workers);
+    assert_eq!(
+        env_named(&list_envs(&server).await, "ml")["env_hash"],
+        installed_hash
+    );
+    assert_ne!(installed_hash, json!(null));
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn install_refuses_options_and_invalid_specs_and_runs_nothing() {
     let fixture = two_env_fixture();

@@ -254,6 +254,11 @@ JSON
         -*) echo "fake conda: unexpected option $1" >&2; exit 2 ;;
         *) name=${{1%%[=<>]*}}
            printf '{{"name": "%s", "version": "1.0", "build": "0"}}\n' "$name" > "$prefix/conda-meta/$name-1.0-0.json"
+           # A package with an activation script, as e.g. openjdk has.
+           if [ "$name" = activator ]; then
+             mkdir -p "$prefix/etc/conda/activate.d" || exit 1
+             printf 'export ACTIVATOR=installed\n' > "$prefix/etc/conda/activate.d/activator.sh" || exit 1
+           fi
            echo "installed $name 1.0" ;;
       esac
       shift
