@@ -146,6 +146,12 @@ impl Executor {
         })
     }
 
+    /// The id of the environment `name` names (by name or prefix path), or
+    /// of the default one: the same for every name of one environment.
+    pub fn env_id(&self, name: Option<&str>) -> Result<usize, ExecError> {
+        self.env_entry(name).map(|entry| entry.id)
+    }
+
     /// Make sure the environment a request names is known: when it is not,
     /// discovery runs once more before the request is answered (an env
     /// created since the last scan is then served). Cheap when it is known.

@@ -126,8 +126,8 @@ impl McpHandler {
         }
         let instructions = |implicit: bool| {
             let state = if implicit {
-                "every call of this connection runs in one persistent session: variables, \
-                 imports and files carry over from call to call"
+                "every call of this connection runs in one persistent session (one per \
+                 environment): variables, imports and files carry over from call to call"
             } else {
                 "every call starts from a clean state (no variables, imports or files carry \
                  over) unless it names a session from `create_session`"
@@ -205,7 +205,7 @@ impl McpHandler {
         // once, as one found lost at the look-up is.
         let mut retried = false;
         loop {
-            let (id, replaced) = match implicit.id().await {
+            let (id, replaced) = match implicit.id(request.env.as_deref()).await {
                 Ok(found) => found,
                 Err(err) => return refusal(err),
             };
@@ -935,9 +935,9 @@ fn execute_code_description(config: &Config, default_env: &str, implicit: bool) 
          - The result is an error when the code fails (non-zero exit, uncaught exception, \
          timeout); the traceback is in the output.",
         state = if implicit {
-            "All calls of this connection share one persistent Python session: variables, \
-             imports, functions and files carry over from call to call (unless `session` names \
-             another one)."
+            "All calls of this connection share one persistent Python session (one per \
+             environment): variables, imports, functions and files carry over from call to call \
+             (unless `session` names another one)."
         } else {
             "Every call starts from a clean state: no variables, imports or files carry over \
              from earlier calls. Put everything one run needs into one call, or create a \

@@ -1,6 +1,7 @@
 //! Sessions over MCP: the arguments of `create_session` / `close_session`,
 //! and the optional implicit session of one MCP connection.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use schemars::JsonSchema;
@@ -56,14 +57,16 @@ pub struct CloseSessionArgs {
     pub session: String,
 }
 
-/// One MCP connection's implicit session: created on the first
-/// `execute_code` that names no session, recreated if it was lost, and
-/// closed when the connection ends (when the last handler clone drops).
+/// One MCP connection's implicit sessions: one per environment its calls
+/// name, created on the first `execute_code` in that environment that names
+/// no session, recreated if it was lost, and closed when the connection
+/// ends (when the last handler clone drops).
 pub struct ImplicitSession {
     executor: Arc<Executor>,
-    /// The session's id once it exists; the lock also makes two first
-    /// calls create one session, not two.
-    id: tokio::sync::Mutex<Option<String>>,
+    /// The sessions' ids by the id of their environment (a call naming it
+    /// by name or by prefix finds the same one); the lock also makes two
+    /// first calls create one session, not two.
+    ids: tokio::sync::Mutex<HashMap<usize, String>>,
 }
 
 impl ImplicitSession {
@@ -71,16 +74,19 @@ impl ImplicitSession {
     pub fn new(executor: Arc<Executor>) -> ImplicitSession {
         ImplicitSession {
             executor,
-            id: tokio::sync::Mutex::new(None),
+            ids: tokio::sync::Mutex::new(HashMap::new()),
         }
     }
 
-    /// The id of the connection's session, created if there is none (or
-    /// the last one is gone). The flag says a lost session was replaced.
-    pub async fn id(&self) -> Result<(String, bool), ExecError> {
-        let mut slot = self.id.lock().await;
+    /// The id of the connection's session in `env` (the default
+    /// environment if `None`), created if there is none (or the last one
+    /// is gone). The flag says a lost session was replaced.
+    pub async fn id(&self, env: Option<&str>) -> Result<(String, bool), ExecError> {
+        self.executor.find_env(env).await;
+        let env_id = self.executor.env_id(env)?;
+        let mut ids = self.ids.lock().await;
         let mut replaced = false;
-        if let Some(id) = slot.as_ref() {
+        if let Some(id) = ids.get(&env_id) {
             if self.executor.has_session(id) {
                 return Ok((id.clone(), false));
             }
@@ -88,19 +94,22 @@ impl ImplicitSession {
         }
         let info = self
             .executor
-            .create_session(CreateSessionRequest::default())
+            .create_session(CreateSessionRequest {
+                env: env.map(str::to_string),
+                ..CreateSessionRequest::default()
+            })
             .await?;
-        *slot = Some(info.id.clone());
+        ids.insert(env_id, info.id.clone());
         Ok((info.id, replaced))
     }
 }
 
 impl Drop for ImplicitSession {
     fn drop(&mut self) {
-        if let Some(id) = self.id.get_mut().take()
-            && tokio::runtime::Handle::try_current().is_ok()
-        {
-            let _ = self.executor.close_session(&id);
+        if tokio::runtime::Handle::try_current().is_ok() {
+            for (_, id) in self.ids.get_mut().drain() {
+                let _ = self.executor.close_session(&id);
+            }
         }
     }
 }

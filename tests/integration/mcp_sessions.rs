@@ -131,6 +131,38 @@ async fn implicit_sessions_are_one_per_connection_and_end_with_it() {
     executor.shutdown().await;
 }
 
+/// A call that names an environment runs in the connection's session in
+/// that environment, never refused for the session of another one.
+#[tokio::test]
+async fn implicit_sessions_are_one_per_environment_a_connection_names() {
+    let fixture = crate::audit::two_envs();
+    let mut config = crate::audit::config_over(&fixture);
+    config.mcp_implicit_session = true;
+    let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+    let client = connect_in_process(executor.clone(), &config).await;
+
+    let (failed, out) = run(&client, json!({"code": "who = 'a'", "env": "a"})).await;
+    assert!(!failed, "{out}");
+    let (failed, out) = run(&client, json!({"code": "print(who)", "env": "a"})).await;
+    assert!(!failed && out.starts_with("a\n"), "{out}");
+    let (failed, out) = run(&client, json!({"code": "who = 'b'", "env": "b"})).await;
+    assert!(!failed, "{out}");
+    let (failed, out) = run(&client, json!({"code": "print(who)", "env": "a"})).await;
+    assert!(!failed && out.starts_with("a\n"), "{out}");
+    let (failed, out) = run(&client, json!({"code": "print(who)", "env": "b"})).await;
+    assert!(!failed && out.starts_with("b\n"), "{out}");
+    let envs: Vec<String> = executor
+        .list_sessions()
+        .into_iter()
+        .map(|s| s.env)
+        .collect();
+    assert_eq!(envs, ["a", "b"]);
+
+    let _ = client.cancel().await;
+    wait_for_sessions(&executor, 0).await;
+    executor.shutdown().await;
+}
+
 #[tokio::test]
 async fn the_call_right_after_a_cancelled_one_gets_a_new_implicit_session() {
     // Over stdio, as an MCP client launches the server.
