@@ -269,6 +269,29 @@ async fn session_errors_name_the_session_tools() {
 
     let first = call(&client, "create_session", json!({})).await.unwrap();
     assert_ne!(first.is_error, Some(true), "{}", text(&first));
+    // What only a session's creation sets is refused in the tools' terms.
+    let id = first.structured_content.as_ref().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for (field, value) in [
+        ("limits", json!({"memory_bytes": 100_000_000})),
+        ("network", json!({"allowed_hosts": []})),
+    ] {
+        let (failed, out) = run(
+            &client,
+            json!({"code": "pass", "session": id, field: value}),
+        )
+        .await;
+        assert!(failed, "{out}");
+        assert!(
+            out.starts_with("error (bad_request): ")
+                && out.contains("`create_session`")
+                && out.contains(&format!("omit `{field}`"))
+                && !out.contains("POST /sessions"),
+            "{out}"
+        );
+    }
     let second = call(&client, "create_session", json!({})).await.unwrap();
     assert_eq!(second.is_error, Some(true), "{}", text(&second));
     assert_eq!(
