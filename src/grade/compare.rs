@@ -102,17 +102,69 @@ fn excerpt(text: &str) -> String {
     format!("{cut:?}...")
 }
 
+/// Characters an excerpt shows after the first difference, at least.
+const AFTER_CHARS: usize = 20;
+/// Characters an excerpt shows before the first difference, when it does
+/// not start at the beginning.
+const BEFORE_CHARS: usize = 60;
+
+/// Excerpts of two texts that differ, each quoted by `quote`, and the
+/// character (from 0) where they first differ when an excerpt from their
+/// start would not show it: the excerpts then start a little before it,
+/// `...` marking each cut. `None` with the excerpts from the start.
+fn excerpts(
+    expected: &str,
+    got: &str,
+    quote: impl Fn(&str) -> String,
+) -> (String, String, Option<usize>) {
+    let at = expected
+        .chars()
+        .zip(got.chars())
+        .take_while(|(e, g)| e == g)
+        .count();
+    let far = at + AFTER_CHARS > EXCERPT_CHARS;
+    let start = if far {
+        at.saturating_sub(BEFORE_CHARS)
+    } else {
+        0
+    };
+    let side = |text: &str| {
+        let mut rest = text.chars().skip(start);
+        let cut: String = rest.by_ref().take(EXCERPT_CHARS).collect();
+        let lead = if start > 0 { "..." } else { "" };
+        let trail = if rest.next().is_some() { "..." } else { "" };
+        format!("{lead}{}{trail}", quote(&cut))
+    };
+    (side(expected), side(got), far.then_some(at))
+}
+
+/// Where a line or token first differs (`, column 301`) when its excerpts
+/// start past its beginning.
+fn at_char(word: &str, far: Option<usize>) -> String {
+    far.map(|at| format!(", {word} {}", at + 1))
+        .unwrap_or_default()
+}
+
+/// Excerpts of the line or token each side has at a difference (or "end
+/// of output"), and where in it they first differ (see [`excerpts`]).
+fn sides(expected: Option<&&str>, got: Option<&&str>) -> (String, String, Option<usize>) {
+    let debug = |text: &str| format!("{text:?}");
+    match (expected, got) {
+        (Some(e), Some(g)) => excerpts(e, g, debug),
+        (e, g) => {
+            let side = |text: Option<&&str>| text.map_or("end of output".into(), |t| excerpt(t));
+            (side(e), side(g), None)
+        }
+    }
+}
+
 fn line_diff(expected: &[&str], got: &[&str]) -> Option<String> {
     let first = (0..expected.len().max(got.len())).find(|&i| expected.get(i) != got.get(i))?;
-    let side = |lines: &[&str]| match lines.get(first) {
-        Some(line) => excerpt(line),
-        None => "end of output".into(),
-    };
+    let (e, g, far) = sides(expected.get(first), got.get(first));
     let mut summary = format!(
-        "line {}: expected {}, got {}",
+        "line {}{}: expected {e}, got {g}",
         first + 1,
-        side(expected),
-        side(got)
+        at_char("column", far)
     );
     if expected.len() != got.len() {
         summary.push_str(&format!(
@@ -162,15 +214,11 @@ fn token_diff(expected: &[&str], got: &[&str], tol: f64) -> Option<String> {
             (Some(e), Some(g)) => !tokens_match(e, g, tol),
             _ => true,
         })?;
-    let side = |tokens: &[&str]| match tokens.get(first) {
-        Some(token) => excerpt(token),
-        None => "end of output".into(),
-    };
+    let (e, g, far) = sides(expected.get(first), got.get(first));
     let mut summary = format!(
-        "token {}: expected {}, got {}",
+        "token {}{}: expected {e}, got {g}",
         first + 1,
-        side(expected),
-        side(got)
+        at_char("character", far)
     );
     if tol > 0.0 {
         summary.push_str(&format!(" (tolerance {tol:e})"));
@@ -385,11 +433,25 @@ fn json_numbers_match(a: &str, b: &str, tol: f64) -> bool {
 
 fn json_diff(path: &str, expected: &Json, got: &Json, tol: f64) -> Option<String> {
     let differ = || {
-        Some(format!(
-            "at {path}: expected {}, got {}",
-            expected.excerpt(EXCERPT_CHARS),
-            got.excerpt(EXCERPT_CHARS)
-        ))
+        // A long string or number is quoted around its first difference.
+        let far = match (expected, got) {
+            (Json::String(e), Json::String(g)) => Some(excerpts(e, g, quoted)),
+            (Json::Number(e), Json::Number(g)) => Some(excerpts(e, g, str::to_string)),
+            _ => None,
+        };
+        Some(match far {
+            Some((e, g, far @ Some(_))) => {
+                format!(
+                    "at {path}{}: expected {e}, got {g}",
+                    at_char("character", far)
+                )
+            }
+            _ => format!(
+                "at {path}: expected {}, got {}",
+                expected.excerpt(EXCERPT_CHARS),
+                got.excerpt(EXCERPT_CHARS)
+            ),
+        })
     };
     match (expected, got) {
         (Json::Number(a), Json::Number(b)) => {
@@ -488,6 +550,40 @@ mod tests {
         assert_eq!(
             Compare::Tokens.text("1 2 3", "1 5 3").unwrap(),
             "token 2: expected \"2\", got \"5\""
+        );
+    }
+
+    #[test]
+    fn a_far_difference_is_quoted_around_it() {
+        let (a, tail) = ("x".repeat(200), "x".repeat(60));
+        assert_eq!(
+            Compare::Exact
+                .text(&format!("{a}1{a}\n"), &format!("{a}2{a}\n"))
+                .unwrap(),
+            format!(
+                "line 1, column 201: expected ...\"{tail}1{}\"..., got ...\"{tail}2{}\"...",
+                &a[..59],
+                &a[..59]
+            )
+        );
+        // One side ending where the other goes on.
+        assert_eq!(
+            Compare::Tokens.text(&a, &format!("{a}y")).unwrap(),
+            format!("token 1, character 201: expected ...\"{tail}\", got ...\"{tail}y\"")
+        );
+        // Near the start, the excerpts start at the start.
+        let near = Compare::Trim
+            .text(&format!("{a}1"), &format!("2{a}"))
+            .unwrap();
+        assert!(near.starts_with("line 1: expected \"xxx"), "{near}");
+        let n = |d: char| format!("{}{d}", "9".repeat(150));
+        assert_eq!(
+            json(Compare::Exact, &n('1'), &n('2')).unwrap(),
+            format!(
+                "at $, character 151: expected ...{}1, got ...{}2",
+                &n('0')[..60],
+                &n('0')[..60]
+            )
         );
     }
 

@@ -983,3 +983,57 @@ async fn mcp_tools_refuse_an_array_in_place_of_a_nested_object() {
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn a_diff_of_long_lines_shows_where_they_differ() {
+    let server = TestServer::start().await;
+    let a = "a".repeat(300);
+    let tail = "a".repeat(60);
+    // A line, a token and a returned string that first differ at their
+    // 301st character: the diff quotes that part of each, and says where.
+    let lines = grade(
+        &server,
+        json!({"code": format!("print('{a}b')"), "tests": [{"expected_stdout": format!("{a}c\n")}]}),
+    )
+    .await;
+    assert_eq!(
+        lines["cases"][0]["diff"],
+        format!("line 1, column 301: expected ...\"{tail}c\", got ...\"{tail}b\""),
+        "{lines}"
+    );
+    let digits = grade(
+        &server,
+        json!({"code": "print(2**1000 + 1)", "compare": "tokens",
+               "tests": [{"expected_stdout": format!("{}\n", crate::grading_code::num_pow_2(1000))}]}),
+    )
+    .await;
+    let diff = digits["cases"][0]["diff"].as_str().unwrap();
+    assert!(
+        diff.starts_with("token 1, character 302: expected ..."),
+        "{diff}"
+    );
+    assert!(
+        diff.contains("205668069376\", got ...") && diff.ends_with("205668069377\""),
+        "{diff}"
+    );
+    let value = grade(
+        &server,
+        json!({"code": format!("def f():\n    return ['{a}b']"), "entry": "f",
+               "tests": [{"expected": [format!("{a}c")]}]}),
+    )
+    .await;
+    assert_eq!(
+        value["cases"][0]["diff"],
+        format!("at $[0], character 301: expected ...\"{tail}c\", got ...\"{tail}b\""),
+        "{value}"
+    );
+    // A difference near the start is quoted from the start, as before.
+    let short = grade(
+        &server,
+        json!({"code": format!("print('b{a}')"), "tests": [{"expected_stdout": format!("c{a}\n")}]}),
+    )
+    .await;
+    let diff = short["cases"][0]["diff"].as_str().unwrap();
+    assert!(diff.starts_with("line 1: expected \"caaa"), "{diff}");
+    server.stop().await;
+}

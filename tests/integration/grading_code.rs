@@ -391,7 +391,7 @@ async fn big_integers_grade_exactly_and_execute_keeps_the_default() {
 }
 
 /// 2**n in decimal, computed here without Python.
-fn num_pow_2(n: u32) -> String {
+pub(crate) fn num_pow_2(n: u32) -> String {
     let mut digits: Vec<u32> = vec![1]; // little-endian base 10^9
     for _ in 0..n {
         let mut carry = 0;
