@@ -47,11 +47,12 @@ impl Compare {
         }
     }
 
-    /// Numeric tolerance this mode applies (0 outside `float`).
-    fn tolerance(self) -> f64 {
+    /// Numeric tolerance this mode applies: `None` outside `float`, where
+    /// numbers are text like any other (`float:0` compares them by value).
+    fn tolerance(self) -> Option<f64> {
         match self {
-            Compare::Float(tol) => tol,
-            _ => 0.0,
+            Compare::Float(tol) => Some(tol),
+            _ => None,
         }
     }
 
@@ -195,20 +196,20 @@ fn numbers_match(a: f64, b: f64, tol: f64) -> bool {
     diff <= tol || diff <= tol * a.abs().max(b.abs())
 }
 
-fn tokens_match(expected: &str, got: &str, tol: f64) -> bool {
+fn tokens_match(expected: &str, got: &str, tol: Option<f64>) -> bool {
     if expected == got {
         return true;
     }
-    if tol == 0.0 {
+    let Some(tol) = tol else {
         return false;
-    }
+    };
     match (expected.parse::<f64>(), got.parse::<f64>()) {
         (Ok(a), Ok(b)) => numbers_match(a, b, tol),
         _ => false,
     }
 }
 
-fn token_diff(expected: &[&str], got: &[&str], tol: f64) -> Option<String> {
+fn token_diff(expected: &[&str], got: &[&str], tol: Option<f64>) -> Option<String> {
     let first =
         (0..expected.len().max(got.len())).find(|&i| match (expected.get(i), got.get(i)) {
             (Some(e), Some(g)) => !tokens_match(e, g, tol),
@@ -220,7 +221,7 @@ fn token_diff(expected: &[&str], got: &[&str], tol: f64) -> Option<String> {
         first + 1,
         at_char("character", far)
     );
-    if tol > 0.0 {
+    if let Some(tol) = tol {
         summary.push_str(&format!(" (tolerance {tol:e})"));
     }
     if expected.len() != got.len() {
@@ -408,7 +409,7 @@ fn integer_text(number: &str) -> &str {
 /// and in every mode; an integer and a float in exact modes only when the
 /// float is that very integer (`1 == 1.0`, but `2**53 + 1 != 2.0**53`);
 /// otherwise as floats, within the tolerance.
-fn json_numbers_match(a: &str, b: &str, tol: f64) -> bool {
+fn json_numbers_match(a: &str, b: &str, tol: Option<f64>) -> bool {
     let float = |text: &str| text.parse::<f64>().unwrap_or(f64::NAN);
     let is_the_integer = |int: &str, float: f64| {
         float.is_finite()
@@ -417,8 +418,8 @@ fn json_numbers_match(a: &str, b: &str, tol: f64) -> bool {
     };
     match (is_integer(a), is_integer(b)) {
         (true, true) => integer_text(a) == integer_text(b),
-        (true, false) if tol == 0.0 => is_the_integer(a, float(b)),
-        (false, true) if tol == 0.0 => is_the_integer(b, float(a)),
+        (true, false) if tol.is_none() => is_the_integer(a, float(b)),
+        (false, true) if tol.is_none() => is_the_integer(b, float(a)),
         _ => {
             let (x, y) = (float(a), float(b));
             // JSON has no infinities: a number that reads as one overflowed
@@ -426,12 +427,12 @@ fn json_numbers_match(a: &str, b: &str, tol: f64) -> bool {
             if x.is_infinite() || y.is_infinite() {
                 return a == b;
             }
-            numbers_match(x, y, tol)
+            numbers_match(x, y, tol.unwrap_or(0.0))
         }
     }
 }
 
-fn json_diff(path: &str, expected: &Json, got: &Json, tol: f64) -> Option<String> {
+fn json_diff(path: &str, expected: &Json, got: &Json, tol: Option<f64>) -> Option<String> {
     let differ = || {
         // A long string or number is quoted around its first difference.
         let far = match (expected, got) {
@@ -503,15 +504,15 @@ mod tests {
 
     #[test]
     fn json_numbers_past_a_double_compare_as_written() {
-        assert!(json_numbers_match("1e400", "1e400", 1e-6));
-        assert!(!json_numbers_match("1e400", "1e401", 1e-6));
-        assert!(!json_numbers_match("-1e400", "1e400", 0.0));
+        assert!(json_numbers_match("1e400", "1e400", Some(1e-6)));
+        assert!(!json_numbers_match("1e400", "1e401", Some(1e-6)));
+        assert!(!json_numbers_match("-1e400", "1e400", None));
         assert!(!json_numbers_match(
             &format!("1{}", "0".repeat(400)),
             "1e401",
-            1e-6
+            Some(1e-6)
         ));
-        assert!(json_numbers_match("1.0000001", "1.0", 1e-6));
+        assert!(json_numbers_match("1.0000001", "1.0", Some(1e-6)));
     }
 
     #[test]
@@ -595,6 +596,17 @@ mod tests {
         assert!(float.text("0.5", "0.5001").is_some());
         assert!(float.text("abc", "abd").is_some());
         assert!(Compare::Tokens.text("0.5", "0.50").is_some());
+        // float:0 compares numbers by value, exactly.
+        assert_eq!(Compare::Float(0.0).text("1 1000 0.5", "1.0 1e3 0.50"), None);
+        assert!(Compare::Float(0.0).text("1", "1.0000001").is_some());
+        assert_eq!(
+            json(
+                Compare::Float(0.0),
+                "9007199254740993",
+                "9007199254740992.0"
+            ),
+            None
+        );
     }
 
     /// The diff of two JSON texts under `mode`.

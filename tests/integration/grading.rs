@@ -1037,3 +1037,22 @@ async fn a_diff_of_long_lines_shows_where_they_differ() {
     assert!(diff.starts_with("line 1: expected \"caaa"), "{diff}");
     server.stop().await;
 }
+
+#[tokio::test]
+async fn float_zero_compares_numbers_by_value() {
+    let server = TestServer::start().await;
+    let result = grade(
+        &server,
+        json!({"code": "print(input())", "compare": "float:0", "tests": [
+            {"stdin": "1.0 1e3 2.50", "expected_stdout": "1 1000 2.5"},
+            {"stdin": "1.5", "expected_stdout": "1"},
+        ]}),
+    )
+    .await;
+    assert_eq!(verdicts(&result), ["ok", "wrong_answer"], "{result}");
+    assert_eq!(
+        result["cases"][1]["diff"],
+        "token 1: expected \"1\", got \"1.5\" (tolerance 0e0)"
+    );
+    server.stop().await;
+}
