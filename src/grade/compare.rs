@@ -204,9 +204,21 @@ fn tokens_match(expected: &str, got: &str, tol: Option<f64>) -> bool {
         return false;
     };
     match (expected.parse::<f64>(), got.parse::<f64>()) {
+        // A number past the largest double reads as an infinity; only its
+        // text (unequal here) tells it from another, or from an infinity.
+        (Ok(a), Ok(b)) if overflowed(expected, a) || overflowed(got, b) => false,
         (Ok(a), Ok(b)) => numbers_match(a, b, tol),
         _ => false,
     }
+}
+
+/// `token`, read as `value`, is a finite number too large for a double
+/// (`1e400`), not a spelt infinity (`inf`, `-Infinity`).
+fn overflowed(token: &str, value: f64) -> bool {
+    let word = token.trim_start_matches(['+', '-']);
+    value.is_infinite()
+        && !word.eq_ignore_ascii_case("inf")
+        && !word.eq_ignore_ascii_case("infinity")
 }
 
 fn token_diff(expected: &[&str], got: &[&str], tol: Option<f64>) -> Option<String> {
@@ -633,6 +645,11 @@ mod tests {
         }
         // Finite numbers at the edge of the range still compare relatively.
         assert_eq!(float.text("1.7e308", "1.7000001e308"), None);
+        // Past it, a number equals only itself as written.
+        assert_eq!(float.text("1e400 -1e999", "1e400 -1e999"), None);
+        for (expected, got) in [("1e400", "1e500"), ("inf", "1e400"), ("-1e400", "-inf")] {
+            assert!(float.text(expected, got).is_some(), "{expected} vs {got}");
+        }
     }
 
     #[test]
