@@ -87,6 +87,24 @@ impl Compare {
     }
 }
 
+/// The diff of output that is not UTF-8 text, valid up to byte
+/// `valid_up_to`: where its first undecodable byte is.
+pub(crate) fn not_utf8(output: &[u8], valid_up_to: usize) -> String {
+    let before = std::str::from_utf8(&output[..valid_up_to]).unwrap_or_default();
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rsplit('\n')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .count()
+        + 1;
+    format!(
+        "line {line}, column {column}: got the byte {:#04x}, which is not UTF-8 text",
+        output[valid_up_to]
+    )
+}
+
 fn trimmed_lines(text: &str) -> Vec<&str> {
     let mut lines: Vec<&str> = text.split('\n').map(str::trim_end).collect();
     while lines.last().is_some_and(|l| l.is_empty()) {

@@ -757,9 +757,12 @@ fn judge(
         } else if let Some(expected) = &case.expected_stdout
             && plan.checker.is_none()
         {
-            diff = plan
-                .compare
-                .text(expected, &String::from_utf8_lossy(&out.stdout));
+            // Output that is not UTF-8 text matches no expected text: read
+            // lossily, its bytes would pass for U+FFFD.
+            diff = match std::str::from_utf8(&out.stdout) {
+                Ok(stdout) => plan.compare.text(expected, stdout),
+                Err(e) => Some(compare::not_utf8(&out.stdout, e.valid_up_to())),
+            };
         }
         if plan.checker.is_some() {
             diff = None; // the checker judges

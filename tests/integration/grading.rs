@@ -1062,3 +1062,26 @@ async fn float_zero_compares_numbers_by_value() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn output_that_is_not_utf8_never_matches() {
+    let server = TestServer::start().await;
+    let code = "import sys\nsys.stdout.buffer.write(b'ok\\n\\xff x\\n')";
+    for mode in ["exact", "trim", "tokens"] {
+        let result = grade(
+            &server,
+            json!({"code": code, "compare": mode,
+                   "tests": [{"expected_stdout": "ok\n\u{fffd} x\n"}]}),
+        )
+        .await;
+        assert_eq!(verdicts(&result), ["wrong_answer"], "{mode}: {result}");
+        assert_eq!(
+            result["cases"][0]["diff"],
+            "line 2, column 1: got the byte 0xff, which is not UTF-8 text",
+            "{mode}"
+        );
+        // What the client sees of stdout is still there, lossily decoded.
+        assert_eq!(result["cases"][0]["stdout"], "ok\n\u{fffd} x\n");
+    }
+    server.stop().await;
+}
