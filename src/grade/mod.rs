@@ -316,14 +316,16 @@ impl Executor {
             None => Compare::Exact,
             Some(text) => Compare::parse(text).map_err(ExecError::BadRequest)?,
         };
-        for name in req
+        let checker_entry = req.checker.as_ref().and_then(|c| c.entry.as_ref());
+        for (field, name) in req
             .entry
             .iter()
-            .chain(req.checker.as_ref().and_then(|c| c.entry.as_ref()))
+            .map(|e| ("entry", e))
+            .chain(checker_entry.map(|e| ("checker.entry", e)))
         {
             if !is_identifier(name) {
                 return Err(ExecError::BadRequest(format!(
-                    "entry {name:?} is not a Python function name"
+                    "{field} {name:?} is not a Python function name"
                 )));
             }
         }

@@ -432,6 +432,11 @@ async fn bad_grading_requests_are_refused_with_a_reason() {
             "not a Python function name",
         ),
         (
+            json!({"code": "1", "tests": [{}], "checker": {"code": "", "entry": "a b"}}),
+            400,
+            "checker.entry \"a b\" is not a Python function name",
+        ),
+        (
             json!({"code": "1", "tests": [{}, {"files": {"../x": "y"}}]}),
             400,
             "test 1",
