@@ -924,7 +924,7 @@ fn with_trailer(code: &str, trailer: &str) -> String {
 /// tracebacks show the user's own line numbers; with `entry`, it binds
 /// `candidate` and calls a `check` the tests define but never call. It
 /// returns the answer only at the end of the tests or at an
-/// `AssertionError` in them.
+/// `AssertionError` in them (not one the submission raised).
 fn tests_harness(entry: Option<&str>) -> String {
     let bind = match entry {
         Some(entry) => format!(
@@ -965,7 +965,12 @@ fn tests_harness(entry: Option<&str>) -> String {
             ns["check"](ns["candidate"])
         answer = {{"verdict": "ok"}}
     except AssertionError as exc:
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "{TESTS_FILE}"]
+        # The test code's failure, unless the submission raised it (its
+        # own frame the innermost of the two files'): that is its error.
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if f.filename in ("{TESTS_FILE}", "{SUBMISSION_FILE}")]
+        if frames and frames[-1].filename != "{TESTS_FILE}":
+            raise
         last = frames[-1] if frames else None
         answer = {{"verdict": "wrong_answer", "line": last and last.lineno,
                   "source": last and last.line, "message": str(exc)}}

@@ -545,7 +545,8 @@ async fn test_code_compiles_as_its_files_would() {
 #[tokio::test]
 async fn a_failing_test_codes_traceback_and_line_are_the_users_own() {
     let server = TestServer::start().await;
-    let code = "def inc(x):\n    return x + 1\n\ndef ratio(a, b):\n    return a / b\n";
+    let code = "def inc(x):\n    return x + 1\n\ndef ratio(a, b):\n    return a / b\n\n\
+                def positive(x):\n    assert x > 0, 'positive'\n    return x\n";
     let (status, body) = server
         .post(
             "/grade",
@@ -558,12 +559,16 @@ async fn a_failing_test_codes_traceback_and_line_are_the_users_own() {
                     {"name": "own", "test_code": "assert inc(1) == 2\ninc()\n"},
                     // A syntax error the worker could not compile ahead.
                     {"name": "syntax", "test_code": "x = 1\ny = (\n"},
+                    // An assertion of the submission's own is its error,
+                    // not the test code's failure.
+                    {"name": "assert", "test_code": "x = positive(-1)\n"},
                 ],
             }),
         )
         .await;
     assert_eq!(status, 200, "{body}");
     let cases = body["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 4, "{body}");
     let expected = [
         (
             "ZeroDivisionError",
@@ -572,6 +577,11 @@ async fn a_failing_test_codes_traceback_and_line_are_the_users_own() {
         ),
         ("TypeError", 2, &["__tests__.py\", line 2"][..]),
         ("SyntaxError", 2, &["__tests__.py\", line 2"][..]),
+        (
+            "AssertionError",
+            8,
+            &["__tests__.py\", line 1", "__submission__.py\", line 8"][..],
+        ),
     ];
     for (case, (kind, line, frames)) in cases.iter().zip(expected) {
         assert_eq!(case["verdict"], "runtime_error", "{case}");
