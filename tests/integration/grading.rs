@@ -625,6 +625,32 @@ async fn mcp_grade_code_returns_the_summary_and_structured_verdicts() {
     executor.shutdown().await;
 }
 
+#[tokio::test]
+async fn mcp_grade_code_gives_each_case_not_ok_one_line() {
+    let config = common::config();
+    let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+    let client = connect_in_process(executor.clone(), &config).await;
+    let args = json!({
+        "code": "raise ValueError('line one\\nline two')",
+        "tests": [{}, {"name": "a\nb"}],
+    });
+    let result = call(&client, "grade_code", args).await.unwrap();
+    // A line break in a message or a name is written as \n: one line each.
+    assert_eq!(
+        text(&result),
+        "passed 0/2 (runtime_error 2)\n\
+         test 0: runtime_error: ValueError: line one\\nline two\n\
+         test 1 (a\\nb): runtime_error: ValueError: line one\\nline two"
+    );
+    let structured = result.structured_content.expect("structuredContent");
+    assert_eq!(
+        structured["cases"][0]["message"],
+        "ValueError: line one\nline two"
+    );
+    let _ = client.cancel().await;
+    executor.shutdown().await;
+}
+
 /// `/grade` and `/execute` tell a limit from the same report: the same
 /// failure names the same limit in both.
 #[tokio::test]
