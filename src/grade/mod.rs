@@ -29,8 +29,13 @@ use crate::outcome::{Limit, Outcome};
 use crate::protocol::EntryCall;
 use crate::worker::RunOutput;
 
-/// Bytes of stdout and of stderr kept per case in a grading result.
+/// Bytes of stdout and of stderr kept per case in a grading result, and
+/// of its `diff` and `message`.
 pub(crate) const CASE_OUTPUT_BYTES: usize = 8 << 10;
+/// Characters of an assertion's or a checker's message a harness sends back:
+/// one more than a case keeps, so that the cut shows (see [`cut_message`]),
+/// and the answer stays far under the artifact cap that would drop it.
+const MESSAGE_CHARS: usize = CASE_OUTPUT_BYTES + 1;
 
 /// Names the grader reserves in a run directory of function or test-code
 /// mode, unused by either.
@@ -537,6 +542,12 @@ impl Executor {
                 format!("the server could not run this case: {}", error_chain(&err)),
             ),
         };
+        for text in [&mut result.diff, &mut result.message]
+            .into_iter()
+            .flatten()
+        {
+            cut_message(text);
+        }
         result.max_score = case.weight;
         result.score = match result.verdict {
             Verdict::Ok => case.weight,
@@ -973,7 +984,7 @@ fn tests_harness(entry: Option<&str>) -> String {
             raise
         last = frames[-1] if frames else None
         answer = {{"verdict": "wrong_answer", "line": last and last.lineno,
-                  "source": last and last.line, "message": str(exc)}}
+                  "source": last and last.line, "message": str(exc)[:{MESSAGE_CHARS}]}}
     return answer
 "#
     )
@@ -997,7 +1008,7 @@ def __grade_check(a):
     message = None
     if isinstance(value, (tuple, list)) and len(value) == 2:
         value, message = value
-        message = None if message is None else str(message)
+        message = None if message is None else str(message)[:{MESSAGE_CHARS}]
     if isinstance(value, bool):
         score = 1.0 if value else 0.0
     elif isinstance(value, (int, float)):
@@ -1083,6 +1094,19 @@ fn capped(bytes: &[u8]) -> (String, bool) {
         end -= 1;
     }
     (text[..end].to_string(), true)
+}
+
+/// Cut `text` (a case's `diff` or `message`) to [`CASE_OUTPUT_BYTES`], on a
+/// character boundary, `...` marking the cut.
+fn cut_message(text: &mut String) {
+    if text.len() > CASE_OUTPUT_BYTES {
+        let mut end = CASE_OUTPUT_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str("...");
+    }
 }
 
 /// `v` rounded to three decimals; past 1e305 (where `v * 1000` is no

@@ -608,3 +608,30 @@ async fn a_failing_test_codes_traceback_and_line_are_the_users_own() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_long_assertion_or_checker_message_is_cut_not_lost() {
+    let server = TestServer::start().await;
+    let checker = "def check(i, e, o):\n    return 0, 'm' * 30_000_000";
+    let bodies = [
+        // Messages over the server's artifact cap, and under it.
+        json!({"code": "x = 1", "tests": [
+            {"test_code": "assert x == 2, 'm' * 30_000_000"},
+            {"test_code": "assert x == 2, 'm' * 100_000"},
+        ]}),
+        json!({"code": "print(1)", "tests": [{}], "checker": {"code": checker}}),
+    ];
+    for body in bodies {
+        let (status, answer) = server.post("/grade", body).await;
+        assert_eq!(status, 200, "{answer}");
+        for case in answer["cases"].as_array().unwrap() {
+            let short: String = case.to_string().chars().take(600).collect();
+            assert_eq!(case["verdict"], "wrong_answer", "{short}");
+            let diff = case["diff"].as_str().unwrap();
+            // Cut at 8 KiB, the cut marked.
+            assert!(diff.ends_with("mmm..."), "{short}");
+            assert!(diff.len() <= (8 << 10) + 3, "{}", diff.len());
+        }
+    }
+    server.stop().await;
+}
