@@ -47,11 +47,12 @@ impl Compare {
         }
     }
 
-    /// Numeric tolerance this mode applies (0 outside `float`).
-    fn tolerance(self) -> f64 {
+    /// Numeric tolerance this mode applies: `None` outside `float`, where
+    /// numbers are text like any other (`float:0` compares them by value).
+    fn tolerance(self) -> Option<f64> {
         match self {
-            Compare::Float(tol) => tol,
-            _ => 0.0,
+            Compare::Float(tol) => Some(tol),
+            _ => None,
         }
     }
 
@@ -86,6 +87,24 @@ impl Compare {
     }
 }
 
+/// The diff of output that is not UTF-8 text, valid up to byte
+/// `valid_up_to`: where its first undecodable byte is.
+pub(crate) fn not_utf8(output: &[u8], valid_up_to: usize) -> String {
+    let before = std::str::from_utf8(&output[..valid_up_to]).unwrap_or_default();
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rsplit('\n')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .count()
+        + 1;
+    format!(
+        "line {line}, column {column}: got the byte {:#04x}, which is not UTF-8 text",
+        output[valid_up_to]
+    )
+}
+
 fn trimmed_lines(text: &str) -> Vec<&str> {
     let mut lines: Vec<&str> = text.split('\n').map(str::trim_end).collect();
     while lines.last().is_some_and(|l| l.is_empty()) {
@@ -102,17 +121,69 @@ fn excerpt(text: &str) -> String {
     format!("{cut:?}...")
 }
 
+/// Characters an excerpt shows after the first difference, at least.
+const AFTER_CHARS: usize = 20;
+/// Characters an excerpt shows before the first difference, when it does
+/// not start at the beginning.
+const BEFORE_CHARS: usize = 60;
+
+/// Excerpts of two texts that differ, each quoted by `quote`, and the
+/// character (from 0) where they first differ when an excerpt from their
+/// start would not show it: the excerpts then start a little before it,
+/// `...` marking each cut. `None` with the excerpts from the start.
+fn excerpts(
+    expected: &str,
+    got: &str,
+    quote: impl Fn(&str) -> String,
+) -> (String, String, Option<usize>) {
+    let at = expected
+        .chars()
+        .zip(got.chars())
+        .take_while(|(e, g)| e == g)
+        .count();
+    let far = at + AFTER_CHARS > EXCERPT_CHARS;
+    let start = if far {
+        at.saturating_sub(BEFORE_CHARS)
+    } else {
+        0
+    };
+    let side = |text: &str| {
+        let mut rest = text.chars().skip(start);
+        let cut: String = rest.by_ref().take(EXCERPT_CHARS).collect();
+        let lead = if start > 0 { "..." } else { "" };
+        let trail = if rest.next().is_some() { "..." } else { "" };
+        format!("{lead}{}{trail}", quote(&cut))
+    };
+    (side(expected), side(got), far.then_some(at))
+}
+
+/// Where a line or token first differs (`, column 301`) when its excerpts
+/// start past its beginning.
+fn at_char(word: &str, far: Option<usize>) -> String {
+    far.map(|at| format!(", {word} {}", at + 1))
+        .unwrap_or_default()
+}
+
+/// Excerpts of the line or token each side has at a difference (or "end
+/// of output"), and where in it they first differ (see [`excerpts`]).
+fn sides(expected: Option<&&str>, got: Option<&&str>) -> (String, String, Option<usize>) {
+    let debug = |text: &str| format!("{text:?}");
+    match (expected, got) {
+        (Some(e), Some(g)) => excerpts(e, g, debug),
+        (e, g) => {
+            let side = |text: Option<&&str>| text.map_or("end of output".into(), |t| excerpt(t));
+            (side(e), side(g), None)
+        }
+    }
+}
+
 fn line_diff(expected: &[&str], got: &[&str]) -> Option<String> {
     let first = (0..expected.len().max(got.len())).find(|&i| expected.get(i) != got.get(i))?;
-    let side = |lines: &[&str]| match lines.get(first) {
-        Some(line) => excerpt(line),
-        None => "end of output".into(),
-    };
+    let (e, g, far) = sides(expected.get(first), got.get(first));
     let mut summary = format!(
-        "line {}: expected {}, got {}",
+        "line {}{}: expected {e}, got {g}",
         first + 1,
-        side(expected),
-        side(got)
+        at_char("column", far)
     );
     if expected.len() != got.len() {
         summary.push_str(&format!(
@@ -143,36 +214,44 @@ fn numbers_match(a: f64, b: f64, tol: f64) -> bool {
     diff <= tol || diff <= tol * a.abs().max(b.abs())
 }
 
-fn tokens_match(expected: &str, got: &str, tol: f64) -> bool {
+fn tokens_match(expected: &str, got: &str, tol: Option<f64>) -> bool {
     if expected == got {
         return true;
     }
-    if tol == 0.0 {
+    let Some(tol) = tol else {
         return false;
-    }
+    };
     match (expected.parse::<f64>(), got.parse::<f64>()) {
+        // A number past the largest double reads as an infinity; only its
+        // text (unequal here) tells it from another, or from an infinity.
+        (Ok(a), Ok(b)) if overflowed(expected, a) || overflowed(got, b) => false,
         (Ok(a), Ok(b)) => numbers_match(a, b, tol),
         _ => false,
     }
 }
 
-fn token_diff(expected: &[&str], got: &[&str], tol: f64) -> Option<String> {
+/// `token`, read as `value`, is a finite number too large for a double
+/// (`1e400`), not a spelt infinity (`inf`, `-Infinity`).
+fn overflowed(token: &str, value: f64) -> bool {
+    let word = token.trim_start_matches(['+', '-']);
+    value.is_infinite()
+        && !word.eq_ignore_ascii_case("inf")
+        && !word.eq_ignore_ascii_case("infinity")
+}
+
+fn token_diff(expected: &[&str], got: &[&str], tol: Option<f64>) -> Option<String> {
     let first =
         (0..expected.len().max(got.len())).find(|&i| match (expected.get(i), got.get(i)) {
             (Some(e), Some(g)) => !tokens_match(e, g, tol),
             _ => true,
         })?;
-    let side = |tokens: &[&str]| match tokens.get(first) {
-        Some(token) => excerpt(token),
-        None => "end of output".into(),
-    };
+    let (e, g, far) = sides(expected.get(first), got.get(first));
     let mut summary = format!(
-        "token {}: expected {}, got {}",
+        "token {}{}: expected {e}, got {g}",
         first + 1,
-        side(expected),
-        side(got)
+        at_char("character", far)
     );
-    if tol > 0.0 {
+    if let Some(tol) = tol {
         summary.push_str(&format!(" (tolerance {tol:e})"));
     }
     if expected.len() != got.len() {
@@ -360,7 +439,7 @@ fn integer_text(number: &str) -> &str {
 /// and in every mode; an integer and a float in exact modes only when the
 /// float is that very integer (`1 == 1.0`, but `2**53 + 1 != 2.0**53`);
 /// otherwise as floats, within the tolerance.
-fn json_numbers_match(a: &str, b: &str, tol: f64) -> bool {
+fn json_numbers_match(a: &str, b: &str, tol: Option<f64>) -> bool {
     let float = |text: &str| text.parse::<f64>().unwrap_or(f64::NAN);
     let is_the_integer = |int: &str, float: f64| {
         float.is_finite()
@@ -369,8 +448,8 @@ fn json_numbers_match(a: &str, b: &str, tol: f64) -> bool {
     };
     match (is_integer(a), is_integer(b)) {
         (true, true) => integer_text(a) == integer_text(b),
-        (true, false) if tol == 0.0 => is_the_integer(a, float(b)),
-        (false, true) if tol == 0.0 => is_the_integer(b, float(a)),
+        (true, false) if tol.is_none() => is_the_integer(a, float(b)),
+        (false, true) if tol.is_none() => is_the_integer(b, float(a)),
         _ => {
             let (x, y) = (float(a), float(b));
             // JSON has no infinities: a number that reads as one overflowed
@@ -378,18 +457,32 @@ fn json_numbers_match(a: &str, b: &str, tol: f64) -> bool {
             if x.is_infinite() || y.is_infinite() {
                 return a == b;
             }
-            numbers_match(x, y, tol)
+            numbers_match(x, y, tol.unwrap_or(0.0))
         }
     }
 }
 
-fn json_diff(path: &str, expected: &Json, got: &Json, tol: f64) -> Option<String> {
+fn json_diff(path: &str, expected: &Json, got: &Json, tol: Option<f64>) -> Option<String> {
     let differ = || {
-        Some(format!(
-            "at {path}: expected {}, got {}",
-            expected.excerpt(EXCERPT_CHARS),
-            got.excerpt(EXCERPT_CHARS)
-        ))
+        // A long string or number is quoted around its first difference.
+        let far = match (expected, got) {
+            (Json::String(e), Json::String(g)) => Some(excerpts(e, g, quoted)),
+            (Json::Number(e), Json::Number(g)) => Some(excerpts(e, g, str::to_string)),
+            _ => None,
+        };
+        Some(match far {
+            Some((e, g, far @ Some(_))) => {
+                format!(
+                    "at {path}{}: expected {e}, got {g}",
+                    at_char("character", far)
+                )
+            }
+            _ => format!(
+                "at {path}: expected {}, got {}",
+                expected.excerpt(EXCERPT_CHARS),
+                got.excerpt(EXCERPT_CHARS)
+            ),
+        })
     };
     match (expected, got) {
         (Json::Number(a), Json::Number(b)) => {
@@ -441,15 +534,15 @@ mod tests {
 
     #[test]
     fn json_numbers_past_a_double_compare_as_written() {
-        assert!(json_numbers_match("1e400", "1e400", 1e-6));
-        assert!(!json_numbers_match("1e400", "1e401", 1e-6));
-        assert!(!json_numbers_match("-1e400", "1e400", 0.0));
+        assert!(json_numbers_match("1e400", "1e400", Some(1e-6)));
+        assert!(!json_numbers_match("1e400", "1e401", Some(1e-6)));
+        assert!(!json_numbers_match("-1e400", "1e400", None));
         assert!(!json_numbers_match(
             &format!("1{}", "0".repeat(400)),
             "1e401",
-            1e-6
+            Some(1e-6)
         ));
-        assert!(json_numbers_match("1.0000001", "1.0", 1e-6));
+        assert!(json_numbers_match("1.0000001", "1.0", Some(1e-6)));
     }
 
     #[test]
@@ -492,6 +585,40 @@ mod tests {
     }
 
     #[test]
+    fn a_far_difference_is_quoted_around_it() {
+        let (a, tail) = ("x".repeat(200), "x".repeat(60));
+        assert_eq!(
+            Compare::Exact
+                .text(&format!("{a}1{a}\n"), &format!("{a}2{a}\n"))
+                .unwrap(),
+            format!(
+                "line 1, column 201: expected ...\"{tail}1{}\"..., got ...\"{tail}2{}\"...",
+                &a[..59],
+                &a[..59]
+            )
+        );
+        // One side ending where the other goes on.
+        assert_eq!(
+            Compare::Tokens.text(&a, &format!("{a}y")).unwrap(),
+            format!("token 1, character 201: expected ...\"{tail}\", got ...\"{tail}y\"")
+        );
+        // Near the start, the excerpts start at the start.
+        let near = Compare::Trim
+            .text(&format!("{a}1"), &format!("2{a}"))
+            .unwrap();
+        assert!(near.starts_with("line 1: expected \"xxx"), "{near}");
+        let n = |d: char| format!("{}{d}", "9".repeat(150));
+        assert_eq!(
+            json(Compare::Exact, &n('1'), &n('2')).unwrap(),
+            format!(
+                "at $, character 151: expected ...{}1, got ...{}2",
+                &n('0')[..60],
+                &n('0')[..60]
+            )
+        );
+    }
+
+    #[test]
     fn floats_match_within_tolerance() {
         let float = Compare::Float(1e-6);
         assert_eq!(float.text("0.3333333", "0.33333331"), None);
@@ -499,6 +626,17 @@ mod tests {
         assert!(float.text("0.5", "0.5001").is_some());
         assert!(float.text("abc", "abd").is_some());
         assert!(Compare::Tokens.text("0.5", "0.50").is_some());
+        // float:0 compares numbers by value, exactly.
+        assert_eq!(Compare::Float(0.0).text("1 1000 0.5", "1.0 1e3 0.50"), None);
+        assert!(Compare::Float(0.0).text("1", "1.0000001").is_some());
+        assert_eq!(
+            json(
+                Compare::Float(0.0),
+                "9007199254740993",
+                "9007199254740992.0"
+            ),
+            None
+        );
     }
 
     /// The diff of two JSON texts under `mode`.
@@ -525,6 +663,11 @@ mod tests {
         }
         // Finite numbers at the edge of the range still compare relatively.
         assert_eq!(float.text("1.7e308", "1.7000001e308"), None);
+        // Past it, a number equals only itself as written.
+        assert_eq!(float.text("1e400 -1e999", "1e400 -1e999"), None);
+        for (expected, got) in [("1e400", "1e500"), ("inf", "1e400"), ("-1e400", "-inf")] {
+            assert!(float.text(expected, got).is_some(), "{expected} vs {got}");
+        }
     }
 
     #[test]

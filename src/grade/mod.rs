@@ -29,8 +29,13 @@ use crate::outcome::{Limit, Outcome};
 use crate::protocol::EntryCall;
 use crate::worker::RunOutput;
 
-/// Bytes of stdout and of stderr kept per case in a grading result.
+/// Bytes of stdout and of stderr kept per case in a grading result, and
+/// of its `diff` and `message`.
 pub(crate) const CASE_OUTPUT_BYTES: usize = 8 << 10;
+/// Characters of an assertion's or a checker's message a harness sends back:
+/// one more than a case keeps, so that the cut shows (see [`cut_message`]),
+/// and the answer stays far under the artifact cap that would drop it.
+const MESSAGE_CHARS: usize = CASE_OUTPUT_BYTES + 1;
 
 /// Names the grader reserves in a run directory of function or test-code
 /// mode, unused by either.
@@ -316,14 +321,16 @@ impl Executor {
             None => Compare::Exact,
             Some(text) => Compare::parse(text).map_err(ExecError::BadRequest)?,
         };
-        for name in req
+        let checker_entry = req.checker.as_ref().and_then(|c| c.entry.as_ref());
+        for (field, name) in req
             .entry
             .iter()
-            .chain(req.checker.as_ref().and_then(|c| c.entry.as_ref()))
+            .map(|e| ("entry", e))
+            .chain(checker_entry.map(|e| ("checker.entry", e)))
         {
             if !is_identifier(name) {
                 return Err(ExecError::BadRequest(format!(
-                    "entry {name:?} is not a Python function name"
+                    "{field} {name:?} is not a Python function name"
                 )));
             }
         }
@@ -535,6 +542,12 @@ impl Executor {
                 format!("the server could not run this case: {}", error_chain(&err)),
             ),
         };
+        for text in [&mut result.diff, &mut result.message]
+            .into_iter()
+            .flatten()
+        {
+            cut_message(text);
+        }
         result.max_score = case.weight;
         result.score = match result.verdict {
             Verdict::Ok => case.weight,
@@ -757,9 +770,12 @@ fn judge(
         } else if let Some(expected) = &case.expected_stdout
             && plan.checker.is_none()
         {
-            diff = plan
-                .compare
-                .text(expected, &String::from_utf8_lossy(&out.stdout));
+            // Output that is not UTF-8 text matches no expected text: read
+            // lossily, its bytes would pass for U+FFFD.
+            diff = match std::str::from_utf8(&out.stdout) {
+                Ok(stdout) => plan.compare.text(expected, stdout),
+                Err(e) => Some(compare::not_utf8(&out.stdout, e.valid_up_to())),
+            };
         }
         if plan.checker.is_some() {
             diff = None; // the checker judges
@@ -919,7 +935,7 @@ fn with_trailer(code: &str, trailer: &str) -> String {
 /// tracebacks show the user's own line numbers; with `entry`, it binds
 /// `candidate` and calls a `check` the tests define but never call. It
 /// returns the answer only at the end of the tests or at an
-/// `AssertionError` in them.
+/// `AssertionError` in them (not one the submission raised).
 fn tests_harness(entry: Option<&str>) -> String {
     let bind = match entry {
         Some(entry) => format!(
@@ -960,10 +976,15 @@ fn tests_harness(entry: Option<&str>) -> String {
             ns["check"](ns["candidate"])
         answer = {{"verdict": "ok"}}
     except AssertionError as exc:
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "{TESTS_FILE}"]
+        # The test code's failure, unless the submission raised it (its
+        # own frame the innermost of the two files'): that is its error.
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if f.filename in ("{TESTS_FILE}", "{SUBMISSION_FILE}")]
+        if frames and frames[-1].filename != "{TESTS_FILE}":
+            raise
         last = frames[-1] if frames else None
         answer = {{"verdict": "wrong_answer", "line": last and last.lineno,
-                  "source": last and last.line, "message": str(exc)}}
+                  "source": last and last.line, "message": str(exc)[:{MESSAGE_CHARS}]}}
     return answer
 "#
     )
@@ -987,7 +1008,7 @@ def __grade_check(a):
     message = None
     if isinstance(value, (tuple, list)) and len(value) == 2:
         value, message = value
-        message = None if message is None else str(message)
+        message = None if message is None else str(message)[:{MESSAGE_CHARS}]
     if isinstance(value, bool):
         score = 1.0 if value else 0.0
     elif isinstance(value, (int, float)):
@@ -1073,6 +1094,19 @@ fn capped(bytes: &[u8]) -> (String, bool) {
         end -= 1;
     }
     (text[..end].to_string(), true)
+}
+
+/// Cut `text` (a case's `diff` or `message`) to [`CASE_OUTPUT_BYTES`], on a
+/// character boundary, `...` marking the cut.
+fn cut_message(text: &mut String) {
+    if text.len() > CASE_OUTPUT_BYTES {
+        let mut end = CASE_OUTPUT_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str("...");
+    }
 }
 
 /// `v` rounded to three decimals; past 1e305 (where `v * 1000` is no

@@ -174,6 +174,12 @@ pub fn status_line(result: &ExecResult, timeout: f64) -> String {
 /// Failed cases listed one per line in the text of a grading result.
 const MAX_LISTED_CASES: usize = 20;
 
+/// `text` on one line of a grading result: its line breaks written as
+/// `\n` and `\r` (an exception's message or a case's name may hold them).
+fn one_line(text: &str) -> String {
+    text.replace('\r', "\\r").replace('\n', "\\n")
+}
+
 /// The tool result of a grading request: the summary and one line per case
 /// that is not `ok` as text, the whole [`GradeResult`] as
 /// `structuredContent`. Grading that ran is never `isError`, whatever the
@@ -189,13 +195,13 @@ pub fn grade_result(result: &GradeResult) -> CallToolResult {
         let name = case
             .name
             .as_ref()
-            .map(|n| format!(" ({n})"))
+            .map(|n| format!(" ({})", one_line(n)))
             .unwrap_or_default();
         let detail = case
             .diff
             .as_ref()
             .or(case.message.as_ref())
-            .map(|d| format!(": {d}"))
+            .map(|d| format!(": {}", one_line(d)))
             .unwrap_or_default();
         text.push_str(&format!(
             "\ntest {}{name}: {}{detail}",

@@ -432,6 +432,11 @@ async fn bad_grading_requests_are_refused_with_a_reason() {
             "not a Python function name",
         ),
         (
+            json!({"code": "1", "tests": [{}], "checker": {"code": "", "entry": "a b"}}),
+            400,
+            "checker.entry \"a b\" is not a Python function name",
+        ),
+        (
             json!({"code": "1", "tests": [{}, {"files": {"../x": "y"}}]}),
             400,
             "test 1",
@@ -620,6 +625,32 @@ async fn mcp_grade_code_returns_the_summary_and_structured_verdicts() {
     executor.shutdown().await;
 }
 
+#[tokio::test]
+async fn mcp_grade_code_gives_each_case_not_ok_one_line() {
+    let config = common::config();
+    let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+    let client = connect_in_process(executor.clone(), &config).await;
+    let args = json!({
+        "code": "raise ValueError('line one\\nline two')",
+        "tests": [{}, {"name": "a\nb"}],
+    });
+    let result = call(&client, "grade_code", args).await.unwrap();
+    // A line break in a message or a name is written as \n: one line each.
+    assert_eq!(
+        text(&result),
+        "passed 0/2 (runtime_error 2)\n\
+         test 0: runtime_error: ValueError: line one\\nline two\n\
+         test 1 (a\\nb): runtime_error: ValueError: line one\\nline two"
+    );
+    let structured = result.structured_content.expect("structuredContent");
+    assert_eq!(
+        structured["cases"][0]["message"],
+        "ValueError: line one\nline two"
+    );
+    let _ = client.cancel().await;
+    executor.shutdown().await;
+}
+
 /// `/grade` and `/execute` tell a limit from the same report: the same
 /// failure names the same limit in both.
 #[tokio::test]
@@ -777,11 +808,17 @@ async fn float_compare_holds_infinities_and_nan_to_themselves() {
             case("-inf", "-Infinity"),
             case("nan", "NaN"),
             case("1.0000000001e308", "1e308"),
+            // Past the largest double a number is no infinity: its text
+            // tells it from another.
+            case("1e500", "1e400"),
+            case("-1e400", "-inf"),
+            case("1e400", "1e400"),
         ]}),
     )
     .await;
     let mut expected = vec!["wrong_answer"; 6];
     expected.extend(["ok"; 4]);
+    expected.extend(["wrong_answer", "wrong_answer", "ok"]);
     assert_eq!(verdicts(&result), expected, "{result}");
     assert_eq!(
         result["cases"][0]["diff"],
@@ -982,4 +1019,100 @@ async fn mcp_tools_refuse_an_array_in_place_of_a_nested_object() {
         message.contains("network must be a JSON object ({...}), not an array"),
         "{message}"
     );
+}
+
+#[tokio::test]
+async fn a_diff_of_long_lines_shows_where_they_differ() {
+    let server = TestServer::start().await;
+    let a = "a".repeat(300);
+    let tail = "a".repeat(60);
+    // A line, a token and a returned string that first differ at their
+    // 301st character: the diff quotes that part of each, and says where.
+    let lines = grade(
+        &server,
+        json!({"code": format!("print('{a}b')"), "tests": [{"expected_stdout": format!("{a}c\n")}]}),
+    )
+    .await;
+    assert_eq!(
+        lines["cases"][0]["diff"],
+        format!("line 1, column 301: expected ...\"{tail}c\", got ...\"{tail}b\""),
+        "{lines}"
+    );
+    let digits = grade(
+        &server,
+        json!({"code": "print(2**1000 + 1)", "compare": "tokens",
+               "tests": [{"expected_stdout": format!("{}\n", crate::grading_code::num_pow_2(1000))}]}),
+    )
+    .await;
+    let diff = digits["cases"][0]["diff"].as_str().unwrap();
+    assert!(
+        diff.starts_with("token 1, character 302: expected ..."),
+        "{diff}"
+    );
+    assert!(
+        diff.contains("205668069376\", got ...") && diff.ends_with("205668069377\""),
+        "{diff}"
+    );
+    let value = grade(
+        &server,
+        json!({"code": format!("def f():\n    return ['{a}b']"), "entry": "f",
+               "tests": [{"expected": [format!("{a}c")]}]}),
+    )
+    .await;
+    assert_eq!(
+        value["cases"][0]["diff"],
+        format!("at $[0], character 301: expected ...\"{tail}c\", got ...\"{tail}b\""),
+        "{value}"
+    );
+    // A difference near the start is quoted from the start, as before.
+    let short = grade(
+        &server,
+        json!({"code": format!("print('b{a}')"), "tests": [{"expected_stdout": format!("c{a}\n")}]}),
+    )
+    .await;
+    let diff = short["cases"][0]["diff"].as_str().unwrap();
+    assert!(diff.starts_with("line 1: expected \"caaa"), "{diff}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn float_zero_compares_numbers_by_value() {
+    let server = TestServer::start().await;
+    let result = grade(
+        &server,
+        json!({"code": "print(input())", "compare": "float:0", "tests": [
+            {"stdin": "1.0 1e3 2.50", "expected_stdout": "1 1000 2.5"},
+            {"stdin": "1.5", "expected_stdout": "1"},
+        ]}),
+    )
+    .await;
+    assert_eq!(verdicts(&result), ["ok", "wrong_answer"], "{result}");
+    assert_eq!(
+        result["cases"][1]["diff"],
+        "token 1: expected \"1\", got \"1.5\" (tolerance 0e0)"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn output_that_is_not_utf8_never_matches() {
+    let server = TestServer::start().await;
+    let code = "import sys\nsys.stdout.buffer.write(b'ok\\n\\xff x\\n')";
+    for mode in ["exact", "trim", "tokens"] {
+        let result = grade(
+            &server,
+            json!({"code": code, "compare": mode,
+                   "tests": [{"expected_stdout": "ok\n\u{fffd} x\n"}]}),
+        )
+        .await;
+        assert_eq!(verdicts(&result), ["wrong_answer"], "{mode}: {result}");
+        assert_eq!(
+            result["cases"][0]["diff"],
+            "line 2, column 1: got the byte 0xff, which is not UTF-8 text",
+            "{mode}"
+        );
+        // What the client sees of stdout is still there, lossily decoded.
+        assert_eq!(result["cases"][0]["stdout"], "ok\n\u{fffd} x\n");
+    }
+    server.stop().await;
 }

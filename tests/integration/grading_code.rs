@@ -391,7 +391,7 @@ async fn big_integers_grade_exactly_and_execute_keeps_the_default() {
 }
 
 /// 2**n in decimal, computed here without Python.
-fn num_pow_2(n: u32) -> String {
+pub(crate) fn num_pow_2(n: u32) -> String {
     let mut digits: Vec<u32> = vec![1]; // little-endian base 10^9
     for _ in 0..n {
         let mut carry = 0;
@@ -545,7 +545,8 @@ async fn test_code_compiles_as_its_files_would() {
 #[tokio::test]
 async fn a_failing_test_codes_traceback_and_line_are_the_users_own() {
     let server = TestServer::start().await;
-    let code = "def inc(x):\n    return x + 1\n\ndef ratio(a, b):\n    return a / b\n";
+    let code = "def inc(x):\n    return x + 1\n\ndef ratio(a, b):\n    return a / b\n\n\
+                def positive(x):\n    assert x > 0, 'positive'\n    return x\n";
     let (status, body) = server
         .post(
             "/grade",
@@ -558,12 +559,16 @@ async fn a_failing_test_codes_traceback_and_line_are_the_users_own() {
                     {"name": "own", "test_code": "assert inc(1) == 2\ninc()\n"},
                     // A syntax error the worker could not compile ahead.
                     {"name": "syntax", "test_code": "x = 1\ny = (\n"},
+                    // An assertion of the submission's own is its error,
+                    // not the test code's failure.
+                    {"name": "assert", "test_code": "x = positive(-1)\n"},
                 ],
             }),
         )
         .await;
     assert_eq!(status, 200, "{body}");
     let cases = body["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 4, "{body}");
     let expected = [
         (
             "ZeroDivisionError",
@@ -572,6 +577,11 @@ async fn a_failing_test_codes_traceback_and_line_are_the_users_own() {
         ),
         ("TypeError", 2, &["__tests__.py\", line 2"][..]),
         ("SyntaxError", 2, &["__tests__.py\", line 2"][..]),
+        (
+            "AssertionError",
+            8,
+            &["__tests__.py\", line 1", "__submission__.py\", line 8"][..],
+        ),
     ];
     for (case, (kind, line, frames)) in cases.iter().zip(expected) {
         assert_eq!(case["verdict"], "runtime_error", "{case}");
@@ -596,5 +606,32 @@ async fn a_failing_test_codes_traceback_and_line_are_the_users_own() {
             .starts_with("Traceback (most recent call last):\n  File \"__tests__.py\", line 3"),
         "{traceback}"
     );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_long_assertion_or_checker_message_is_cut_not_lost() {
+    let server = TestServer::start().await;
+    let checker = "def check(i, e, o):\n    return 0, 'm' * 30_000_000";
+    let bodies = [
+        // Messages over the server's artifact cap, and under it.
+        json!({"code": "x = 1", "tests": [
+            {"test_code": "assert x == 2, 'm' * 30_000_000"},
+            {"test_code": "assert x == 2, 'm' * 100_000"},
+        ]}),
+        json!({"code": "print(1)", "tests": [{}], "checker": {"code": checker}}),
+    ];
+    for body in bodies {
+        let (status, answer) = server.post("/grade", body).await;
+        assert_eq!(status, 200, "{answer}");
+        for case in answer["cases"].as_array().unwrap() {
+            let short: String = case.to_string().chars().take(600).collect();
+            assert_eq!(case["verdict"], "wrong_answer", "{short}");
+            let diff = case["diff"].as_str().unwrap();
+            // Cut at 8 KiB, the cut marked.
+            assert!(diff.ends_with("mmm..."), "{short}");
+            assert!(diff.len() <= (8 << 10) + 3, "{}", diff.len());
+        }
+    }
     server.stop().await;
 }
