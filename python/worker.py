@@ -1636,6 +1636,14 @@ def call_entry(ns, call):
         value = fn(**args)
     else:
         value = fn(args)
+    if hasattr(value, "cr_frame") and hasattr(value, "close"):
+        # An `async def` entry: closed, its coroutine that never ran does
+        # not warn of it (from here) when it is freed.
+        value.close()
+        raise TypeError(
+            "%s() is an async def function: grading calls it and does not"
+            " await the coroutine it returns" % entry
+        )
     try:
         return json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:

@@ -792,6 +792,36 @@ async fn function_mode_says_why_no_value_came_back() {
 }
 
 #[tokio::test]
+async fn function_mode_names_an_async_entry() {
+    let server = TestServer::start().await;
+    let result = grade(
+        &server,
+        json!({"code": "async def f(x):\n    return x\n", "entry": "f",
+               "tests": [{"input": 1, "expected": 1}]}),
+    )
+    .await;
+    let case = &result["cases"][0];
+    assert_eq!(case["verdict"], "runtime_error", "{result}");
+    assert_eq!(case["error"]["type"], "TypeError", "{result}");
+    assert_eq!(
+        case["error"]["message"],
+        "f() is an async def function: grading calls it and does not await the coroutine it returns",
+        "{result}"
+    );
+    // Its coroutine is closed, not left to warn from the grader's code:
+    // stderr is the error alone.
+    assert_eq!(
+        case["stderr"],
+        format!(
+            "TypeError: {}\n",
+            case["error"]["message"].as_str().unwrap()
+        ),
+        "{result}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn float_compare_holds_infinities_and_nan_to_themselves() {
     let server = TestServer::start().await;
     let case = |stdin: &str, expected: &str| json!({"stdin": stdin, "expected_stdout": expected});
