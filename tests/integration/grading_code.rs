@@ -268,6 +268,10 @@ print("9 9 9")
             case["message"].as_str().unwrap().contains("checker"),
             "{body}"
         );
+        // The submission ran: its metrics are its run's, as documented.
+        assert_eq!(case["exit_code"], 0, "{body}");
+        assert_eq!(case["stdout"], "1 2\n", "{body}");
+        assert!(case["wall_ms"].as_f64().is_some(), "{body}");
     }
     server.stop().await;
 }
