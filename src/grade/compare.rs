@@ -225,9 +225,34 @@ fn tokens_match(expected: &str, got: &str, tol: Option<f64>) -> bool {
         // A number past the largest double reads as an infinity; only its
         // text (unequal here) tells it from another, or from an infinity.
         (Ok(a), Ok(b)) if overflowed(expected, a) || overflowed(got, b) => false,
+        // By value means exactly at a tolerance of 0: an integer is not the
+        // double nearest it (`2**53 + 1` is no double).
+        (Ok(_), Ok(_))
+            if tol == 0.0
+                && (decimal_integer(expected).is_some() || decimal_integer(got).is_some()) =>
+        {
+            let json = |token: &str| decimal_integer(token).unwrap_or_else(|| token.to_string());
+            json_numbers_match(&json(expected), &json(got), Some(0.0))
+        }
         (Ok(a), Ok(b)) => numbers_match(a, b, tol),
         _ => false,
     }
+}
+
+/// A token that is a decimal integer (`-12`, `+007`), as JSON writes it
+/// (`-12`, `7`).
+fn decimal_integer(token: &str) -> Option<String> {
+    let (sign, digits) = match token.strip_prefix('-') {
+        Some(digits) => ("-", digits),
+        None => ("", token.strip_prefix('+').unwrap_or(token)),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(match digits.trim_start_matches('0') {
+        "" => "0".to_string(),
+        digits => format!("{sign}{digits}"),
+    })
 }
 
 /// `token`, read as `value`, is a finite number too large for a double
@@ -436,10 +461,11 @@ fn integer_text(number: &str) -> &str {
 }
 
 /// Two JSON numbers are equal: two integers exactly, whatever their size
-/// and in every mode; an integer and a float in exact modes only when the
-/// float is that very integer (`1 == 1.0`, but `2**53 + 1 != 2.0**53`);
-/// otherwise as floats, within the tolerance.
+/// and in every mode; an integer and a float in exact modes and at a
+/// tolerance of 0 only when the float is that very integer (`1 == 1.0`, but
+/// `2**53 + 1 != 2.0**53`); otherwise as floats, within the tolerance.
 fn json_numbers_match(a: &str, b: &str, tol: Option<f64>) -> bool {
+    let exact = tol.is_none_or(|tol| tol == 0.0);
     let float = |text: &str| text.parse::<f64>().unwrap_or(f64::NAN);
     let is_the_integer = |int: &str, float: f64| {
         float.is_finite()
@@ -448,8 +474,8 @@ fn json_numbers_match(a: &str, b: &str, tol: Option<f64>) -> bool {
     };
     match (is_integer(a), is_integer(b)) {
         (true, true) => integer_text(a) == integer_text(b),
-        (true, false) if tol.is_none() => is_the_integer(a, float(b)),
-        (false, true) if tol.is_none() => is_the_integer(b, float(a)),
+        (true, false) if exact => is_the_integer(a, float(b)),
+        (false, true) if exact => is_the_integer(b, float(a)),
         _ => {
             let (x, y) = (float(a), float(b));
             // JSON has no infinities: a number that reads as one overflowed
@@ -629,10 +655,18 @@ mod tests {
         // float:0 compares numbers by value, exactly.
         assert_eq!(Compare::Float(0.0).text("1 1000 0.5", "1.0 1e3 0.50"), None);
         assert!(Compare::Float(0.0).text("1", "1.0000001").is_some());
+        assert_eq!(Compare::Float(0.0).text("+007 -0 5", "7 0 5.0"), None);
+        for (a, b) in [
+            ("9007199254740993", "9007199254740992.0"),
+            ("9007199254740993", "9007199254740992"),
+        ] {
+            assert!(json(Compare::Float(0.0), a, b).is_some(), "{a} {b}");
+            assert!(Compare::Float(0.0).text(a, b).is_some(), "{a} {b}");
+        }
         assert_eq!(
             json(
                 Compare::Float(0.0),
-                "9007199254740993",
+                "9007199254740992",
                 "9007199254740992.0"
             ),
             None
