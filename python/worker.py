@@ -1636,7 +1636,7 @@ def call_entry(ns, call):
         value = fn(**args)
     else:
         value = fn(args)
-    if hasattr(value, "cr_frame") and hasattr(value, "close"):
+    if isinstance(value, types.CoroutineType):
         # An `async def` entry: closed, its coroutine that never ran does
         # not warn of it (from here) when it is freed.
         value.close()
