@@ -502,8 +502,12 @@ impl Executor {
         let entry = self.available_entry(req.env.as_deref())?;
         let conda = self.envs.conda();
         let tool = Installer::choose(req.manager, self.uv.as_deref(), conda.as_deref())?;
+        let lock = entry.install_lock.clone();
+        let serialized = lock.lock().await;
+        // An install waited for may have had the environment read again:
+        // this one runs with, and answers for, the entry serving it now.
+        let entry = self.envs.by_id(entry.id).unwrap_or(entry);
         let commands = self.commands(&entry);
-        let serialized = entry.install_lock.lock().await;
         let requirements = match &req.requirements {
             Some(text) => {
                 let mut file = tempfile::Builder::new()

@@ -621,7 +621,17 @@ async fn conda_install_is_read_at_once_and_restarts_the_workers_once() {
     // activation included, without waiting for a rescan.
     let body = run_in(&server, "ml", SHOW_ACTIVATOR).await;
     assert_eq!(body["stdout"], "installed\n");
-    let workers = common::worker_pids(&server);
+    // The old pool's worker, closed as the install answered, may still be
+    // ending: the workers are the two pools' one each once it is gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let workers = loop {
+        let workers = common::worker_pids(&server);
+        if workers.len() == 2 || Instant::now() > deadline {
+            break workers;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(workers.len(), 2, "{workers:?}");
     // Several rescans later, nothing read the environment again: the same
     // workers serve it, with the hash the install answered.
     tokio::time::sleep(Duration::from_secs(2)).await;
