@@ -294,7 +294,8 @@ pub struct Config {
     pub request_limits: RequestLimits,
     /// Session lifetimes and caps.
     pub sessions: SessionConfig,
-    /// Every MCP connection gets one implicit session, closed with it.
+    /// Every MCP connection gets implicit sessions, one per environment its
+    /// calls name, closed with it.
     pub mcp_implicit_session: bool,
     /// Bounds on HTTP connections, so that slow or silent clients hold
     /// nothing for long.

@@ -307,8 +307,8 @@ pub struct Options {
     /// session of its environment (0: it is ended at once).
     #[arg(long, env = "CODE_EXECUTOR_SESSION_KEEP_WORKER_SECS")]
     pub session_keep_worker_secs: Option<Seconds>,
-    /// Give every MCP connection one implicit session: `execute_code`
-    /// without `session` runs in it.
+    /// Give every MCP connection implicit sessions, one per environment:
+    /// `execute_code` without `session` runs in its environment's.
     #[arg(
         long,
         env = "CODE_EXECUTOR_MCP_IMPLICIT_SESSION",
