@@ -151,6 +151,14 @@ async fn implicit_sessions_are_one_per_environment_a_connection_names() {
     assert!(!failed && out.starts_with("a\n"), "{out}");
     let (failed, out) = run(&client, json!({"code": "print(who)", "env": "b"})).await;
     assert!(!failed && out.starts_with("b\n"), "{out}");
+    // Named by its prefix, an environment is the same one: its session.
+    let prefix = fixture.root.join("envs/a");
+    let (failed, out) = run(
+        &client,
+        json!({"code": "print(who)", "env": prefix.to_str().unwrap()}),
+    )
+    .await;
+    assert!(!failed && out.starts_with("a\n"), "{out}");
     let envs: Vec<String> = executor
         .list_sessions()
         .into_iter()
