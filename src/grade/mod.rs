@@ -1089,22 +1089,17 @@ fn capped(bytes: &[u8]) -> (String, bool) {
     if text.len() <= CASE_OUTPUT_BYTES {
         return (text.into_owned(), false);
     }
-    let mut end = CASE_OUTPUT_BYTES;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    (text[..end].to_string(), true)
+    (
+        text[..text.floor_char_boundary(CASE_OUTPUT_BYTES)].to_string(),
+        true,
+    )
 }
 
 /// Cut `text` (a case's `diff` or `message`) to [`CASE_OUTPUT_BYTES`], on a
 /// character boundary, `...` marking the cut.
 fn cut_message(text: &mut String) {
     if text.len() > CASE_OUTPUT_BYTES {
-        let mut end = CASE_OUTPUT_BYTES;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
+        text.truncate(text.floor_char_boundary(CASE_OUTPUT_BYTES));
         text.push_str("...");
     }
 }
