@@ -1531,12 +1531,29 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000, compile
         atexit._run_exitfuncs()
     except BaseException:
         pass
+    clear_main(ns)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except BaseException:
             pass
     return outcome
+
+
+def clear_main(ns):
+    """Clear ``__main__`` as the interpreter does as it exits, before the
+    child's ``os._exit`` skips the rest: the objects only the run's code held
+    are freed, so a file it left open is flushed and closed (its buffered
+    writes are not lost) and a ``__del__`` runs, as after ``python script.py``.
+    CPython's order: names with one leading underscore first, then all but
+    ``__builtins__``, each set to None."""
+    try:
+        for name in [n for n in ns if type(n) is str and n[:1] == "_" and n[1:2] != "_"]:
+            ns[name] = None
+        for name in [n for n in ns if n != "__builtins__"]:
+            ns[name] = None
+    except BaseException:  # a __del__'s own failure is reported as it runs
+        pass
 
 
 # The linecache entry of the code run last, while linecache is not imported

@@ -184,6 +184,61 @@ async fn a_run_ends_as_the_interpreter_does_threads_joined_then_atexit() {
 }
 
 #[tokio::test]
+async fn what_the_code_left_in_main_is_freed_as_the_interpreter_exits() {
+    let server = TestServer::start().await;
+    // A file left open keeps its buffered writes (here all of them: 5,000
+    // characters fit its buffer) until it is closed: `python script.py`
+    // closes it as it exits, and so does a run. So does a file an object
+    // holds, and a `__del__` runs, after atexit handlers, before the run's
+    // output is read.
+    let body = server
+        .run(
+            "import atexit\n\
+             atexit.register(print, 'atexit')\n\
+             class Log:\n    def __init__(self):\n        self.f = open('log.txt', 'w')\n\
+             \x20   def __del__(self):\n        print('closing', flush=True)\n\
+             f = open('out.txt', 'w')\n\
+             f.write('x' * 5000)\n\
+             log = Log()\n\
+             log.f.write('entry')\n\
+             print('done')",
+        )
+        .await;
+    assert_eq!(body["exit_code"], 0, "{body}");
+    assert_eq!(body["stdout"], "done\natexit\nclosing\n", "{body}");
+    let size = |path: &str| {
+        body["artifacts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["path"] == path)
+            .unwrap_or_else(|| panic!("no artifact {path}: {body}"))["size"]
+            .as_u64()
+    };
+    assert_eq!(size("out.txt"), Some(5000), "{body}");
+    assert_eq!(size("log.txt"), Some(5), "{body}");
+
+    // A `__del__` that fails is reported as the interpreter reports it, and
+    // the run's exit status is still its code's.
+    let body = server
+        .run("class A:\n    def __del__(self):\n        1/0\na = A()\nprint('ran')")
+        .await;
+    assert_eq!(body["exit_code"], 0, "{body}");
+    assert_eq!(body["stdout"], "ran\n", "{body}");
+    assert_eq!(body["error"], serde_json::Value::Null, "{body}");
+    let stderr = body["stderr"].as_str().unwrap();
+    assert!(
+        stderr.starts_with("Exception ignored in: <function A.__del__"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.ends_with("ZeroDivisionError: division by zero\n"),
+        "{stderr}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn output_is_captured_at_the_file_descriptor_level() {
     let server = TestServer::start().await;
     let code = r#"
