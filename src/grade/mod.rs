@@ -630,7 +630,9 @@ impl Executor {
             result.message = message;
         } else {
             result.verdict = Verdict::WrongAnswer;
-            result.diff = Some(message.unwrap_or_else(|| format!("the checker scored it {score}")));
+            result.diff = Some(message.unwrap_or_else(|| {
+                format!("the checker scored it {}", crate::limits::readable(score))
+            }));
         }
     }
 }
@@ -870,7 +872,10 @@ fn limit_verdict(
         Some(Limit::Timeout) => {
             return Some((
                 Verdict::Timeout,
-                format!("killed after the timeout of {timeout} s"),
+                format!(
+                    "killed after the timeout of {} s",
+                    crate::limits::readable(timeout)
+                ),
             ));
         }
         Some(Limit::Cpu) => {

@@ -164,6 +164,50 @@ async fn hangs_time_out_alone_and_in_parallel() {
     server.stop().await;
 }
 
+/// Seconds and scores in messages read as written, not as a row of 300 zeros.
+#[tokio::test]
+async fn numbers_in_messages_are_written_as_a_person_reads_them() {
+    let server = TestServer::start().await;
+    let hang = "while True: pass\n";
+    for (timeout, written) in [(json!(1e-300), "1e-300"), (json!(0.25), "0.25")] {
+        let result = grade(
+            &server,
+            json!({"code": hang, "timeout": timeout, "tests": [{"expected_stdout": ""}]}),
+        )
+        .await;
+        assert_eq!(
+            result["cases"][0]["message"],
+            format!("killed after the timeout of {written} s"),
+            "{result}"
+        );
+    }
+    let checker = "def check(input, expected, output):\n    return float(expected)\n";
+    let result = grade(
+        &server,
+        json!({"code": "pass", "checker": {"code": checker}, "tests": [{"expected_stdout": "1e-300"}]}),
+    )
+    .await;
+    assert_eq!(
+        result["cases"][0]["diff"], "the checker scored it 1e-300",
+        "{result}"
+    );
+    let (status, body) = server
+        .post("/execute", json!({"code": "pass", "timeout": -1e-300}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        body["error"]["message"],
+        "timeout must be a positive number of seconds, got -1e-300"
+    );
+    let (status, body) = server.post("/sessions", json!({"ttl": -1e-300})).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        body["error"]["message"],
+        "ttl must be a positive number of seconds, got -1e-300"
+    );
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_memory_hog_hits_memory_limit() {
     let server = TestServer::start().await;
