@@ -276,8 +276,9 @@ fn token_diff(expected: &[&str], got: &[&str], tol: Option<f64>) -> Option<Strin
         first + 1,
         at_char("character", far)
     );
-    if let Some(tol) = tol {
-        summary.push_str(&format!(" (tolerance {tol:e})"));
+    // At a tolerance of 0 numbers must be equal, which says itself.
+    if let Some(tol) = tol.filter(|&tol| tol > 0.0) {
+        summary.push_str(&format!(" (tolerance {})", crate::limits::readable(tol)));
     }
     if expected.len() != got.len() {
         summary.push_str(&format!(
@@ -671,6 +672,20 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn a_diff_names_a_tolerance_as_written_and_none_of_0() {
+        for (tol, said) in [
+            (1e-6, " (tolerance 1e-6)"),
+            (0.5, " (tolerance 0.5)"),
+            (0.0, ""),
+        ] {
+            assert_eq!(
+                Compare::Float(tol).text("2", "30").unwrap(),
+                format!("token 1: expected \"2\", got \"30\"{said}")
+            );
+        }
     }
 
     /// The diff of two JSON texts under `mode`.

@@ -1161,9 +1161,19 @@ async fn float_zero_compares_numbers_by_value() {
     )
     .await;
     assert_eq!(verdicts(&result), ["ok", "wrong_answer"], "{result}");
+    // At a tolerance of 0 the diff names none; another, as a person writes it.
     assert_eq!(
         result["cases"][1]["diff"],
-        "token 1: expected \"1\", got \"1.5\" (tolerance 0e0)"
+        "token 1: expected \"1\", got \"1.5\""
+    );
+    let result = grade(
+        &server,
+        json!({"code": "print(1.5)", "compare": "float:0.25", "tests": [{"expected_stdout": "1"}]}),
+    )
+    .await;
+    assert_eq!(
+        result["cases"][0]["diff"],
+        "token 1: expected \"1\", got \"1.5\" (tolerance 0.25)"
     );
     server.stop().await;
 }
