@@ -1178,6 +1178,31 @@ async fn float_zero_compares_numbers_by_value() {
     server.stop().await;
 }
 
+/// A submission that printed nothing is said to have printed nothing, in
+/// every comparison mode.
+#[tokio::test]
+async fn a_diff_of_no_output_says_so() {
+    let server = TestServer::start().await;
+    for (mode, unit) in [
+        ("exact", "line"),
+        ("trim", "line"),
+        ("tokens", "token"),
+        ("float", "token"),
+    ] {
+        let result = grade(
+            &server,
+            json!({"code": "pass", "compare": mode, "tests": [{"expected_stdout": "42\n"}]}),
+        )
+        .await;
+        assert_eq!(
+            result["cases"][0]["diff"],
+            format!("{unit} 1: expected \"42\", got no output"),
+            "{mode}: {result}"
+        );
+    }
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn output_that_is_not_utf8_never_matches() {
     let server = TestServer::start().await;
