@@ -613,7 +613,7 @@ impl Executor {
             return failed(result, "it timed out".into());
         }
         if let Some(e) = &out.error {
-            return failed(result, format!("{}: {}", e.kind, e.message));
+            return failed(result, exception_line(&e.kind, &e.message));
         }
         if out.exit_code != 0 {
             return failed(result, format!("it exited with {}", out.exit_code));
@@ -819,6 +819,16 @@ fn judge(
     }
 }
 
+/// An exception as the last line of Python's traceback names it:
+/// `ValueError: bad`, or `ValueError` alone when its message is empty.
+fn exception_line(kind: &str, message: &str) -> String {
+    if message.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind}: {message}")
+    }
+}
+
 /// Test-code mode, for a run that ended cleanly: the harness's answer (what
 /// its function returned) says whether the test code finished (`ok`) or
 /// failed an assertion (`wrong_answer`, with its line); without it the
@@ -902,7 +912,7 @@ fn limit_verdict(
         return None;
     }
     let message = match (&out.error, &out.signal) {
-        (Some(e), _) => format!("{}: {}", e.kind, e.message),
+        (Some(e), _) => exception_line(&e.kind, &e.message),
         (None, Some(sig)) => format!("killed by {sig}"),
         (None, None) => format!("exit code {}", out.exit_code),
     };

@@ -695,6 +695,31 @@ async fn mcp_grade_code_gives_each_case_not_ok_one_line() {
     executor.shutdown().await;
 }
 
+/// An exception with an empty message is named as Python's traceback
+/// names it, with no colon after it, over HTTP and in MCP's text.
+#[tokio::test]
+async fn an_exception_without_a_message_is_named_alone() {
+    let config = common::config();
+    let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+    let client = connect_in_process(executor.clone(), &config).await;
+    let args = json!({
+        "code": "n = int(input())\nraise ValueError() if n else KeyError('k')",
+        "tests": [{"stdin": "1"}, {"stdin": "0"}],
+    });
+    let result = call(&client, "grade_code", args).await.unwrap();
+    assert_eq!(
+        text(&result),
+        "passed 0/2 (runtime_error 2)\n\
+         test 0: runtime_error: ValueError\n\
+         test 1: runtime_error: KeyError: 'k'"
+    );
+    let structured = result.structured_content.expect("structuredContent");
+    assert_eq!(structured["cases"][0]["message"], "ValueError");
+    assert_eq!(structured["cases"][0]["error"]["message"], "");
+    let _ = client.cancel().await;
+    executor.shutdown().await;
+}
+
 /// `/grade` and `/execute` tell a limit from the same report: the same
 /// failure names the same limit in both.
 #[tokio::test]
