@@ -146,11 +146,9 @@ impl Executor {
         let mut width = 1;
         let mut submissions = Vec::with_capacity(req.submissions.len());
         for (i, sub) in req.submissions.into_iter().enumerate() {
-            width = width.max(self.pool_size(sub.env.as_deref())?);
-            submissions.push(
-                self.prepare_grade(sub)
-                    .map_err(|e| refusal_of(e, format!("submission {i}")))?,
-            );
+            let refused = |e| submission_refusal(e, i);
+            width = width.max(self.pool_size(sub.env.as_deref()).map_err(refused)?);
+            submissions.push(self.prepare_grade(sub).map_err(refused)?);
         }
         check_weights(
             submissions
@@ -664,6 +662,22 @@ fn refusal_of(err: ExecError, part: impl std::fmt::Display) -> ExecError {
         ExecError::BadRequest(m) => ExecError::BadRequest(format!("{part}: {m}")),
         ExecError::TooLarge(m) => ExecError::TooLarge(format!("{part}: {m}")),
         other => other,
+    }
+}
+
+/// A batch's refusal of its submission `i`, named in the message whatever
+/// refused it: a bad field, or an unknown or unavailable environment (whose
+/// error keeps its code and status).
+fn submission_refusal(err: ExecError, i: usize) -> ExecError {
+    let part = format!("submission {i}");
+    match err {
+        ExecError::UnknownEnv { .. }
+        | ExecError::DefaultEnvDeleted { .. }
+        | ExecError::EnvUnavailable { .. } => ExecError::Part {
+            part,
+            error: Box::new(err),
+        },
+        other => refusal_of(other, part),
     }
 }
 

@@ -496,6 +496,28 @@ async fn grade_code_over_mcp_takes_test_code_and_checkers() {
 }
 
 #[tokio::test]
+async fn a_batch_names_the_submission_whose_environment_is_unknown() {
+    let server = TestServer::start().await;
+    let (status, body) = server
+        .post(
+            "/grade/batch",
+            json!({"submissions": [
+                {"code": "pass", "tests": [{}]},
+                {"code": "pass", "env": "nope", "tests": [{}]},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_env", "{body}");
+    let message = error_message(&body);
+    assert!(
+        message.starts_with("submission 1: unknown environment \"nope\"; known environments: "),
+        "{body}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn test_code_compiles_as_its_files_would() {
     let server = TestServer::start().await;
     let code = "def inc(x):\n    return x + 1\n";
