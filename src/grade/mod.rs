@@ -183,8 +183,8 @@ impl Executor {
         GradeBatchResult {
             passed: results.iter().filter(|r| r.passed == r.total).count(),
             total: results.len(),
-            score: round3(results.iter().map(|r| r.score).sum()),
-            max_score: round3(results.iter().map(|r| r.max_score).sum()),
+            score: results.iter().map(|r| r.score).sum(),
+            max_score: results.iter().map(|r| r.max_score).sum(),
             counts,
             wall_ms: round3(started.elapsed().as_secs_f64() * 1e3),
             results,
@@ -549,7 +549,7 @@ impl Executor {
         result.max_score = case.weight;
         result.score = match result.verdict {
             Verdict::Ok => case.weight,
-            Verdict::WrongAnswer => round3(result.score * case.weight),
+            Verdict::WrongAnswer => result.score * case.weight,
             _ => 0.0,
         };
         result
@@ -723,8 +723,8 @@ fn shape(
         passed: counts["ok"],
         total: results.len(),
         counts,
-        score: round3(results.iter().map(|r| r.score).sum()),
-        max_score: round3(results.iter().map(|r| r.max_score).sum()),
+        score: results.iter().map(|r| r.score).sum(),
+        max_score: results.iter().map(|r| r.max_score).sum(),
         wall_ms: round3(started.elapsed().as_secs_f64() * 1e3),
         cases: results,
     }

@@ -276,6 +276,40 @@ print("9 9 9")
     server.stop().await;
 }
 
+/// Scores are what the checker and the weights make them, unrounded: a
+/// third is a third, a small weight or partial score is not 0, and the
+/// answer's `score` is the sum of its cases'.
+#[tokio::test]
+async fn scores_and_their_sums_are_not_rounded() {
+    let server = TestServer::start().await;
+    let checker = "def check(input, expected, output):\n    return float(expected)\n";
+    let (status, body) = server
+        .post(
+            "/grade",
+            json!({
+                "code": "pass",
+                "checker": {"code": checker},
+                "tests": [
+                    {"expected_stdout": "0.3333333333333333"},
+                    {"expected_stdout": "1", "weight": 0.0004},
+                    {"expected_stdout": "0.0004"},
+                ],
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let scores: Vec<f64> = body["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["score"].as_f64().unwrap())
+        .collect();
+    assert_eq!(scores, [1.0 / 3.0, 0.0004, 0.0004], "{body}");
+    assert_eq!(body["score"], 1.0 / 3.0 + 0.0004 + 0.0004, "{body}");
+    assert_eq!(body["max_score"], 1.0 + 0.0004 + 1.0, "{body}");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn partial_scores_and_weights_sum_as_documented() {
     let server = TestServer::start().await;
