@@ -107,6 +107,10 @@ pub enum ExecError {
     Busy(PoolError),
     #[error("environment {env:?} is unavailable: {reason}")]
     EnvUnavailable { env: String, reason: String },
+    /// `error`, refusing one part of a request that its message names (a
+    /// submission of a batch); its code and status are `error`'s.
+    #[error("{part}: {error}")]
+    Part { part: String, error: Box<ExecError> },
     #[error(transparent)]
     Worker(#[from] WorkerError),
     #[error("server is shutting down")]
@@ -185,6 +189,7 @@ impl ExecError {
     /// The error's code in an HTTP error body and an MCP error result.
     pub fn code(&self) -> &'static str {
         match self {
+            ExecError::Part { error, .. } => error.code(),
             ExecError::BadRequest(_) => "bad_request",
             ExecError::TooLarge(_) => "too_large",
             ExecError::UnknownEnv { .. } | ExecError::DefaultEnvDeleted { .. } => "unknown_env",
@@ -211,6 +216,7 @@ impl ExecError {
     /// The HTTP status the error is answered with.
     pub fn status(&self) -> u16 {
         match self {
+            ExecError::Part { error, .. } => error.status(),
             ExecError::BadRequest(_) => 400,
             ExecError::TooLarge(_) => 413,
             ExecError::UnknownEnv { .. }
@@ -237,6 +243,7 @@ impl ExecError {
     /// Seconds after which a retry may succeed, when one may.
     pub fn retry_after(&self) -> Option<u64> {
         match self {
+            ExecError::Part { error, .. } => error.retry_after(),
             ExecError::Busy(PoolError::Busy(wait)) => Some(wait.as_secs().clamp(1, 60)),
             ExecError::ShuttingDown
             | ExecError::Draining { .. }

@@ -79,6 +79,20 @@ pub struct RequestLimits {
     pub max_files_bytes: usize,
 }
 
+/// A number a person reads in a message (seconds, a tolerance): as `{}`
+/// writes it (`30`, `2.5`, `0.0123456789`), except below 1e-4 and from
+/// 1e16 on, where that is a long row of zeros (`1e-300` has 300 digits)
+/// and scientific notation (`1e-300`, `1.5e16`) is short; Python's `repr`
+/// switches there too.
+pub(crate) fn readable(x: f64) -> String {
+    let size = x.abs();
+    if size != 0.0 && size.is_finite() && !(1e-4..1e16).contains(&size) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
 /// The wall-clock limit of a run or session: `asked` when positive, at most
 /// `max`; `default` when the request asks for none.
 pub(crate) fn run_timeout(asked: Option<f64>, default: f64, max: f64) -> Result<f64, ExecError> {
@@ -86,7 +100,8 @@ pub(crate) fn run_timeout(asked: Option<f64>, default: f64, max: f64) -> Result<
         None => Ok(default),
         Some(t) if t.is_finite() && t > 0.0 => Ok(t.min(max)),
         Some(t) => Err(ExecError::BadRequest(format!(
-            "timeout must be a positive number of seconds, got {t}"
+            "timeout must be a positive number of seconds, got {}",
+            readable(t)
         ))),
     }
 }
@@ -94,6 +109,24 @@ pub(crate) fn run_timeout(asked: Option<f64>, default: f64, max: f64) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_are_written_short() {
+        for (s, text) in [
+            (30.0, "30"),
+            (2.5, "2.5"),
+            (0.0123456789, "0.0123456789"),
+            (0.0001, "0.0001"),
+            (0.0, "0"),
+            (1e-300, "1e-300"),
+            (-1e-300, "-1e-300"),
+            (1.5e-7, "1.5e-7"),
+            (123456789012345.0, "123456789012345"),
+            (1e300, "1e300"),
+        ] {
+            assert_eq!(readable(s), text, "{s:e}");
+        }
+    }
 
     #[test]
     fn a_request_may_lower_a_limit_never_raise_it() {

@@ -220,9 +220,10 @@ pub struct GradeBatchResult {
     pub passed: usize,
     /// Submissions in the request.
     pub total: usize,
-    /// The sum of the submissions' `score`s and `max_score`s.
+    /// The sum of the submissions' `score`s, not rounded.
     pub score: f64,
-    /// What the cases could score together: the sum of their weights.
+    /// What the submissions could score together: the sum of their
+    /// `max_score`s.
     pub max_score: f64,
     /// Cases per verdict over every submission.
     pub counts: BTreeMap<String, usize>,
@@ -323,9 +324,12 @@ pub struct CaseResult {
     pub returned: Option<JsonText>,
     /// The submission's uncaught exception, if any.
     pub error: Option<RunError>,
-    /// Why the verdict is `error`, `skipped`, or a limit.
+    /// Why the verdict is `error`, `runtime_error` (its exception as the
+    /// traceback's last line names it: `ValueError: bad`, `ValueError`),
+    /// `skipped`, or a limit.
     pub message: Option<String>,
-    /// What the case scored: 1 for `ok`, a checker's score, else 0.
+    /// What the case scored, not rounded: its weight when `ok`, its weight
+    /// times a checker's score, else 0.
     pub score: f64,
     /// What it could score (its `weight`, default 1).
     pub max_score: f64,
@@ -370,10 +374,9 @@ pub struct GradeResult {
     pub total: usize,
     /// Number of cases per verdict; every verdict is listed.
     pub counts: BTreeMap<String, usize>,
-    /// The sum of the cases' weighted scores (1 per `ok` case, a checker's
-    /// score, else 0) and of their weights.
+    /// The sum of the cases' scores, in case order, not rounded.
     pub score: f64,
-    /// What the submissions could score together.
+    /// What the cases could score together: the sum of their weights.
     pub max_score: f64,
     /// Wall time of the whole request on the server.
     pub wall_ms: f64,

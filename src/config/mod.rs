@@ -738,13 +738,14 @@ impl Config {
         if !(self.timeout.is_finite() && self.timeout > 0.0) {
             return Err(ConfigError::Invalid(format!(
                 "timeout must be a positive number of seconds, got {}",
-                self.timeout
+                crate::limits::readable(self.timeout)
             )));
         }
         if self.timeout > self.max_timeout {
             return Err(ConfigError::Invalid(format!(
                 "timeout {} exceeds max_timeout {}",
-                self.timeout, self.max_timeout
+                crate::limits::readable(self.timeout),
+                crate::limits::readable(self.max_timeout)
             )));
         }
         if self.max_output_bytes == 0 {
@@ -795,7 +796,7 @@ impl Config {
         if self.sessions.ttl.is_zero() || self.sessions.ttl > self.sessions.max_ttl {
             return Err(ConfigError::Invalid(format!(
                 "session_ttl must be positive and at most max_session_ttl ({} s)",
-                self.sessions.max_ttl.as_secs_f64()
+                crate::limits::readable(self.sessions.max_ttl.as_secs_f64())
             )));
         }
         crate::replica::check_replica_id(&self.replica_id).map_err(ConfigError::Invalid)?;

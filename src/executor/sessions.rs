@@ -43,7 +43,8 @@ impl Executor {
             Some(t) if t.is_finite() && t > 0.0 => capped_secs(t, config.max_ttl),
             Some(t) => {
                 return Err(ExecError::BadRequest(format!(
-                    "ttl must be a positive number of seconds, got {t}"
+                    "ttl must be a positive number of seconds, got {}",
+                    crate::limits::readable(t)
                 )));
             }
         };

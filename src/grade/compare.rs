@@ -57,8 +57,11 @@ impl Compare {
     }
 
     /// `None` when `got` matches `expected`; otherwise a summary of the first
-    /// difference.
+    /// difference. When nothing was printed it says so (`got no output`), in
+    /// every mode: the line or token counts, a tolerance or an empty line
+    /// quoted would say less.
     pub(crate) fn text(self, expected: &str, got: &str) -> Option<String> {
+        let nothing = got.is_empty();
         match self {
             Compare::Exact => {
                 if expected == got {
@@ -66,15 +69,15 @@ impl Compare {
                 }
                 let e: Vec<&str> = expected.split('\n').collect();
                 let g: Vec<&str> = got.split('\n').collect();
-                Some(line_diff(&e, &g).unwrap_or_else(|| {
+                Some(line_diff(&e, &g, nothing).unwrap_or_else(|| {
                     "outputs differ only in line endings or invisible characters".into()
                 }))
             }
-            Compare::Trim => line_diff(&trimmed_lines(expected), &trimmed_lines(got)),
+            Compare::Trim => line_diff(&trimmed_lines(expected), &trimmed_lines(got), nothing),
             Compare::Tokens | Compare::Float(_) => {
                 let e: Vec<&str> = expected.split_whitespace().collect();
                 let g: Vec<&str> = got.split_whitespace().collect();
-                token_diff(&e, &g, self.tolerance())
+                token_diff(&e, &g, self.tolerance(), nothing)
             }
         }
     }
@@ -177,8 +180,12 @@ fn sides(expected: Option<&&str>, got: Option<&&str>) -> (String, String, Option
     }
 }
 
-fn line_diff(expected: &[&str], got: &[&str]) -> Option<String> {
+/// The first line that differs; `nothing`: the output was empty.
+fn line_diff(expected: &[&str], got: &[&str], nothing: bool) -> Option<String> {
     let first = (0..expected.len().max(got.len())).find(|&i| expected.get(i) != got.get(i))?;
+    if nothing {
+        return Some(no_output("line", first, expected.get(first)));
+    }
     let (e, g, far) = sides(expected.get(first), got.get(first));
     let mut summary = format!(
         "line {}{}: expected {e}, got {g}",
@@ -193,6 +200,13 @@ fn line_diff(expected: &[&str], got: &[&str]) -> Option<String> {
         ));
     }
     Some(summary)
+}
+
+/// The diff of empty output, from the first `unit` (line, token) that
+/// differs, at index `first`: `line 1: expected "42", got no output`.
+fn no_output(unit: &str, first: usize, expected: Option<&&str>) -> String {
+    let (e, _, _) = sides(expected, None);
+    format!("{unit} {}: expected {e}, got no output", first + 1)
 }
 
 /// Two numbers are equal within the tolerance, absolutely or relatively to
@@ -264,20 +278,25 @@ fn overflowed(token: &str, value: f64) -> bool {
         && !word.eq_ignore_ascii_case("infinity")
 }
 
-fn token_diff(expected: &[&str], got: &[&str], tol: Option<f64>) -> Option<String> {
+/// The first token that differs; `nothing`: the output was empty.
+fn token_diff(expected: &[&str], got: &[&str], tol: Option<f64>, nothing: bool) -> Option<String> {
     let first =
         (0..expected.len().max(got.len())).find(|&i| match (expected.get(i), got.get(i)) {
             (Some(e), Some(g)) => !tokens_match(e, g, tol),
             _ => true,
         })?;
+    if nothing {
+        return Some(no_output("token", first, expected.get(first)));
+    }
     let (e, g, far) = sides(expected.get(first), got.get(first));
     let mut summary = format!(
         "token {}{}: expected {e}, got {g}",
         first + 1,
         at_char("character", far)
     );
-    if let Some(tol) = tol {
-        summary.push_str(&format!(" (tolerance {tol:e})"));
+    // At a tolerance of 0 numbers must be equal, which says itself.
+    if let Some(tol) = tol.filter(|&tol| tol > 0.0) {
+        summary.push_str(&format!(" (tolerance {})", crate::limits::readable(tol)));
     }
     if expected.len() != got.len() {
         summary.push_str(&format!(
@@ -611,6 +630,37 @@ mod tests {
     }
 
     #[test]
+    fn empty_output_is_no_output_in_every_mode() {
+        for mode in [
+            Compare::Exact,
+            Compare::Trim,
+            Compare::Tokens,
+            Compare::Float(1e-6),
+        ] {
+            let unit = if matches!(mode, Compare::Exact | Compare::Trim) {
+                "line"
+            } else {
+                "token"
+            };
+            assert_eq!(
+                mode.text("42\n", "").unwrap(),
+                format!("{unit} 1: expected \"42\", got no output"),
+                "{mode:?}"
+            );
+        }
+        // Exact mode's first difference may be past an empty line.
+        assert_eq!(
+            Compare::Exact.text("\n42\n", "").unwrap(),
+            "line 2: expected \"42\", got no output"
+        );
+        // Output of whitespace alone is output: its end is where it differs.
+        assert_eq!(
+            Compare::Tokens.text("42", "\n").unwrap(),
+            "token 1: expected \"42\", got end of output (1 tokens expected, 0 got)"
+        );
+    }
+
+    #[test]
     fn a_far_difference_is_quoted_around_it() {
         let (a, tail) = ("x".repeat(200), "x".repeat(60));
         assert_eq!(
@@ -671,6 +721,20 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn a_diff_names_a_tolerance_as_written_and_none_of_0() {
+        for (tol, said) in [
+            (1e-6, " (tolerance 1e-6)"),
+            (0.5, " (tolerance 0.5)"),
+            (0.0, ""),
+        ] {
+            assert_eq!(
+                Compare::Float(tol).text("2", "30").unwrap(),
+                format!("token 1: expected \"2\", got \"30\"{said}")
+            );
+        }
     }
 
     /// The diff of two JSON texts under `mode`.

@@ -146,11 +146,9 @@ impl Executor {
         let mut width = 1;
         let mut submissions = Vec::with_capacity(req.submissions.len());
         for (i, sub) in req.submissions.into_iter().enumerate() {
-            width = width.max(self.pool_size(sub.env.as_deref())?);
-            submissions.push(
-                self.prepare_grade(sub)
-                    .map_err(|e| refusal_of(e, format!("submission {i}")))?,
-            );
+            let refused = |e| submission_refusal(e, i);
+            width = width.max(self.pool_size(sub.env.as_deref()).map_err(refused)?);
+            submissions.push(self.prepare_grade(sub).map_err(refused)?);
         }
         check_weights(
             submissions
@@ -185,8 +183,8 @@ impl Executor {
         GradeBatchResult {
             passed: results.iter().filter(|r| r.passed == r.total).count(),
             total: results.len(),
-            score: round3(results.iter().map(|r| r.score).sum()),
-            max_score: round3(results.iter().map(|r| r.max_score).sum()),
+            score: results.iter().map(|r| r.score).sum(),
+            max_score: results.iter().map(|r| r.max_score).sum(),
             counts,
             wall_ms: round3(started.elapsed().as_secs_f64() * 1e3),
             results,
@@ -551,7 +549,7 @@ impl Executor {
         result.max_score = case.weight;
         result.score = match result.verdict {
             Verdict::Ok => case.weight,
-            Verdict::WrongAnswer => round3(result.score * case.weight),
+            Verdict::WrongAnswer => result.score * case.weight,
             _ => 0.0,
         };
         result
@@ -613,7 +611,7 @@ impl Executor {
             return failed(result, "it timed out".into());
         }
         if let Some(e) = &out.error {
-            return failed(result, format!("{}: {}", e.kind, e.message));
+            return failed(result, exception_line(&e.kind, &e.message));
         }
         if out.exit_code != 0 {
             return failed(result, format!("it exited with {}", out.exit_code));
@@ -630,7 +628,9 @@ impl Executor {
             result.message = message;
         } else {
             result.verdict = Verdict::WrongAnswer;
-            result.diff = Some(message.unwrap_or_else(|| format!("the checker scored it {score}")));
+            result.diff = Some(message.unwrap_or_else(|| {
+                format!("the checker scored it {}", crate::limits::readable(score))
+            }));
         }
     }
 }
@@ -662,6 +662,22 @@ fn refusal_of(err: ExecError, part: impl std::fmt::Display) -> ExecError {
         ExecError::BadRequest(m) => ExecError::BadRequest(format!("{part}: {m}")),
         ExecError::TooLarge(m) => ExecError::TooLarge(format!("{part}: {m}")),
         other => other,
+    }
+}
+
+/// A batch's refusal of its submission `i`, named in the message whatever
+/// refused it: a bad field, or an unknown or unavailable environment (whose
+/// error keeps its code and status).
+fn submission_refusal(err: ExecError, i: usize) -> ExecError {
+    let part = format!("submission {i}");
+    match err {
+        ExecError::UnknownEnv { .. }
+        | ExecError::DefaultEnvDeleted { .. }
+        | ExecError::EnvUnavailable { .. } => ExecError::Part {
+            part,
+            error: Box::new(err),
+        },
+        other => refusal_of(other, part),
     }
 }
 
@@ -707,8 +723,8 @@ fn shape(
         passed: counts["ok"],
         total: results.len(),
         counts,
-        score: round3(results.iter().map(|r| r.score).sum()),
-        max_score: round3(results.iter().map(|r| r.max_score).sum()),
+        score: results.iter().map(|r| r.score).sum(),
+        max_score: results.iter().map(|r| r.max_score).sum(),
         wall_ms: round3(started.elapsed().as_secs_f64() * 1e3),
         cases: results,
     }
@@ -817,6 +833,16 @@ fn judge(
     }
 }
 
+/// An exception as the last line of Python's traceback names it:
+/// `ValueError: bad`, or `ValueError` alone when its message is empty.
+fn exception_line(kind: &str, message: &str) -> String {
+    if message.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind}: {message}")
+    }
+}
+
 /// Test-code mode, for a run that ended cleanly: the harness's answer (what
 /// its function returned) says whether the test code finished (`ok`) or
 /// failed an assertion (`wrong_answer`, with its line); without it the
@@ -870,7 +896,10 @@ fn limit_verdict(
         Some(Limit::Timeout) => {
             return Some((
                 Verdict::Timeout,
-                format!("killed after the timeout of {timeout} s"),
+                format!(
+                    "killed after the timeout of {} s",
+                    crate::limits::readable(timeout)
+                ),
             ));
         }
         Some(Limit::Cpu) => {
@@ -897,7 +926,7 @@ fn limit_verdict(
         return None;
     }
     let message = match (&out.error, &out.signal) {
-        (Some(e), _) => format!("{}: {}", e.kind, e.message),
+        (Some(e), _) => exception_line(&e.kind, &e.message),
         (None, Some(sig)) => format!("killed by {sig}"),
         (None, None) => format!("exit code {}", out.exit_code),
     };

@@ -155,7 +155,7 @@ fn timed_out(read_timeout: Duration) -> Response {
         "request_timeout",
         format!(
             "the request body did not arrive within {} s (body_read_timeout_secs)",
-            read_timeout.as_secs_f64()
+            crate::limits::readable(read_timeout.as_secs_f64())
         ),
     )
     .into_response()

@@ -394,7 +394,9 @@ impl McpHandler {
             Ok(info) => {
                 let text = format!(
                     "session {} in environment {} (ends after {} s without a call)",
-                    info.id, info.env, info.ttl
+                    info.id,
+                    info.env,
+                    crate::limits::readable(info.ttl)
                 );
                 let mut out = match serde_json::to_value(&info) {
                     Ok(value) => CallToolResult::structured(value),
@@ -970,8 +972,8 @@ fn execute_code_description(config: &Config, default_env: &str, implicit: bool) 
              from earlier calls. Put everything one run needs into one call, or create a \
              session with `create_session` and pass its id as `session` to keep state."
         },
-        timeout = config.timeout,
-        max = config.max_timeout,
+        timeout = crate::limits::readable(config.timeout),
+        max = crate::limits::readable(config.max_timeout),
         output = human_bytes(config.max_output_bytes),
     )
 }

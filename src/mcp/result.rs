@@ -156,7 +156,7 @@ pub fn run_text(result: &ExecResult, timeout: f64) -> String {
 /// One line saying how the run ended.
 pub fn status_line(result: &ExecResult, timeout: f64) -> String {
     let mut line = if result.timed_out {
-        format!("timed out after {timeout} s")
+        format!("timed out after {} s", crate::limits::readable(timeout))
     } else if let Some(signal) = &result.signal {
         match result.limit {
             Some(limit) if limit != Limit::Output => format!("killed by {signal} ({limit} limit)"),
@@ -346,6 +346,7 @@ mod tests {
         };
         assert_eq!(status_line(&timed_out, 5.0), "timed out after 5 s");
         assert_eq!(status_line(&timed_out, 0.5), "timed out after 0.5 s");
+        assert_eq!(status_line(&timed_out, 1e-300), "timed out after 1e-300 s");
         let cpu = ExecResult {
             exit_code: -24,
             signal: Some("SIGXCPU".into()),

@@ -393,7 +393,7 @@ impl Sessions {
                     let session = inner.live.remove(id)?;
                     let reason = format!(
                         "it expired after {} s without a call",
-                        session.ttl.as_secs_f64()
+                        crate::limits::readable(session.ttl.as_secs_f64())
                     );
                     inner.remember(id, reason);
                     Some(session)

@@ -612,6 +612,14 @@ fn exec_errors() -> Vec<ExecError> {
         ExecError::Conflict(String::new()),
         ExecError::CreateFailed(String::new()),
         ExecError::EnvFiles(io()),
+        // A part's code and status are its error's.
+        ExecError::Part {
+            part: "submission 1".into(),
+            error: Box::new(ExecError::UnknownEnv {
+                name: String::new(),
+                known: String::new(),
+            }),
+        },
     ];
     for err in &all {
         match err {
@@ -635,7 +643,8 @@ fn exec_errors() -> Vec<ExecError> {
             | ExecError::AuditUnavailable(_)
             | ExecError::Conflict(_)
             | ExecError::CreateFailed(_)
-            | ExecError::EnvFiles(_) => {}
+            | ExecError::EnvFiles(_)
+            | ExecError::Part { .. } => {}
         }
     }
     all

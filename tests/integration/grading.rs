@@ -164,6 +164,50 @@ async fn hangs_time_out_alone_and_in_parallel() {
     server.stop().await;
 }
 
+/// Seconds and scores in messages read as written, not as a row of 300 zeros.
+#[tokio::test]
+async fn numbers_in_messages_are_written_as_a_person_reads_them() {
+    let server = TestServer::start().await;
+    let hang = "while True: pass\n";
+    for (timeout, written) in [(json!(1e-300), "1e-300"), (json!(0.25), "0.25")] {
+        let result = grade(
+            &server,
+            json!({"code": hang, "timeout": timeout, "tests": [{"expected_stdout": ""}]}),
+        )
+        .await;
+        assert_eq!(
+            result["cases"][0]["message"],
+            format!("killed after the timeout of {written} s"),
+            "{result}"
+        );
+    }
+    let checker = "def check(input, expected, output):\n    return float(expected)\n";
+    let result = grade(
+        &server,
+        json!({"code": "pass", "checker": {"code": checker}, "tests": [{"expected_stdout": "1e-300"}]}),
+    )
+    .await;
+    assert_eq!(
+        result["cases"][0]["diff"], "the checker scored it 1e-300",
+        "{result}"
+    );
+    let (status, body) = server
+        .post("/execute", json!({"code": "pass", "timeout": -1e-300}))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        body["error"]["message"],
+        "timeout must be a positive number of seconds, got -1e-300"
+    );
+    let (status, body) = server.post("/sessions", json!({"ttl": -1e-300})).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        body["error"]["message"],
+        "ttl must be a positive number of seconds, got -1e-300"
+    );
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_memory_hog_hits_memory_limit() {
     let server = TestServer::start().await;
@@ -651,6 +695,31 @@ async fn mcp_grade_code_gives_each_case_not_ok_one_line() {
     executor.shutdown().await;
 }
 
+/// An exception with an empty message is named as Python's traceback
+/// names it, with no colon after it, over HTTP and in MCP's text.
+#[tokio::test]
+async fn an_exception_without_a_message_is_named_alone() {
+    let config = common::config();
+    let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+    let client = connect_in_process(executor.clone(), &config).await;
+    let args = json!({
+        "code": "n = int(input())\nraise ValueError() if n else KeyError('k')",
+        "tests": [{"stdin": "1"}, {"stdin": "0"}],
+    });
+    let result = call(&client, "grade_code", args).await.unwrap();
+    assert_eq!(
+        text(&result),
+        "passed 0/2 (runtime_error 2)\n\
+         test 0: runtime_error: ValueError\n\
+         test 1: runtime_error: KeyError: 'k'"
+    );
+    let structured = result.structured_content.expect("structuredContent");
+    assert_eq!(structured["cases"][0]["message"], "ValueError");
+    assert_eq!(structured["cases"][0]["error"]["message"], "");
+    let _ = client.cancel().await;
+    executor.shutdown().await;
+}
+
 /// `/grade` and `/execute` tell a limit from the same report: the same
 /// failure names the same limit in both.
 #[tokio::test]
@@ -1117,10 +1186,45 @@ async fn float_zero_compares_numbers_by_value() {
     )
     .await;
     assert_eq!(verdicts(&result), ["ok", "wrong_answer"], "{result}");
+    // At a tolerance of 0 the diff names none; another, as a person writes it.
     assert_eq!(
         result["cases"][1]["diff"],
-        "token 1: expected \"1\", got \"1.5\" (tolerance 0e0)"
+        "token 1: expected \"1\", got \"1.5\""
     );
+    let result = grade(
+        &server,
+        json!({"code": "print(1.5)", "compare": "float:0.25", "tests": [{"expected_stdout": "1"}]}),
+    )
+    .await;
+    assert_eq!(
+        result["cases"][0]["diff"],
+        "token 1: expected \"1\", got \"1.5\" (tolerance 0.25)"
+    );
+    server.stop().await;
+}
+
+/// A submission that printed nothing is said to have printed nothing, in
+/// every comparison mode.
+#[tokio::test]
+async fn a_diff_of_no_output_says_so() {
+    let server = TestServer::start().await;
+    for (mode, unit) in [
+        ("exact", "line"),
+        ("trim", "line"),
+        ("tokens", "token"),
+        ("float", "token"),
+    ] {
+        let result = grade(
+            &server,
+            json!({"code": "pass", "compare": mode, "tests": [{"expected_stdout": "42\n"}]}),
+        )
+        .await;
+        assert_eq!(
+            result["cases"][0]["diff"],
+            format!("{unit} 1: expected \"42\", got no output"),
+            "{mode}: {result}"
+        );
+    }
     server.stop().await;
 }
 

@@ -276,6 +276,40 @@ print("9 9 9")
     server.stop().await;
 }
 
+/// Scores are what the checker and the weights make them, unrounded: a
+/// third is a third, a small weight or partial score is not 0, and the
+/// answer's `score` is the sum of its cases'.
+#[tokio::test]
+async fn scores_and_their_sums_are_not_rounded() {
+    let server = TestServer::start().await;
+    let checker = "def check(input, expected, output):\n    return float(expected)\n";
+    let (status, body) = server
+        .post(
+            "/grade",
+            json!({
+                "code": "pass",
+                "checker": {"code": checker},
+                "tests": [
+                    {"expected_stdout": "0.3333333333333333"},
+                    {"expected_stdout": "1", "weight": 0.0004},
+                    {"expected_stdout": "0.0004"},
+                ],
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let scores: Vec<f64> = body["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["score"].as_f64().unwrap())
+        .collect();
+    assert_eq!(scores, [1.0 / 3.0, 0.0004, 0.0004], "{body}");
+    assert_eq!(body["score"], 1.0 / 3.0 + 0.0004 + 0.0004, "{body}");
+    assert_eq!(body["max_score"], 1.0 + 0.0004 + 1.0, "{body}");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn partial_scores_and_weights_sum_as_documented() {
     let server = TestServer::start().await;
@@ -493,6 +527,28 @@ async fn grade_code_over_mcp_takes_test_code_and_checkers() {
     let result = out.structured_content.unwrap();
     assert_eq!(result["passed"], 1, "{result}");
     assert_eq!(result["score"], 1.0, "{result}");
+}
+
+#[tokio::test]
+async fn a_batch_names_the_submission_whose_environment_is_unknown() {
+    let server = TestServer::start().await;
+    let (status, body) = server
+        .post(
+            "/grade/batch",
+            json!({"submissions": [
+                {"code": "pass", "tests": [{}]},
+                {"code": "pass", "env": "nope", "tests": [{}]},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_env", "{body}");
+    let message = error_message(&body);
+    assert!(
+        message.starts_with("submission 1: unknown environment \"nope\"; known environments: "),
+        "{body}"
+    );
+    server.stop().await;
 }
 
 #[tokio::test]
