@@ -67,8 +67,10 @@ impl Compare {
                 if expected == got {
                     return None;
                 }
-                let e: Vec<&str> = expected.split('\n').collect();
-                let g: Vec<&str> = got.split('\n').collect();
+                // Lines with their breaks: a missing last break is a
+                // difference in the last line, and "2\n" is one line.
+                let e: Vec<&str> = expected.split_inclusive('\n').collect();
+                let g: Vec<&str> = got.split_inclusive('\n').collect();
                 Some(line_diff(&e, &g, nothing).unwrap_or_else(|| {
                     "outputs differ only in line endings or invisible characters".into()
                 }))
@@ -180,13 +182,22 @@ fn sides(expected: Option<&&str>, got: Option<&&str>) -> (String, String, Option
     }
 }
 
-/// The first line that differs; `nothing`: the output was empty.
+/// The first line that differs; `nothing`: the output was empty. A line
+/// may end with its break (exact mode), which is quoted only when it is
+/// the difference: `line 2: expected "b\n", got "b"`.
 fn line_diff(expected: &[&str], got: &[&str], nothing: bool) -> Option<String> {
     let first = (0..expected.len().max(got.len())).find(|&i| expected.get(i) != got.get(i))?;
-    if nothing {
-        return Some(no_output("line", first, expected.get(first)));
+    fn bare(line: Option<&str>) -> Option<&str> {
+        line.map(|l| l.strip_suffix('\n').unwrap_or(l))
     }
-    let (e, g, far) = sides(expected.get(first), got.get(first));
+    let (mut e, mut g) = (expected.get(first).copied(), got.get(first).copied());
+    if bare(e) != bare(g) {
+        (e, g) = (bare(e), bare(g));
+    }
+    if nothing {
+        return Some(no_output("line", first, e.as_ref()));
+    }
+    let (e, g, far) = sides(e.as_ref(), g.as_ref());
     let mut summary = format!(
         "line {}{}: expected {e}, got {g}",
         first + 1,
@@ -194,12 +205,17 @@ fn line_diff(expected: &[&str], got: &[&str], nothing: bool) -> Option<String> {
     );
     if expected.len() != got.len() {
         summary.push_str(&format!(
-            " ({} lines expected, {} got)",
-            expected.len(),
+            " ({} expected, {} got)",
+            counted(expected.len(), "line"),
             got.len()
         ));
     }
     Some(summary)
+}
+
+/// `1 line`, `2 lines`.
+fn counted(n: usize, unit: &str) -> String {
+    format!("{n} {unit}{}", if n == 1 { "" } else { "s" })
 }
 
 /// The diff of empty output, from the first `unit` (line, token) that
@@ -300,8 +316,8 @@ fn token_diff(expected: &[&str], got: &[&str], tol: Option<f64>, nothing: bool) 
     }
     if expected.len() != got.len() {
         summary.push_str(&format!(
-            " ({} tokens expected, {} got)",
-            expected.len(),
+            " ({} expected, {} got)",
+            counted(expected.len(), "token"),
             got.len()
         ));
     }
@@ -648,15 +664,43 @@ mod tests {
                 "{mode:?}"
             );
         }
-        // Exact mode's first difference may be past an empty line.
+        // Exact mode's first line may be empty.
         assert_eq!(
             Compare::Exact.text("\n42\n", "").unwrap(),
-            "line 2: expected \"42\", got no output"
+            "line 1: expected \"\", got no output"
         );
         // Output of whitespace alone is output: its end is where it differs.
         assert_eq!(
             Compare::Tokens.text("42", "\n").unwrap(),
-            "token 1: expected \"42\", got end of output (1 tokens expected, 0 got)"
+            "token 1: expected \"42\", got end of output (1 token expected, 0 got)"
+        );
+    }
+
+    #[test]
+    fn exact_lines_end_with_their_breaks() {
+        // A missing last break is the last line's difference, quoted.
+        assert_eq!(
+            Compare::Exact.text("a\nb\n", "a\nb").unwrap(),
+            "line 2: expected \"b\\n\", got \"b\""
+        );
+        assert_eq!(
+            Compare::Exact.text("42", "42\n").unwrap(),
+            "line 1: expected \"42\", got \"42\\n\""
+        );
+        // A break ends a line: "a\n" is one line, and one more is counted
+        // as one.
+        assert_eq!(
+            Compare::Exact.text("a\n", "a\nb\n").unwrap(),
+            "line 2: expected end of output, got \"b\" (1 line expected, 2 got)"
+        );
+        assert_eq!(
+            Compare::Exact.text("a\nb\nc\n", "a\nx\nc\n").unwrap(),
+            "line 2: expected \"b\", got \"x\""
+        );
+        // A carriage return is part of its line's text.
+        assert_eq!(
+            Compare::Exact.text("a\n", "a\r\n").unwrap(),
+            "line 1: expected \"a\", got \"a\\r\""
         );
     }
 

@@ -1121,6 +1121,31 @@ async fn mcp_tools_refuse_an_array_in_place_of_a_nested_object() {
 }
 
 #[tokio::test]
+async fn an_exact_diff_counts_lines_by_their_breaks() {
+    let server = TestServer::start().await;
+    // A missing last line break is the difference, and the diff quotes it;
+    // "1\n2\n" is two lines, not three.
+    let result = grade(
+        &server,
+        json!({"code": "print(1)\nprint(2, end='')", "tests": [
+            {"expected_stdout": "1\n2\n"},
+            {"expected_stdout": "1\n"},
+        ]}),
+    )
+    .await;
+    assert_eq!(
+        result["cases"][0]["diff"], "line 2: expected \"2\\n\", got \"2\"",
+        "{result}"
+    );
+    assert_eq!(
+        result["cases"][1]["diff"],
+        "line 2: expected end of output, got \"2\" (1 line expected, 2 got)",
+        "{result}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn a_diff_of_long_lines_shows_where_they_differ() {
     let server = TestServer::start().await;
     let a = "a".repeat(300);
