@@ -666,14 +666,16 @@ fn refusal_of(err: ExecError, part: impl std::fmt::Display) -> ExecError {
 }
 
 /// A batch's refusal of its submission `i`, named in the message whatever
-/// refused it: a bad field, or an unknown or unavailable environment (whose
-/// error keeps its code and status).
+/// refused it: a bad field, or an environment that is unknown, unavailable
+/// or not the client's to use (whose error keeps its code and status; its
+/// audit record was written as it was refused).
 fn submission_refusal(err: ExecError, i: usize) -> ExecError {
     let part = format!("submission {i}");
     match err {
         ExecError::UnknownEnv { .. }
         | ExecError::DefaultEnvDeleted { .. }
-        | ExecError::EnvUnavailable { .. } => ExecError::Part {
+        | ExecError::EnvUnavailable { .. }
+        | ExecError::Forbidden(_) => ExecError::Part {
             part,
             error: Box::new(err),
         },

@@ -95,6 +95,7 @@ async fn scopes_and_env_allow_lists_are_refused_with_403_naming_what_is_missing(
     let clients = clients_file(
         dir.path(),
         &(client("runner", "scopes = [\"execute\"]\nenvs = [\"a\"]")
+            + &client("grader", "scopes = [\"grade\"]\nenvs = [\"a\"]")
             + &client(
                 "everything",
                 "scopes = [\"execute\", \"sessions\", \"grade\", \"install\"]\nenvs = [\"*\"]",
@@ -142,6 +143,24 @@ async fn scopes_and_env_allow_lists_are_refused_with_403_naming_what_is_missing(
             "{path}: {body}"
         );
     }
+    // A batch names the submission whose environment the client may not use.
+    let (status, _, body) = post_as(
+        &server,
+        "/grade/batch",
+        Some("grader-token"),
+        None,
+        json!({"submissions": [
+            {"code": "print(1)", "env": "a", "tests": [{"expected_stdout": "1"}]},
+            {"code": "print(1)", "env": "b", "tests": [{"expected_stdout": "1"}]},
+        ]}),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["code"], "forbidden", "{body}");
+    assert!(
+        message(&body).starts_with("submission 1: client \"grader\" may not use environment \"b\""),
+        "{body}"
+    );
     let (status, _, body) = post_as(
         &server,
         "/install",
