@@ -39,7 +39,7 @@ use envs::{EnvEntry, LiveEnvs};
 /// A streaming run's output chunks, as front ends receive them.
 pub use crate::worker::{OutputChunk, OutputSink, OutputStream};
 pub use lifecycle::Progress;
-pub use prepare::{PreparedRun, RunOptions};
+pub use prepare::{PreparedRun, RunOptions, fixed_by_session};
 pub use run::RunReport;
 pub use start::WORKER_SCRIPT;
 pub(crate) use text::{Output, OutputText};

@@ -311,6 +311,39 @@ async fn session_errors_name_the_session_tools() {
     executor.shutdown().await;
 }
 
+/// A call naming a session that does not exist is told so first, as over
+/// HTTP, even when it also sends `limits` or `network` (which a session
+/// call would be refused): the session is what the client must fix. With
+/// implicit sessions on, too.
+#[tokio::test]
+async fn an_unknown_session_is_named_before_the_calls_limits_or_network() {
+    for implicit in [false, true] {
+        let mut config = config();
+        config.mcp_implicit_session = implicit;
+        let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+        let client = connect_in_process(executor.clone(), &config).await;
+        for (field, value) in [
+            ("limits", json!({"memory_bytes": 100_000_000})),
+            ("network", json!({"allowed_hosts": []})),
+        ] {
+            let (failed, out) = run(
+                &client,
+                json!({"code": "pass", "session": "nope", field: value}),
+            )
+            .await;
+            assert!(failed, "{out}");
+            assert_eq!(
+                out,
+                "error (unknown_session): unknown session \"nope\"; create one with the \
+                 `create_session` tool",
+                "implicit {implicit}, {field}"
+            );
+        }
+        let _ = client.cancel().await;
+        executor.shutdown().await;
+    }
+}
+
 /// The `execute_code` description a `tools/list` answer carries.
 fn execute_code_description(tools: &[serde_json::Value]) -> String {
     tools
