@@ -166,8 +166,15 @@ mod tests {
         assert!(stderr.starts_with('…'), "{}", &stderr[..20]);
         assert!(!stderr.contains("start"));
         assert!(stderr.contains("éthe endactivation script"), "{err}");
-        assert!(stderr.ends_with("loud.sh failed with exit status 1"), "{err}");
-        assert!(stderr.len() - '…'.len_utf8() <= STDERR_LIMIT, "{}", stderr.len());
+        assert!(
+            stderr.ends_with("loud.sh failed with exit status 1"),
+            "{err}"
+        );
+        assert!(
+            stderr.len() - '…'.len_utf8() <= STDERR_LIMIT,
+            "{}",
+            stderr.len()
+        );
     }
 
     #[tokio::test]
