@@ -7,6 +7,21 @@ use crate::api::RunLimits;
 use crate::error::ExecError;
 use crate::protocol::WireLimits;
 
+/// Shortest ttl a session takes: session times (`expires_at`) are kept to
+/// the millisecond, so a shorter one cannot be told from none.
+pub(crate) const MIN_SESSION_TTL: f64 = 0.001;
+
+/// A number of seconds as a person reads it: `5`, `0.5`, and `1e-300`, not
+/// `0.000…` with 300 zeros (f64's `Display` never writes an exponent).
+pub(crate) fn seconds_text(seconds: f64) -> String {
+    let magnitude = seconds.abs();
+    if magnitude != 0.0 && !(1e-4..1e16).contains(&magnitude) {
+        format!("{seconds:e}")
+    } else {
+        format!("{seconds}")
+    }
+}
+
 /// `seconds` (positive and finite) as a duration, at most `max`: checked
 /// before converting, since `Duration::from_secs_f64` panics past `u64`.
 pub(crate) fn capped_secs(seconds: f64, max: Duration) -> Duration {
@@ -86,7 +101,8 @@ pub(crate) fn run_timeout(asked: Option<f64>, default: f64, max: f64) -> Result<
         None => Ok(default),
         Some(t) if t.is_finite() && t > 0.0 => Ok(t.min(max)),
         Some(t) => Err(ExecError::BadRequest(format!(
-            "timeout must be a positive number of seconds, got {t}"
+            "timeout must be a positive number of seconds, got {}",
+            seconds_text(t)
         ))),
     }
 }
@@ -94,6 +110,24 @@ pub(crate) fn run_timeout(asked: Option<f64>, default: f64, max: f64) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds_read_as_a_person_writes_them() {
+        for (seconds, text) in [
+            (5.0, "5"),
+            (0.5, "0.5"),
+            (0.001, "0.001"),
+            (86_400.0, "86400"),
+            (-1.0, "-1"),
+            (0.0, "0"),
+            (1e-300, "1e-300"),
+            (5e-324, "5e-324"),
+            (-1e300, "-1e300"),
+            (1.5e-9, "1.5e-9"),
+        ] {
+            assert_eq!(seconds_text(seconds), text);
+        }
+    }
 
     #[test]
     fn a_request_may_lower_a_limit_never_raise_it() {

@@ -399,7 +399,9 @@ impl McpHandler {
             Ok(info) => {
                 let text = format!(
                     "session {} in environment {} (ends after {} s without a call)",
-                    info.id, info.env, info.ttl
+                    info.id,
+                    info.env,
+                    crate::limits::seconds_text(info.ttl)
                 );
                 let mut out = match serde_json::to_value(&info) {
                     Ok(value) => CallToolResult::structured(value),

@@ -166,7 +166,7 @@ pub fn run_text(result: &ExecResult, timeout: f64) -> String {
 /// One line saying how the run ended.
 pub fn status_line(result: &ExecResult, timeout: f64) -> String {
     let mut line = if result.timed_out {
-        format!("timed out after {timeout} s")
+        format!("timed out after {} s", crate::limits::seconds_text(timeout))
     } else if let Some(signal) = &result.signal {
         match result.limit {
             Some(limit) if limit != Limit::Output => format!("killed by {signal} ({limit} limit)"),
