@@ -126,6 +126,11 @@ pub enum ExecError {
     /// API's terms (the MCP front end names its tool instead).
     #[error("{message}{}", if *create_one { "; create one with POST /sessions" } else { "" })]
     UnknownSession { message: String, create_one: bool },
+    /// A call in a session asks for what the session fixed when it began
+    /// (`field`: `limits` or `network`). The message says how to set it in
+    /// the HTTP API's terms (the MCP front end names its tool instead).
+    #[error("{}", fixed_by_session(field))]
+    FixedBySession { field: &'static str },
     /// A cap on live sessions is reached: the server's (`env` and
     /// `client` are `None`), one environment's or one client's
     /// (`max_sessions` in the clients file).
@@ -167,6 +172,19 @@ pub enum ExecError {
     EnvFiles(#[source] io::Error),
 }
 
+/// The message of [`ExecError::FixedBySession`] in the HTTP API's terms.
+fn fixed_by_session(field: &str) -> String {
+    match field {
+        "limits" => "a session's limits are set when it is created (POST /sessions with limits); \
+                     a call cannot change them"
+            .into(),
+        _ => format!(
+            "a session's {field} is set when it is created (POST /sessions with {field}); a call \
+             cannot change it"
+        ),
+    }
+}
+
 /// The message of [`ExecError::TooManySessions`], with `close` saying how
 /// to close a session in the terms of the client's front end.
 pub fn too_many_sessions(
@@ -190,7 +208,7 @@ impl ExecError {
     pub fn code(&self) -> &'static str {
         match self {
             ExecError::Part { error, .. } => error.code(),
-            ExecError::BadRequest(_) => "bad_request",
+            ExecError::BadRequest(_) | ExecError::FixedBySession { .. } => "bad_request",
             ExecError::TooLarge(_) => "too_large",
             ExecError::UnknownEnv { .. } | ExecError::DefaultEnvDeleted { .. } => "unknown_env",
             ExecError::Busy(_) => "busy",
@@ -217,7 +235,7 @@ impl ExecError {
     pub fn status(&self) -> u16 {
         match self {
             ExecError::Part { error, .. } => error.status(),
-            ExecError::BadRequest(_) => 400,
+            ExecError::BadRequest(_) | ExecError::FixedBySession { .. } => 400,
             ExecError::TooLarge(_) => 413,
             ExecError::UnknownEnv { .. }
             | ExecError::DefaultEnvDeleted { .. }

@@ -7,6 +7,10 @@ use crate::api::RunLimits;
 use crate::error::ExecError;
 use crate::protocol::WireLimits;
 
+/// Shortest ttl a session takes: session times (`expires_at`) are kept to
+/// the millisecond, so a shorter one cannot be told from none.
+pub(crate) const MIN_SESSION_TTL: f64 = 0.001;
+
 /// `seconds` (positive and finite) as a duration, at most `max`: checked
 /// before converting, since `Duration::from_secs_f64` panics past `u64`.
 pub(crate) fn capped_secs(seconds: f64, max: Duration) -> Duration {

@@ -78,10 +78,7 @@ pub(crate) async fn activate(
     if !out.status.success() {
         let mut stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
         if stderr.len() > STDERR_LIMIT {
-            let mut cut = stderr.len() - STDERR_LIMIT;
-            while !stderr.is_char_boundary(cut) {
-                cut += 1;
-            }
+            let cut = stderr.ceil_char_boundary(stderr.len() - STDERR_LIMIT);
             stderr.replace_range(..cut, "…");
         }
         return Err(format!("activation failed ({}): {stderr}", out.status));
@@ -153,6 +150,31 @@ mod tests {
             .unwrap_err();
         assert!(err.contains("cannot find libfoo"), "{err}");
         assert!(err.contains("broken.sh"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_long_stderr_keeps_its_end_cut_at_a_character_boundary() {
+        // 3000 two-byte characters: the cut falls inside one of them.
+        let dir = prefix_with(&[(
+            "loud.sh",
+            "printf 'start' >&2\nfor i in $(seq 3000); do printf 'é' >&2; done\nprintf 'the end' >&2\nfalse\n",
+        )]);
+        let err = activate(dir.path(), &base(), Duration::from_secs(10))
+            .await
+            .unwrap_err();
+        let stderr = err.split_once("): ").unwrap().1;
+        assert!(stderr.starts_with('…'), "{}", &stderr[..20]);
+        assert!(!stderr.contains("start"));
+        assert!(stderr.contains("éthe endactivation script"), "{err}");
+        assert!(
+            stderr.ends_with("loud.sh failed with exit status 1"),
+            "{err}"
+        );
+        assert!(
+            stderr.len() - '…'.len_utf8() <= STDERR_LIMIT,
+            "{}",
+            stderr.len()
+        );
     }
 
     #[tokio::test]

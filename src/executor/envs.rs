@@ -392,7 +392,8 @@ impl LiveEnvs {
     }
 
     /// The entry that serves `entry`'s environment after a successful
-    /// install into it (its install lock released). An install that changed
+    /// install into it, called with its install lock still held (an install
+    /// waiting for it then starts on the entry this returns). An install that changed
     /// its `conda-meta` (Conda's) is read again now, as the watcher's next
     /// rescan would (activation, facts, `env_hash`, one new pool), so that
     /// rescan finds nothing left to do and its workers restart once.
@@ -400,7 +401,7 @@ impl LiveEnvs {
     /// it) its workers are replaced and its hash read again.
     pub(crate) async fn after_install(&self, entry: &Arc<EnvEntry>) -> Arc<EnvEntry> {
         if entry.stale() {
-            self.rescan().await;
+            self.rescan_with(Some(entry.id)).await;
             if let Some(fresh) = self.by_id(entry.id).filter(|e| !Arc::ptr_eq(e, entry)) {
                 return fresh;
             }
@@ -553,19 +554,26 @@ impl LiveEnvs {
         if let Some(t) = *last {
             tokio::time::sleep(MISS_RESCAN_GAP.saturating_sub(t.elapsed())).await;
         }
-        self.rescan_locked().await;
+        self.rescan_locked(None).await;
         *last = Some(Instant::now());
     }
 
     /// Rescan now (after a create or delete, or when the watcher saw a
     /// change).
     pub(crate) async fn rescan(&self) {
+        self.rescan_with(None).await;
+    }
+
+    /// [`LiveEnvs::rescan`], reading entry `installed` if it changed though
+    /// its install lock is held: its install is over, and its caller holds
+    /// the lock until the entry is read.
+    async fn rescan_with(&self, installed: Option<usize>) {
         let mut last = self.rescan.lock().await;
-        self.rescan_locked().await;
+        self.rescan_locked(installed).await;
         *last = Some(Instant::now());
     }
 
-    async fn rescan_locked(&self) {
+    async fn rescan_locked(&self, installed: Option<usize>) {
         if self.closed.load(Ordering::Acquire) || !self.config.discover {
             return;
         }
@@ -639,7 +647,7 @@ impl LiveEnvs {
                 !gone.contains(&e.id)
                     && !creating.contains(&e.spec.prefix)
                     && (renamed(e) || e.stale())
-                    && !e.installing()
+                    && (!e.installing() || installed == Some(e.id))
             })
             .cloned()
             .collect();

@@ -39,7 +39,7 @@ use envs::{EnvEntry, LiveEnvs};
 /// A streaming run's output chunks, as front ends receive them.
 pub use crate::worker::{OutputChunk, OutputSink, OutputStream};
 pub use lifecycle::Progress;
-pub use prepare::{PreparedRun, RunOptions};
+pub use prepare::{PreparedRun, RunOptions, fixed_by_session};
 pub use run::RunReport;
 pub use start::WORKER_SCRIPT;
 pub(crate) use text::{Output, OutputText};
@@ -538,7 +538,9 @@ impl Executor {
                 .map(|p| format!("{}=={}", p.name, p.version))
                 .collect();
         }
-        drop(serialized);
+        // Read again before the next install into it starts (it waits for
+        // the lock): this one's answer and the runs after it see the
+        // environment as it left it, and the next starts on that entry.
         let served = if done {
             self.envs.after_install(&entry).await
         } else {
@@ -546,6 +548,7 @@ impl Executor {
             entry.rehash();
             entry.clone()
         };
+        drop(serialized);
         let env_hash = served.hash().to_string();
         self.audit_record(crate::audit::RecordKind::Install, |r| {
             r.env = Some(entry.spec.name.clone());

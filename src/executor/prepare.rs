@@ -375,18 +375,20 @@ impl Executor {
                 )));
             }
         }
-        if req.limits.is_some() {
-            return Err(ExecError::BadRequest(
-                "a session's limits are set when it is created (POST /sessions with limits); a call cannot change them".into(),
-            ));
-        }
-        if req.network.is_some() {
-            return Err(ExecError::BadRequest(
-                "a session's network is set when it is created (POST /sessions with network); a call cannot change it".into(),
-            ));
-        }
+        fixed_by_session(req)?;
         Ok(call)
     }
+}
+
+/// A session call's refusal of what only the session's creation sets.
+pub fn fixed_by_session(req: &ExecRequest) -> Result<(), ExecError> {
+    if req.limits.is_some() {
+        return Err(ExecError::FixedBySession { field: "limits" });
+    }
+    if req.network.is_some() {
+        return Err(ExecError::FixedBySession { field: "network" });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

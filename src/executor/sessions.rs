@@ -8,7 +8,7 @@ use super::{Executor, pool_refusal};
 use crate::api::{CreateSessionRequest, SessionInfo};
 use crate::error::error_chain;
 use crate::error::{ExecError, WorkerError};
-use crate::limits::{capped_secs, narrow_limits, run_timeout};
+use crate::limits::{MIN_SESSION_TTL, capped_secs, narrow_limits, readable, run_timeout};
 use crate::protocol::{self, SessionFrame};
 
 impl Executor {
@@ -40,11 +40,12 @@ impl Executor {
         let index = entry.id;
         let ttl = match req.ttl {
             None => config.ttl,
-            Some(t) if t.is_finite() && t > 0.0 => capped_secs(t, config.max_ttl),
+            Some(t) if t.is_finite() && t >= MIN_SESSION_TTL => capped_secs(t, config.max_ttl),
             Some(t) => {
                 return Err(ExecError::BadRequest(format!(
-                    "ttl must be a positive number of seconds, got {}",
-                    crate::limits::readable(t)
+                    "ttl must be a positive number of seconds, at least {MIN_SESSION_TTL} (session \
+                     times are kept to the millisecond), got {}",
+                    readable(t)
                 )));
             }
         };

@@ -191,8 +191,13 @@ impl McpHandler {
         Parameters(request): Parameters<ExecRequest>,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
-        if (request.session.is_some() || self.implicit.is_some())
-            && let Err(err) = fixed_by_session(&request)
+        // A call naming a session is refused as over HTTP: an unknown
+        // session (or another client's, answered alike) first, then what
+        // the session fixed. In the implicit session, what it fixed is
+        // refused before the session is made.
+        if request.session.is_none()
+            && self.implicit.is_some()
+            && let Err(err) = crate::executor::fixed_by_session(&request)
         {
             return refusal(err);
         }
@@ -917,28 +922,6 @@ async fn guard_panics<T>(
             ))
         }
     }
-}
-
-/// A session call's refusal of what only `create_session` sets, in the
-/// tools' terms (the HTTP API's names `POST /sessions`, which an MCP client
-/// does not call).
-fn fixed_by_session(request: &ExecRequest) -> Result<(), ExecError> {
-    if request.limits.is_some() {
-        return Err(ExecError::BadRequest(
-            "a session's limits are fixed when it is created, and over MCP they are the \
-             environment's (`create_session` takes none); a call in a session cannot change \
-             them: omit `limits`"
-                .into(),
-        ));
-    }
-    if request.network.is_some() {
-        return Err(ExecError::BadRequest(
-            "a session's network is fixed when it is created (the `network` argument of the \
-             `create_session` tool); a call in a session cannot change it: omit `network`"
-                .into(),
-        ));
-    }
-    Ok(())
 }
 
 /// The description of `execute_code`, naming this server's defaults;

@@ -112,6 +112,16 @@ fn message(err: &ExecError) -> String {
             message,
             create_one: true,
         } => format!("{message}; create one with the `create_session` tool"),
+        ExecError::FixedBySession { field: "limits" } => {
+            "a session's limits are fixed when it is created, and over MCP they are the \
+             environment's (`create_session` takes none); a call in a session cannot change \
+             them: omit `limits`"
+                .into()
+        }
+        ExecError::FixedBySession { field } => format!(
+            "a session's {field} is fixed when it is created (the `{field}` argument of the \
+             `create_session` tool); a call in a session cannot change it: omit `{field}`"
+        ),
         ExecError::TooManySessions { env, client, limit } => too_many_sessions(
             env.as_deref(),
             client.as_deref(),

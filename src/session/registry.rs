@@ -50,8 +50,9 @@ struct Inner {
     starting: HashMap<usize, usize>,
     /// Sessions being created, per client.
     starting_by: HashMap<Arc<str>, usize>,
-    /// Why recently ended sessions ended, oldest first.
-    ended: VecDeque<(String, String)>,
+    /// Why recently ended sessions ended, oldest first, with the client
+    /// that owned each (only it is told why).
+    ended: VecDeque<Ended>,
 }
 
 impl Inner {
@@ -62,12 +63,23 @@ impl Inner {
         (self.live.len() + starting_total, in_env)
     }
 
-    fn remember(&mut self, id: &str, reason: String) {
+    fn remember(&mut self, session: &Session, reason: String) {
         if self.ended.len() >= ENDED_KEPT {
             self.ended.pop_front();
         }
-        self.ended.push_back((id.to_string(), reason));
+        self.ended.push_back(Ended {
+            id: session.id.clone(),
+            owner: session.owner.clone(),
+            reason,
+        });
     }
+}
+
+/// A session that ended recently: why, told to its owner.
+struct Ended {
+    id: String,
+    owner: Option<Arc<str>>,
+    reason: String,
 }
 
 /// A slot under the caps, held while a session is being created; given
@@ -239,7 +251,7 @@ impl Sessions {
                     session: session.clone(),
                 })
             }
-            None => Err(self.unknown(&inner, id)),
+            None => Err(self.unknown(&inner, id, caller)),
         }
     }
 
@@ -255,7 +267,7 @@ impl Sessions {
         let session = call.session.clone();
         let mut slot = session.worker.lock().await;
         let Some(worker) = slot.as_mut() else {
-            return Err(self.unknown(&self.inner.lock(), &session.id));
+            return Err(self.unknown(&self.inner.lock(), &session.id, None));
         };
         if worker.is_poisoned() || !worker.is_alive() {
             let worker = slot.take();
@@ -264,7 +276,7 @@ impl Sessions {
                 worker,
                 "the session process was killed: an earlier call was abandoned mid-run (its client went away) or the process died".into(),
             );
-            return Err(self.unknown(&self.inner.lock(), &session.id));
+            return Err(self.unknown(&self.inner.lock(), &session.id, None));
         }
         let abandoned = Abandoned {
             sessions: self,
@@ -341,12 +353,12 @@ impl Sessions {
             match inner.live.get(id) {
                 Some(s) if owner.is_none_or(|o| s.owned_by(o)) => {}
                 Some(_) => return Err(self.not_yours(id)),
-                None => return Err(self.unknown(&inner, id)),
+                None => return Err(self.unknown(&inner, id, owner)),
             }
             let Some(session) = inner.live.remove(id) else {
-                return Err(self.unknown(&inner, id));
+                return Err(self.unknown(&inner, id, owner));
             };
-            inner.remember(id, "it was closed".into());
+            inner.remember(&session, "it was closed".into());
             session
         };
         tracing::info!(session = %id, "session closed");
@@ -373,7 +385,7 @@ impl Sessions {
             .is_some_and(|s| Arc::ptr_eq(s, session))
         {
             inner.live.remove(&session.id);
-            inner.remember(&session.id, reason);
+            inner.remember(session, reason);
         }
     }
 
@@ -395,7 +407,7 @@ impl Sessions {
                         "it expired after {} s without a call",
                         crate::limits::readable(session.ttl.as_secs_f64())
                     );
-                    inner.remember(id, reason);
+                    inner.remember(&session, reason);
                     Some(session)
                 })
                 .collect()
@@ -433,7 +445,7 @@ impl Sessions {
             let mut inner = self.inner.lock();
             let sessions: Vec<_> = inner.live.drain().map(|(_, s)| s).collect();
             for s in &sessions {
-                inner.remember(&s.id, format!("replica {:?} shut down", self.replica));
+                inner.remember(s, format!("replica {:?} shut down", self.replica));
             }
             sessions
         };
@@ -531,20 +543,32 @@ async fn worker_terminate(worker: Option<PooledWorker>, grace: Duration) {
 
 impl Sessions {
     /// `unknown_session` for a session of another client: the same answer
-    /// as for one that never existed, so that ids cannot be probed.
+    /// as for an id that never named a session here, so that a client
+    /// holding another's id cannot tell whether it is live.
     pub fn not_yours(&self, id: &str) -> ExecError {
-        no_such_session(id)
+        self.gone(id, None)
     }
 
-    /// `unknown_session`, saying why the session ended when it is
-    /// remembered, and where it lives when its id names another replica.
-    fn unknown(&self, inner: &Inner, id: &str) -> ExecError {
+    /// `unknown_session` for client `caller` (any with `None`), saying why
+    /// the session ended when it is remembered and was the caller's (to
+    /// another client, an id that never named a session), and where it
+    /// lives when its id names another replica.
+    fn unknown(&self, inner: &Inner, id: &str, caller: Option<&str>) -> ExecError {
         let reason = inner
             .ended
             .iter()
             .rev()
-            .find(|(ended, _)| ended == id)
-            .map(|(_, reason)| reason.as_str());
+            .find(|ended| ended.id == id)
+            .filter(|ended| match (caller, &ended.owner) {
+                (Some(caller), Some(owner)) => **owner == *caller,
+                _ => true,
+            })
+            .map(|ended| ended.reason.as_str());
+        self.gone(id, reason)
+    }
+
+    /// `unknown_session` for `id`, which ended for `reason` if known.
+    fn gone(&self, id: &str, reason: Option<&str>) -> ExecError {
         let here = &*self.replica;
         let message = match (reason, crate::replica::replica_of(id)) {
             (Some(reason), _) => format!("session {id:?} no longer exists: {reason}"),

@@ -455,6 +455,103 @@ fn hash_token_prints_the_sha256_of_the_argument_or_stdin() {
 }
 
 /// The first text of an MCP result.
+/// Another client's session, live or ended, gets exactly the answer an id
+/// of the same shape that never named a session gets (with the id in it):
+/// over HTTP and MCP, with or without `limits`, nothing tells a client that
+/// holds another's id whether that session exists or why it ended.
+#[tokio::test]
+async fn another_clients_session_is_answered_as_one_that_never_existed() {
+    let dir = tempfile::tempdir().unwrap();
+    let clients = clients_file(
+        dir.path(),
+        &(client("alice", "scopes = [\"execute\", \"sessions\"]")
+            + &client("bob", "scopes = [\"execute\", \"sessions\"]")),
+    );
+    let server = TestServer::with_config(Config {
+        clients_file: Some(clients),
+        pool_size: 1,
+        ..crate::common::config()
+    })
+    .await;
+    let (status, _, session) =
+        post_as(&server, "/sessions", Some("alice-token"), None, json!({})).await;
+    assert_eq!(status, 201, "{session}");
+    let id = session["id"].as_str().unwrap().to_string();
+    // The same shape (32 hex digits, this replica), another random part.
+    let never = format!("{}{}", "0".repeat(32), &id[32..]);
+    assert_ne!(never, id);
+    let bob = connect_http(&format!("{}/mcp", server.url), Some("bob-token")).await;
+    // What bob is told about `named`, with the id written as <id>.
+    let answers = |named: String| {
+        let (server, bob) = (&server, &bob);
+        async move {
+            let mut seen = Vec::new();
+            for extra in [json!({}), json!({"limits": {"memory_bytes": 100_000_000}})] {
+                let mut body = json!({"code": "1", "session": named});
+                body.as_object_mut()
+                    .unwrap()
+                    .extend(extra.as_object().unwrap().clone());
+                let (status, _, answer) = execute_as(server, "bob", body.clone()).await;
+                seen.push(format!("{status} {answer}").replace(&named, "<id>"));
+                let shown = refused(&execute_code(bob, body).await.unwrap());
+                seen.push(shown.replace(&named, "<id>"));
+            }
+            let gone = server
+                .client
+                .delete(format!("{}/sessions/{named}", server.url))
+                .bearer_auth("bob-token")
+                .send()
+                .await
+                .unwrap();
+            let status = gone.status();
+            let body = gone.text().await.unwrap();
+            seen.push(format!("{status} {body}").replace(&named, "<id>"));
+            let shown = refused(
+                &call(bob, "close_session", json!({"session": named}))
+                    .await
+                    .unwrap(),
+            );
+            seen.push(shown.replace(&named, "<id>"));
+            seen
+        }
+    };
+    let never_seen = answers(never.clone()).await;
+    assert!(never_seen[0].starts_with("404 "), "{never_seen:?}");
+    assert_eq!(
+        answers(id.clone()).await,
+        never_seen,
+        "alice's live session"
+    );
+    let (status, _, body) = post_as(
+        &server,
+        "/execute",
+        Some("alice-token"),
+        None,
+        json!({"code": "1", "session": id}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let closed = server
+        .client
+        .delete(format!("{}/sessions/{id}", server.url))
+        .bearer_auth("alice-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(closed.status(), 200);
+    assert_eq!(
+        answers(id.clone()).await,
+        never_seen,
+        "alice's closed session"
+    );
+    // Alice herself is told why hers ended.
+    let (status, _, body) = execute_as(&server, "alice", json!({"code": "1", "session": id})).await;
+    assert_eq!(status, 404, "{body}");
+    assert!(message(&body).contains("it was closed"), "{body}");
+    let _ = bob.cancel().await;
+    server.stop().await;
+}
+
 fn refused(result: &rmcp::model::CallToolResult) -> String {
     assert_eq!(result.is_error, Some(true), "{}", text(result));
     text(result)

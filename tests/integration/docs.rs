@@ -595,6 +595,7 @@ fn exec_errors() -> Vec<ExecError> {
             message: String::new(),
             create_one: false,
         },
+        ExecError::FixedBySession { field: "limits" },
         ExecError::TooManySessions {
             env: None,
             client: None,
@@ -633,6 +634,7 @@ fn exec_errors() -> Vec<ExecError> {
             | ExecError::ShuttingDown
             | ExecError::Draining { .. }
             | ExecError::UnknownSession { .. }
+            | ExecError::FixedBySession { .. }
             | ExecError::TooManySessions { .. }
             | ExecError::Cgroup(_)
             | ExecError::Encode(_)

@@ -646,6 +646,112 @@ async fn conda_install_is_read_at_once_and_restarts_the_workers_once() {
     server.stop().await;
 }
 
+/// The server's two workers (one per env) once the ones an install
+/// closed have ended and, if `not` is given, once they are not all of it.
+async fn settled_workers(server: &TestServer, not: &[u32]) -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut workers = common::worker_pids(server);
+        workers.sort_unstable();
+        if (workers.len() == 2 && workers != not) || Instant::now() > deadline {
+            return workers;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Two installs into one environment at once both succeed, each naming
+/// its own package: the second runs once the first is done, on the
+/// environment as the first left it. The first's answer has the
+/// environment read again, as documented, though the second already holds
+/// it. Afterwards the environment's workers are new and serve it as both
+/// left it, its packages list both, and its `env_hash` is the one the
+/// later install answered, different from the earlier's, and stays so.
+#[tokio::test]
+async fn two_installs_racing_into_one_env_both_land() {
+    let fixture = two_env_fixture();
+    let server = TestServer::with_config(Config {
+        admin_token: Some("admin-secret".into()),
+        rescan_interval: Duration::from_millis(300),
+        ..config_for(&fixture)
+    })
+    .await;
+    let body = run_in(&server, "ml", SHOW_ACTIVATOR).await;
+    assert_eq!(body["stdout"], "None\n");
+    let workers_before = settled_workers(&server, &[]).await;
+    let hash_before = env_named(&list_envs(&server).await, "ml")["env_hash"].clone();
+    let install = |packages: Value| {
+        request(
+            &server,
+            reqwest::Method::POST,
+            "/install",
+            Some("admin-secret"),
+            Some(json!({"env": "ml", "packages": packages, "manager": "conda"})),
+        )
+    };
+    // The second asks while the first runs, and waits for it. The first's
+    // answer comes with its activation read: a run made at once, while
+    // the second install still runs, has it.
+    let first_then_run = async {
+        let answer = install(json!(["slowa=1.0", "activator=1.0"])).await;
+        let body = run_in(&server, "ml", SHOW_ACTIVATOR).await;
+        (answer, body["stdout"].clone())
+    };
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        install(json!(["slowb=1.0"])).await
+    };
+    let (((status_a, a), seen), (status_b, b)) = tokio::join!(first_then_run, second);
+    assert_eq!(seen, "installed\n", "the run after the first answer");
+    assert_eq!((status_a, &a["exit_code"]), (200, &json!(0)), "{a}");
+    assert_eq!((status_b, &b["exit_code"]), (200, &json!(0)), "{b}");
+    assert_eq!(
+        a["installed"],
+        json!(["activator==1.0", "slowa==1.0"]),
+        "{a}"
+    );
+    assert_eq!(b["installed"], json!(["slowb==1.0"]), "{b}");
+    let (first, second) = (&a, &b);
+    assert_ne!(first["env_hash"], hash_before, "{first}");
+    assert_ne!(second["env_hash"], first["env_hash"], "{second}");
+
+    // The default env's worker stays; ml's is a new one, which has the
+    // activation the first install brought.
+    let body = run_in(&server, "ml", SHOW_ACTIVATOR).await;
+    assert_eq!(body["stdout"], "installed\n");
+    let workers = settled_workers(&server, &workers_before).await;
+    let kept = workers
+        .iter()
+        .filter(|p| workers_before.contains(p))
+        .count();
+    assert_eq!(kept, 1, "before {workers_before:?}, after {workers:?}");
+    let (status, body) = server.get("/list-packages?env=ml").await;
+    assert_eq!(status, 200, "{body}");
+    for name in ["slowa", "slowb", "activator"] {
+        assert!(
+            body["packages"]
+                .as_array()
+                .unwrap()
+                .contains(&json!({"name": name, "version": "1.0"})),
+            "{name} lost: {body}"
+        );
+    }
+    assert_eq!(
+        env_named(&list_envs(&server).await, "ml")["env_hash"],
+        second["env_hash"]
+    );
+    // Rescans later, nothing changed: the same worker, the same hash.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let body = run_in(&server, "ml", SHOW_ACTIVATOR).await;
+    assert_eq!(body["stdout"], "installed\n");
+    assert_eq!(settled_workers(&server, &[]).await, workers);
+    assert_eq!(
+        env_named(&list_envs(&server).await, "ml")["env_hash"],
+        second["env_hash"]
+    );
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn install_refuses_options_and_invalid_specs_and_runs_nothing() {
     let fixture = two_env_fixture();

@@ -311,6 +311,83 @@ async fn session_errors_name_the_session_tools() {
     executor.shutdown().await;
 }
 
+/// A call naming a session that does not exist is told so first, as over
+/// HTTP, even when it also sends `limits` or `network` (which a session
+/// call would be refused): the session is what the client must fix. With
+/// implicit sessions on, too.
+#[tokio::test]
+async fn an_unknown_session_is_named_before_the_calls_limits_or_network() {
+    for implicit in [false, true] {
+        let mut config = config();
+        config.mcp_implicit_session = implicit;
+        let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+        let client = connect_in_process(executor.clone(), &config).await;
+        for (field, value) in [
+            ("limits", json!({"memory_bytes": 100_000_000})),
+            ("network", json!({"allowed_hosts": []})),
+        ] {
+            let (failed, out) = run(
+                &client,
+                json!({"code": "pass", "session": "nope", field: value}),
+            )
+            .await;
+            assert!(failed, "{out}");
+            assert_eq!(
+                out,
+                "error (unknown_session): unknown session \"nope\"; create one with the \
+                 `create_session` tool",
+                "implicit {implicit}, {field}"
+            );
+        }
+        let _ = client.cancel().await;
+        executor.shutdown().await;
+    }
+}
+
+/// `create_session` refuses a ttl under a millisecond as `POST /sessions`
+/// does; a tiny timeout is taken, and reads as a number, not 300 zeros.
+#[tokio::test]
+async fn create_session_refuses_a_ttl_under_a_millisecond() {
+    let config = config();
+    let executor = Arc::new(Executor::start(&config).await.expect("executor starts"));
+    let client = connect_in_process(executor.clone(), &config).await;
+    let refused = call(&client, "create_session", json!({"ttl": 1e-9}))
+        .await
+        .unwrap();
+    assert_eq!(refused.is_error, Some(true), "{}", text(&refused));
+    assert_eq!(
+        text(&refused),
+        "error (bad_request): ttl must be a positive number of seconds, at least 0.001 (session \
+         times are kept to the millisecond), got 1e-9"
+    );
+    let created = call(
+        &client,
+        "create_session",
+        json!({"ttl": 0.5, "timeout": 1e-300}),
+    )
+    .await
+    .unwrap();
+    assert_ne!(created.is_error, Some(true), "{}", text(&created));
+    assert!(
+        text(&created).ends_with("(ends after 0.5 s without a call)"),
+        "{}",
+        text(&created)
+    );
+    let id = created.structured_content.as_ref().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (failed, out) = run(
+        &client,
+        json!({"code": "import time; time.sleep(5)", "session": id}),
+    )
+    .await;
+    assert!(failed, "{out}");
+    assert!(out.contains("[timed out after 1e-300 s]"), "{out}");
+    let _ = client.cancel().await;
+    executor.shutdown().await;
+}
+
 /// The `execute_code` description a `tools/list` answer carries.
 fn execute_code_description(tools: &[serde_json::Value]) -> String {
     tools

@@ -191,6 +191,63 @@ async fn unknown_ids_and_bad_requests_are_refused() {
     server.stop().await;
 }
 
+/// A ttl under a millisecond (the resolution of session times) would end
+/// the session before its first call: it is refused naming `ttl`, written
+/// readably; a millisecond is taken as asked. A session's tiny `timeout` is
+/// taken as `/execute` takes it: a call that takes any time times out at
+/// once, and nothing prints 300 zeros.
+#[tokio::test]
+async fn a_ttl_under_a_millisecond_is_refused_and_a_tiny_timeout_times_out() {
+    let server = TestServer::start().await;
+    for (ttl, shown) in [
+        (json!(5e-324), "5e-324"),
+        (json!(1e-9), "1e-9"),
+        (json!(0.0009), "0.0009"),
+        (json!(0), "0"),
+        (json!(-1), "-1"),
+        (json!(-1e300), "-1e300"),
+    ] {
+        let (status, body) = server.post("/sessions", json!({"ttl": ttl})).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some("bad_request")),
+            "{body}"
+        );
+        assert_eq!(
+            common::error_message(&body),
+            format!(
+                "ttl must be a positive number of seconds, at least 0.001 (session times are \
+                 kept to the millisecond), got {shown}"
+            )
+        );
+    }
+    assert!(server.get("/sessions").await.1["sessions"] == json!([]));
+    let (status, info) = server.post("/sessions", json!({"ttl": 0.001})).await;
+    assert_eq!(status, 201, "{info}");
+    assert_eq!(info["ttl"], 0.001, "{info}");
+
+    let (status, body) = server.post("/sessions", json!({"timeout": -1e-300})).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        common::error_message(&body),
+        "timeout must be a positive number of seconds, got -1e-300"
+    );
+    let (status, info) = server.post("/sessions", json!({"timeout": 1e-300})).await;
+    assert_eq!(status, 201, "{info}");
+    assert_eq!(info["timeout"], 1e-300, "{info}");
+    let id = info["id"].as_str().unwrap();
+    // A call that takes any time at all is cut (a trivial one may end
+    // first), as /execute cuts one with the same timeout.
+    let slow = "import time; time.sleep(5)";
+    let body = ok(&server, id, slow).await;
+    assert_eq!(body["timed_out"], true, "{body}");
+    let (status, body) = server
+        .execute(json!({"code": slow, "timeout": 1e-300}))
+        .await;
+    assert_eq!((status, &body["timed_out"]), (200, &json!(true)), "{body}");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn idle_sessions_expire_and_calls_renew_them() {
     let mut config = common::config();

@@ -180,6 +180,45 @@ async fn stream_flag_in_the_body_also_streams_and_refusals_keep_their_status() {
     server.stop().await;
 }
 
+/// `Accept: text/event-stream` streams whatever the body's `stream` says:
+/// `"stream": false` does not turn it off, and an Accept that lists JSON
+/// first streams too. Without the header, `"stream": false` is JSON.
+#[tokio::test]
+async fn the_accept_header_streams_even_when_the_body_says_stream_false() {
+    let server = TestServer::start().await;
+    for accept in ["text/event-stream", "application/json, text/event-stream"] {
+        let resp = server
+            .client
+            .post(format!("{}/execute", server.url))
+            .header("accept", accept)
+            .json(&json!({"code": "print('x')\n1+1", "stream": false}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()["content-type"].to_str().unwrap(),
+            "text/event-stream",
+            "Accept: {accept}"
+        );
+        let text = resp.text().await.unwrap();
+        assert!(
+            text.starts_with("event: stdout\ndata: \"x")
+                && text.contains("event: result\ndata: {\"stdout\":\"x\\n\""),
+            "Accept: {accept}: {text}"
+        );
+    }
+    let (status, body) = server
+        .execute(json!({"code": "print('x')", "stream": false}))
+        .await;
+    assert_eq!(
+        (status, body["stdout"].as_str()),
+        (200, Some("x\n")),
+        "{body}"
+    );
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_client_that_disconnects_cancels_its_run() {
     let server = TestServer::start().await;

@@ -253,6 +253,8 @@ JSON
         -p) shift; prefix=$1 ;;
         -*) echo "fake conda: unexpected option $1" >&2; exit 2 ;;
         *) name=${{1%%[=<>]*}}
+           # A slow package keeps the install running, for races.
+           case "$name" in slow*) sleep 1 ;; esac
            printf '{{"name": "%s", "version": "1.0", "build": "0"}}\n' "$name" > "$prefix/conda-meta/$name-1.0-0.json"
            # A package with an activation script, as e.g. openjdk has.
            if [ "$name" = activator ]; then
