@@ -203,7 +203,8 @@ async fn numbers_in_messages_are_written_as_a_person_reads_them() {
     assert_eq!(status, 400, "{body}");
     assert_eq!(
         body["error"]["message"],
-        "ttl must be a positive number of seconds, got -1e-300"
+        "ttl must be a positive number of seconds, at least 0.001 (session times are kept to \
+         the millisecond), got -1e-300"
     );
     server.stop().await;
 }
