@@ -4280,6 +4280,10 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
             except (ChannelClosed, EOFError):
                 status = 0
                 break
+            # The call is set up from here: its interrupt is kept for it
+            # (see interrupt_call).
+            _interrupted[0] = False
+            _in_call[0] = 1
             if direct:
                 # A tuple, not the exec frame's map: unpickling a map's keys
                 # cost each call ~6 us (see SessionCall in src/worker/direct.rs).
@@ -4361,18 +4365,26 @@ def report_frame(report):
     return framed(packb(report))
 
 
-# Whether a session child's call is running its code: what its SIGINT
-# handler reads (see interrupt_call).
-_in_call = [False]
+# Where a session child is in a call, what its SIGINT handler reads (see
+# interrupt_call): between calls (0), setting one up (1) or running its
+# code (2); and whether the call's interrupt came while it was set up.
+_in_call = [0]
+_interrupted = [False]
 
 
 def interrupt_call(signum, frame):
     """A session child's SIGINT handler, for its whole life: the interrupt
     sent at a call's timeout is a KeyboardInterrupt while the call's code
-    runs, and nothing otherwise (it came late). One handler, not one
-    installed per call: that took two ``sigaction`` calls, ~10 us."""
-    if _in_call[0]:
+    runs; one that comes while the call is set up is kept, and raised as its
+    code would start (a timeout shorter than the setup: the code does not
+    run, and the session lives on); between calls it came late, and is
+    nothing. One handler, not one installed per call: that took two
+    ``sigaction`` calls, ~10 us."""
+    phase = _in_call[0]
+    if phase == 2:
         raise KeyboardInterrupt
+    if phase == 1:
+        _interrupted[0] = True
 
 
 # The sys.stdin a session's last call with stdin got (see session_call).
@@ -4410,19 +4422,25 @@ def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnu
         compiled = precompile(code, digits() if digits else None, here=True)
         if _signal.getsignal(_SIGINT) is not interrupt_call:  # the last call's code set its own
             _signal.signal(_SIGINT, interrupt_call)
-        _in_call[0] = True
         try:
+            # From here an interrupt raises; one kept while the call was set
+            # up is raised now, in place of the code.
+            _in_call[0] = 2
+            if _interrupted[0]:
+                raise KeyboardInterrupt
             outcome = run_user_code(code, argv, main, at_exit=False, result_cap=cap,
                                     compiled=compiled)
         finally:
-            _in_call[0] = False
+            _in_call[0] = 0
         save_figures()
     except FilesRefused as refused:
+        _in_call[0] = 0
         report = {"status": 0, "result": None, "error": None,
                   "refused": {"code": refused.code, "message": refused.message}}
         clock.stop(begun, report)
         return report
     except BaseException as exc:  # an interrupt that landed outside the code
+        _in_call[0] = 0
         outcome.status = 1
         outcome.error = user_traceback(exc)
     for stream in (sys.stdout, sys.stderr):

@@ -197,6 +197,53 @@ async fn unknown_ids_and_bad_requests_are_refused() {
 /// taken as `/execute` takes it: a call that takes any time times out at
 /// once, and nothing prints 300 zeros.
 #[tokio::test]
+async fn a_timeout_that_comes_while_a_call_is_set_up_ends_the_call_not_the_session() {
+    let server = TestServer::start().await;
+    let (status, info) = server.post("/sessions", json!({})).await;
+    assert_eq!(status, 201, "{info}");
+    let id = info["id"].as_str().unwrap();
+    ok(&server, id, "x = 5").await;
+    // Writing 20 MB of files takes the session's process milliseconds: the
+    // call's 1 ms timeout comes as it does. The code does not run, and the
+    // session keeps its state and the call's files.
+    for round in 0..2 {
+        let started = Instant::now();
+        let (status, body) = server
+            .execute(json!({
+                "session": id,
+                "code": "import time; time.sleep(10); print('ran')",
+                "timeout": 0.001,
+                "files": {format!("big{round}.txt"): "x".repeat(20_000_000)},
+            }))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["timed_out"], true, "{body}");
+        assert_eq!(body["limit"], "timeout", "{body}");
+        assert_eq!(body["error"]["type"], "KeyboardInterrupt", "{body}");
+        assert_eq!(body["stdout"], "", "{body}");
+        assert!(
+            body.get("session_lost").is_none_or(Value::is_null),
+            "{body}"
+        );
+        // Interrupted, not killed after the 2 s grace.
+        assert!(started.elapsed() < Duration::from_millis(1900), "{body}");
+        let body = ok(
+            &server,
+            id,
+            "import os\nprint(x, sorted(os.listdir('.')), os.path.getsize('big0.txt'))",
+        )
+        .await;
+        let listed = if round == 0 {
+            "['big0.txt']"
+        } else {
+            "['big0.txt', 'big1.txt']"
+        };
+        assert_eq!(body["stdout"], format!("5 {listed} 20000000\n"), "{body}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn a_ttl_under_a_millisecond_is_refused_and_a_tiny_timeout_times_out() {
     let server = TestServer::start().await;
     for (ttl, shown) in [
