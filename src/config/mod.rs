@@ -793,10 +793,14 @@ impl Config {
                 )));
             }
         }
-        if self.sessions.ttl.is_zero() || self.sessions.ttl > self.sessions.max_ttl {
+        let least = Duration::from_secs_f64(crate::limits::MIN_SESSION_TTL);
+        if self.sessions.ttl < least || self.sessions.ttl > self.sessions.max_ttl {
             return Err(ConfigError::Invalid(format!(
-                "session_ttl must be positive and at most max_session_ttl ({} s)",
-                crate::limits::readable(self.sessions.max_ttl.as_secs_f64())
+                "session_ttl_secs must be at least {} (session times are kept to the millisecond) \
+                 and at most max_session_ttl_secs ({} s), got {}",
+                crate::limits::MIN_SESSION_TTL,
+                crate::limits::readable(self.sessions.max_ttl.as_secs_f64()),
+                crate::limits::readable(self.sessions.ttl.as_secs_f64())
             )));
         }
         crate::replica::check_replica_id(&self.replica_id).map_err(ConfigError::Invalid)?;
@@ -1091,6 +1095,30 @@ mod tests {
         assert!(err.contains("pool_sise"), "{err}");
         let err = parse_file("port = 8080\ntimeout = \"x\"\n").unwrap_err();
         assert!(err.starts_with("line 2, column 11: "), "{err}");
+    }
+
+    #[test]
+    fn a_session_ttl_is_at_least_a_millisecond_and_at_most_the_cap() {
+        for (text, got) in [
+            ("session_ttl_secs = 0.0001", "got 0.0001"),
+            ("session_ttl_secs = 0", "got 0"),
+            ("max_session_ttl_secs = 0.0005", "(0.0005 s), got 600"),
+            (
+                "session_ttl_secs = 10\nmax_session_ttl_secs = 5",
+                "(5 s), got 10",
+            ),
+        ] {
+            let file: Options = toml::from_str(text).unwrap();
+            let err = merge(&Options::default(), file).unwrap_err().to_string();
+            assert!(
+                err.contains("session_ttl_secs must be at least 0.001") && err.ends_with(got),
+                "{text}: {err}"
+            );
+        }
+        let file: Options =
+            toml::from_str("session_ttl_secs = 0.001\nmax_session_ttl_secs = 0.001").unwrap();
+        let c = merge(&Options::default(), file).unwrap();
+        assert_eq!(c.sessions.ttl, Duration::from_millis(1));
     }
 
     #[test]
