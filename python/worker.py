@@ -1459,8 +1459,8 @@ def look_up_held_files(files):
     return found
 
 
-def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000, compiled=None,
-                  call=None, modules=()):
+def run_user_code(code, argv, main=None, result_cap=10000, compiled=None, call=None,
+                  modules=()):
     """Run ``code`` as ``python script.py`` would, in ``main``. The value of a
     final expression statement is kept (its repr), as a notebook cell shows it.
     ``compiled``: the code already compiled (see precompile). ``call``: the
@@ -1511,10 +1511,16 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000, compile
     except BaseException as exc:  # noqa: B902 - the run's own failure
         outcome.error = user_traceback(exc, modules)
         outcome.status = 1
-    if not at_exit:
-        return outcome
+    return outcome
+
+
+def end_run(collections):
+    """What the interpreter does as ``python script.py`` ends, once the
+    run's code has (its caller holds ``__main__`` no more): figures saved,
+    non-daemon threads joined, atexit handlers run, what only ``__main__``
+    held freed (see free_main), the streams flushed. ``collections``:
+    generation 1's count of collections as the run began."""
     save_figures()
-    # What the interpreter does at exit: join non-daemon threads, run atexit.
     # With no thread but this one there is nothing to join, and _shutdown
     # would write to pages this child still shares with its zygote (tens of
     # microseconds of copy-on-write faults on every run).
@@ -1531,29 +1537,79 @@ def run_user_code(code, argv, main=None, at_exit=True, result_cap=10000, compile
         atexit._run_exitfuncs()
     except BaseException:
         pass
-    clear_main(ns)
+    try:
+        free_main(collections)
+    except BaseException:  # a __del__'s own failure is reported as it runs
+        pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except BaseException:
             pass
-    return outcome
 
 
-def clear_main(ns):
-    """Clear ``__main__`` as the interpreter does as it exits, before the
-    child's ``os._exit`` skips the rest: the objects only the run's code held
-    are freed, so a file it left open is flushed and closed (its buffered
-    writes are not lost) and a ``__del__`` runs, as after ``python script.py``.
-    CPython's order: names with one leading underscore first, then all but
-    ``__builtins__``, each set to None."""
-    try:
-        for name in [n for n in ns if type(n) is str and n[:1] == "_" and n[1:2] != "_"]:
-            ns[name] = None
-        for name in [n for n in ns if n != "__builtins__"]:
-            ns[name] = None
-    except BaseException:  # a __del__'s own failure is reported as it runs
-        pass
+def free_main(collections):
+    """Free what the run's code left in ``__main__``, as the interpreter does
+    as it exits (``os._exit`` would skip it): the module leaves
+    ``sys.modules``; the files its names reach are flushed; then what only
+    it held is freed, by a collection that runs every finalizer (a
+    ``__del__``, a file's close) before it frees anything, so that a
+    ``__del__`` sees the module's globals. Flushing first keeps what a file
+    holds: a collection may close a file's buffer before the text layer on
+    it has written its last characters into it. A run that bound no name of
+    its own leaves nothing to free. ``collections``: generation 1's count of
+    collections as the run began; when it moved, the run's objects may be
+    in the oldest generation, which only a full collection (~0.1 ms) looks
+    at. What a thread still running or another module holds stays (the
+    interpreter, which stops daemon threads first, then sets the names of
+    such modules to None), its files flushed."""
+    main = sys.modules.pop("__main__", None)
+    names = getattr(main, "__dict__", None)
+    del main
+    if type(names) is not dict or all(k[:2] == "__" == k[-2:] for k in names if type(k) is str):
+        return
+    flush_files(names)
+    del names
+    full = gc.get_stats()[1]["collections"] != collections
+    gc.collect(2 if full else 1)
+
+
+# What flush_files does not look into: it looks for the run's own files.
+_NOT_HOLDERS = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+                types.CodeType, types.MethodType, str, bytes, int, float, complex)
+_CONTAINERS = (list, tuple, dict, set, frozenset)
+
+
+def flush_files(names, budget=10000, wide=1000):
+    """Flush the files ``names`` (a run's globals) reach, nearest first: its
+    values, their attributes and items, the attributes of its classes; at
+    most ``budget`` objects looked at, none inside a module, a function, a
+    class defined elsewhere or a container of over ``wide`` items."""
+    import _io
+
+    base = _io._IOBase
+    seen = set()
+    todo = list(names.values())
+    at = 0
+    while at < len(todo) and at < budget:
+        obj = todo[at]
+        at += 1
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, base):
+            try:
+                obj.flush()
+            except BaseException:  # closed, or the flush failed (a full disk): as at exit
+                pass
+        elif isinstance(obj, type):
+            if obj.__module__ == "__main__":
+                todo.extend(obj.__dict__.values())
+        elif isinstance(obj, _CONTAINERS):
+            if len(obj) <= wide:
+                todo.extend(gc.get_referents(obj))
+        elif not isinstance(obj, _NOT_HOLDERS):
+            todo.extend(gc.get_referents(obj))
 
 
 # The linecache entry of the code run last, while linecache is not imported
@@ -1755,7 +1811,7 @@ def rehearse(request_fd=None, wait=WARM_AFTER_MS):
     if request_fd is not None and poller.poll(0):
         return
     outcome = run_user_code(rehearsal["code"], rehearsal["argv"],
-                            types.ModuleType("__warm__"), at_exit=False,
+                            types.ModuleType("__warm__"),
                             compiled=rehearsal["compiled"])
     packb({"status": outcome.status, "result": outcome.result, "error": outcome.error})
 
@@ -1842,6 +1898,7 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
             os._exit(0)
         req.close()
         begun = own_usage().get("cpu_ms", 0.0)
+        collections = gc.get_stats()[1]["collections"]
         msg = marshal.loads(frame)
         del frame
         # The request's own files are written before its limits apply: a
@@ -1875,6 +1932,8 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
         del msg
         outcome = run_user_code(code, argv, main, result_cap=result_cap, compiled=compiled,
                                 call=call, modules=modules)
+        del main  # what only it holds is freed as the run ends
+        end_run(collections)
         status = outcome.status
         report = {"status": status, "result": outcome.result, "error": outcome.error,
                   **own_usage(begun)}
@@ -4428,7 +4487,7 @@ def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnu
             _in_call[0] = 2
             if _interrupted[0]:
                 raise KeyboardInterrupt
-            outcome = run_user_code(code, argv, main, at_exit=False, result_cap=cap,
+            outcome = run_user_code(code, argv, main, result_cap=cap,
                                     compiled=compiled)
         finally:
             _in_call[0] = 0

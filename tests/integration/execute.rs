@@ -206,7 +206,7 @@ async fn what_the_code_left_in_main_is_freed_as_the_interpreter_exits() {
         .await;
     assert_eq!(body["exit_code"], 0, "{body}");
     assert_eq!(body["stdout"], "done\natexit\nclosing\n", "{body}");
-    let size = |path: &str| {
+    let size = |body: &serde_json::Value, path: &str| {
         body["artifacts"]
             .as_array()
             .unwrap()
@@ -215,8 +215,58 @@ async fn what_the_code_left_in_main_is_freed_as_the_interpreter_exits() {
             .unwrap_or_else(|| panic!("no artifact {path}: {body}"))["size"]
             .as_u64()
     };
-    assert_eq!(size("out.txt"), Some(5000), "{body}");
-    assert_eq!(size("log.txt"), Some(5), "{body}");
+    assert_eq!(size(&body, "out.txt"), Some(5000), "{body}");
+    assert_eq!(size(&body, "log.txt"), Some(5), "{body}");
+
+    // Files a class attribute, a reference cycle or a big run's oldest
+    // objects hold keep what was written to them too, and a `__del__` sees
+    // the module's globals (`os`, `g`), as `python script.py` does.
+    let code = r#"
+import os
+g = 1
+class Temp:
+    def __init__(self):
+        open('temp.txt', 'w').close()
+    def __del__(self):
+        os.remove('temp.txt')
+        print('removed, g =', g)
+class C:
+    f = open('class.txt', 'w')
+C.f.write('a')
+class Node:
+    pass
+n = Node(); n.me = n; n.f = open('cycle.txt', 'w'); n.f.write('bc')
+big = [[i] for i in range(100_000)]
+t = Temp()
+"#;
+    let body = server.run(code).await;
+    assert_eq!(body["exit_code"], 0, "{body}");
+    assert_eq!(body["stdout"], "removed, g = 1\n", "{body}");
+    assert_eq!(body["stderr"], "", "{body}");
+    assert_eq!(size(&body, "class.txt"), Some(1), "{body}");
+    assert_eq!(size(&body, "cycle.txt"), Some(2), "{body}");
+    assert!(
+        !body["artifacts"].to_string().contains("temp.txt"),
+        "{body}"
+    );
+
+    // A daemon thread still running holds the module: the run's files are
+    // flushed, nothing is freed under the thread, and it is not disturbed.
+    let code = r#"
+import threading, time
+f = open('daemon.txt', 'w')
+f.write('kept')
+def spin():
+    while True:
+        time.sleep(0.0005)
+threading.Thread(target=spin, daemon=True).start()
+print('ok')
+"#;
+    let body = server.run(code).await;
+    assert_eq!(body["exit_code"], 0, "{body}");
+    assert_eq!(body["stdout"], "ok\n", "{body}");
+    assert_eq!(body["stderr"], "", "{body}");
+    assert_eq!(size(&body, "daemon.txt"), Some(4), "{body}");
 
     // A `__del__` that fails is reported as the interpreter reports it, and
     // the run's exit status is still its code's.
