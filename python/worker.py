@@ -112,8 +112,9 @@ the session child's request pipe and reads its stdout and stderr itself. On
 that pipe a call is a pickle (protocol 3, after the 4-byte length) of what
 the child needs of its `exec` frame, as a tuple: `id`, `code`, `stdin`,
 `files` (a list of (path, bytes) tuples), `argv`, `limits.cpu_seconds`,
-`artifacts`, `max_artifact_bytes`, `max_artifacts_bytes` and
-`max_result_chars`. The C unpickler reads it in about a microsecond, where
+`artifacts`, `max_artifact_bytes`, `max_artifacts_bytes`,
+`max_result_chars` and when its interrupt is due (seconds of the system's
+`CLOCK_MONOTONIC`: the call's start plus its timeout). The C unpickler reads it in about a microsecond, where
 the frame's map takes several and the pure-Python msgpack decoder about
 twenty. Only the server writes that pipe (user code could write its own
 process's request pipe, but it runs in that process already). The child
@@ -4339,21 +4340,18 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
             except (ChannelClosed, EOFError):
                 status = 0
                 break
-            # The call is set up from here: its interrupt is kept for it
-            # (see interrupt_call).
-            _interrupted[0] = False
-            _in_call[0] = 1
             if direct:
                 # A tuple, not the exec frame's map: unpickling a map's keys
                 # cost each call ~6 us (see SessionCall in src/worker/direct.rs).
                 (call, code, stdin, sent, argv, cpu_seconds, select_, max_each, max_total,
-                 cap) = load_call(frame)
+                 cap, interrupt_at) = load_call(frame)
             else:
                 msg = marshal.loads(frame)
                 call, code, stdin, sent, argv = (
                     msg["id"], msg["code"], msg["stdin"], msg["files"], msg["argv"])
                 cpu_seconds = msg["limits"].get("cpu_seconds")
                 cap = msg["max_result_chars"]
+                interrupt_at = msg.get("interrupt_at")
                 select_ = False
                 del msg
             del frame
@@ -4363,7 +4361,7 @@ def session_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, lim
                 caps = (max_each, max_total)
             files = None
             report = session_call(code, stdin, sent, argv, cpu_seconds, cap, main, rundir,
-                                  devnull, clock)
+                                  devnull, clock, interrupt_at)
             del code, stdin, sent, argv
             if direct:
                 report["id"] = call  # the server skips reports of other calls
@@ -4424,37 +4422,38 @@ def report_frame(report):
     return framed(packb(report))
 
 
-# Where a session child is in a call, what its SIGINT handler reads (see
-# interrupt_call): between calls (0), setting one up (1) or running its
-# code (2); and whether the call's interrupt came while it was set up.
-_in_call = [0]
+# Whether a session child's call is running its code, and whether an
+# interrupt came while none was: what its SIGINT handler writes and reads
+# (see interrupt_call).
+_in_call = [False]
 _interrupted = [False]
 
 
 def interrupt_call(signum, frame):
     """A session child's SIGINT handler, for its whole life: the interrupt
     sent at a call's timeout is a KeyboardInterrupt while the call's code
-    runs; one that comes while the call is set up is kept, and raised as its
-    code would start (a timeout shorter than the setup: the code does not
-    run, and the session lives on); between calls it came late, and is
-    nothing. One handler, not one installed per call: that took two
-    ``sigaction`` calls, ~10 us."""
-    phase = _in_call[0]
-    if phase == 2:
+    runs. One that comes while no code runs is noted: it came late, for the
+    last call, or early, for the call being read or set up (a timeout
+    shorter than its setup), which the call tells apart as its code would
+    start, by its time (see session_call). One handler, not one installed
+    per call: that took two ``sigaction`` calls, ~10 us."""
+    if _in_call[0]:
         raise KeyboardInterrupt
-    if phase == 1:
-        _interrupted[0] = True
+    _interrupted[0] = True
 
 
 # The sys.stdin a session's last call with stdin got (see session_call).
 _call_stdin = [None]
 
 
-def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnull, clock):
+def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnull, clock,
+                 interrupt_at=None):
     """Run one call's ``code`` in the session's ``main`` (with its
     ``stdin``, input ``files``, ``argv``, ``cpu_seconds`` and result
     ``cap``); its report, with the call's CPU time and peak RSS as ``clock``
-    measures them."""
+    measures them. ``interrupt_at``: when the call's interrupt is sent if it
+    has not ended (``time.monotonic()``, the system's monotonic clock, as
+    the server reads it)."""
     begun = clock.start(cpu_seconds)
     outcome = RunOutcome()
     try:
@@ -4482,24 +4481,26 @@ def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnu
         if _signal.getsignal(_SIGINT) is not interrupt_call:  # the last call's code set its own
             _signal.signal(_SIGINT, interrupt_call)
         try:
-            # From here an interrupt raises; one kept while the call was set
-            # up is raised now, in place of the code.
-            _in_call[0] = 2
+            # From here an interrupt raises. One noted before is this call's
+            # when its time has come (the server sends a call's interrupt at
+            # that time, never before; a late one for the last call came
+            # before it): raised now, in place of the code.
+            _in_call[0] = True
             if _interrupted[0]:
-                raise KeyboardInterrupt
+                _interrupted[0] = False
+                if interrupt_at is not None and time.monotonic() >= interrupt_at:
+                    raise KeyboardInterrupt
             outcome = run_user_code(code, argv, main, result_cap=cap,
                                     compiled=compiled)
         finally:
-            _in_call[0] = 0
+            _in_call[0] = False
         save_figures()
     except FilesRefused as refused:
-        _in_call[0] = 0
         report = {"status": 0, "result": None, "error": None,
                   "refused": {"code": refused.code, "message": refused.message}}
         clock.stop(begun, report)
         return report
     except BaseException as exc:  # an interrupt that landed outside the code
-        _in_call[0] = 0
         outcome.status = 1
         outcome.error = user_traceback(exc)
     for stream in (sys.stdout, sys.stderr):
@@ -4768,6 +4769,7 @@ class Session:
             before = self.files if self.files is not None else snapshot(child.rundir)
         self.files = None
         start = time.monotonic()
+        msg["interrupt_at"] = start + msg["timeout"]  # see session_call
         unsent = None
         try:
             write_all(child.req_w, hand_off(msg))

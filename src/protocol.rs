@@ -105,8 +105,9 @@
 //! that pipe a call is a pickle (protocol 3, after the 4-byte length) of what
 //! the child needs of its `exec` frame, as a tuple: `id`, `code`, `stdin`,
 //! `files` (a list of (path, bytes) tuples), `argv`, `limits.cpu_seconds`,
-//! `artifacts`, `max_artifact_bytes`, `max_artifacts_bytes` and
-//! `max_result_chars`. The C unpickler reads it in about a microsecond, where
+//! `artifacts`, `max_artifact_bytes`, `max_artifacts_bytes`,
+//! `max_result_chars` and when its interrupt is due (seconds of the system's
+//! `CLOCK_MONOTONIC`: the call's start plus its timeout). The C unpickler reads it in about a microsecond, where
 //! the frame's map takes several and the pure-Python msgpack decoder about
 //! twenty. Only the server writes that pipe (user code could write its own
 //! process's request pipe, but it runs in that process already). The child

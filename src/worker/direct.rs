@@ -164,10 +164,13 @@ struct SessionCall<'a>(
     u64,
     u64,
     u64,
+    f64,
 );
 
 impl<'a> SessionCall<'a> {
-    fn of(params: &'a CallParams<'a>) -> SessionCall<'a> {
+    /// `interrupt_at`: when the call's interrupt is due, in seconds of
+    /// `CLOCK_MONOTONIC` (the child's `time.monotonic()`).
+    fn of(params: &'a CallParams<'a>, interrupt_at: f64) -> SessionCall<'a> {
         SessionCall(
             params.id,
             params.code,
@@ -179,8 +182,17 @@ impl<'a> SessionCall<'a> {
             params.max_artifact_bytes,
             params.max_artifacts_bytes,
             params.max_result_chars,
+            interrupt_at,
         )
     }
+}
+
+/// Seconds of `CLOCK_MONOTONIC`, the clock `Instant` and Python's
+/// `time.monotonic()` read (0 if it cannot be read, which makes an early
+/// interrupt the call's at once).
+fn monotonic_secs() -> f64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map_or(0.0, |t| t.tv_sec() as f64 + t.tv_nsec() as f64 * 1e-9)
 }
 
 /// The `artifacts` field of an `exec` frame.
@@ -552,7 +564,11 @@ impl Worker {
                 break;
             }
         }
-        protocol::pickle_into(&SessionCall::of(&params), &mut session.call)
+        // The child tells an interrupt that comes before its code runs by
+        // this time (see `session_call` in python/worker.py).
+        let interrupt_at =
+            monotonic_secs() + params.timeout.max(0.0) - started.elapsed().as_secs_f64();
+        protocol::pickle_into(&SessionCall::of(&params, interrupt_at), &mut session.call)
             .map_err(WorkerError::Protocol)?;
         // A child that has ended takes no call. A process it forked may
         // still hold the request pipe open: a call larger than the pipe

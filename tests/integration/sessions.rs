@@ -191,11 +191,6 @@ async fn unknown_ids_and_bad_requests_are_refused() {
     server.stop().await;
 }
 
-/// A ttl under a millisecond (the resolution of session times) would end
-/// the session before its first call: it is refused naming `ttl`, written
-/// readably; a millisecond is taken as asked. A session's tiny `timeout` is
-/// taken as `/execute` takes it: a call that takes any time times out at
-/// once, and nothing prints 300 zeros.
 #[tokio::test]
 async fn a_timeout_that_comes_while_a_call_is_set_up_ends_the_call_not_the_session() {
     let server = TestServer::start().await;
@@ -240,9 +235,42 @@ async fn a_timeout_that_comes_while_a_call_is_set_up_ends_the_call_not_the_sessi
         };
         assert_eq!(body["stdout"], format!("5 {listed} 20000000\n"), "{body}");
     }
+
+    // A session whose calls time out at once: each call's interrupt comes
+    // as the call is read or set up, often before its code could start.
+    let (status, info) = server.post("/sessions", json!({"timeout": 1e-300})).await;
+    assert_eq!(status, 201, "{info}");
+    let id = info["id"].as_str().unwrap();
+    let (_, body) = server
+        .execute(json!({"session": id, "code": "x = 5", "timeout": 5}))
+        .await;
+    assert_eq!(body["exit_code"], 0, "{body}");
+    for size in [0, 1_000, 100_000, 0, 1_000, 100_000] {
+        let mut call = json!({"session": id, "code": "import time; time.sleep(10)"});
+        if size > 0 {
+            call["files"] = json!({"f.txt": "x".repeat(size)});
+        }
+        let (status, body) = server.execute(call).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["timed_out"], true, "{size}: {body}");
+        assert_eq!(body["error"]["type"], "KeyboardInterrupt", "{size}: {body}");
+        assert!(
+            body.get("session_lost").is_none_or(Value::is_null),
+            "{size}: {body}"
+        );
+    }
+    let (_, body) = server
+        .execute(json!({"session": id, "code": "print(x)", "timeout": 5}))
+        .await;
+    assert_eq!(body["stdout"], "5\n", "{body}");
     server.stop().await;
 }
 
+/// A ttl under a millisecond (the resolution of session times) would end
+/// the session before its first call: it is refused naming `ttl`, written
+/// readably; a millisecond is taken as asked. A session's tiny `timeout` is
+/// taken as `/execute` takes it: a call that takes any time times out at
+/// once, and nothing prints 300 zeros.
 #[tokio::test]
 async fn a_ttl_under_a_millisecond_is_refused_and_a_tiny_timeout_times_out() {
     let server = TestServer::start().await;
