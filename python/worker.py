@@ -4478,7 +4478,7 @@ def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnu
         # check) skips the ~50 us of parsing and compiling even a one-liner.
         digits = getattr(sys, "get_int_max_str_digits", None)
         compiled = precompile(code, digits() if digits else None, here=True)
-        if _signal.getsignal(_SIGINT) is not interrupt_call:  # the last call's code set its own
+        if _signal.getsignal(_SIGINT) is not interrupt_call:  # not put back after the last call
             _signal.signal(_SIGINT, interrupt_call)
         try:
             # From here an interrupt raises. One noted before is this call's
@@ -4494,6 +4494,11 @@ def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnu
                                     compiled=compiled)
         finally:
             _in_call[0] = False
+            # The code may have set a SIGINT handler of its own (or ignored
+            # SIGINT): this one is back before the next call is read, so that
+            # an interrupt that comes as it is read or set up is noted.
+            if _signal.getsignal(_SIGINT) is not interrupt_call:
+                _signal.signal(_SIGINT, interrupt_call)
         save_figures()
     except FilesRefused as refused:
         report = {"status": 0, "result": None, "error": None,

@@ -477,6 +477,27 @@ async fn an_interrupt_shows_the_calls_line_and_a_calls_own_handler_lasts_one_cal
     assert_eq!(body["error"]["type"], "KeyboardInterrupt", "{body}");
     assert!(body.get("session_lost").is_none(), "{body}");
     assert_eq!(ok(&server, &id, "seen").await["result"], "[]");
+    // Nor does one that puts back SIGINT's default (death) make an interrupt
+    // that comes as the next call is set up fatal.
+    ok(
+        &server,
+        &id,
+        "import signal\nsignal.signal(signal.SIGINT, signal.SIG_DFL)",
+    )
+    .await;
+    let (status, body) = server
+        .execute(json!({
+            "session": id,
+            "timeout": 0.001,
+            "code": "import time; time.sleep(10)",
+            "files": {"big.txt": "x".repeat(20_000_000)},
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["timed_out"], true, "{body}");
+    assert_eq!(body["error"]["type"], "KeyboardInterrupt", "{body}");
+    assert!(body.get("session_lost").is_none(), "{body}");
+    assert_eq!(ok(&server, &id, "seen").await["result"], "[]");
     server.stop().await;
 }
 
