@@ -1520,7 +1520,7 @@ def end_run(collections):
     run's code has (its caller holds ``__main__`` no more): figures saved,
     non-daemon threads joined, atexit handlers run, what only ``__main__``
     held freed (see free_main), the streams flushed. ``collections``:
-    generation 1's count of collections as the run began."""
+    run_collections() as the run began."""
     save_figures()
     # With no thread but this one there is nothing to join, and _shutdown
     # would write to pages this child still shares with its zygote (tens of
@@ -1558,37 +1558,52 @@ def free_main(collections):
     ``__del__`` sees the module's globals. Flushing first keeps what a file
     holds: a collection may close a file's buffer before the text layer on
     it has written its last characters into it. A run that bound no name of
-    its own leaves nothing to free. ``collections``: generation 1's count of
-    collections as the run began; when it moved, the run's objects may be
-    in the oldest generation, which only a full collection (~0.1 ms) looks
-    at. What a thread still running or another module holds stays (the
-    interpreter, which stops daemon threads first, then sets the names of
-    such modules to None), its files flushed."""
+    its own leaves nothing to free. ``collections``: generations 1 and 2's
+    counts of collections as the run began (see run_collections); when one
+    moved, the run's objects may be in the oldest generation, which only a
+    full collection (~0.1 ms) looks at. What a thread still running or
+    another module holds stays (the interpreter, which stops daemon threads
+    first, then sets the names of such modules to None), its files flushed."""
     main = sys.modules.pop("__main__", None)
     names = getattr(main, "__dict__", None)
     del main
     if type(names) is not dict or all(k[:2] == "__" == k[-2:] for k in names if type(k) is str):
         return
-    flush_files(names)
+    try:
+        flush_files(names)
+    except Exception:
+        pass
     del names
-    full = gc.get_stats()[1]["collections"] != collections
+    # 3.14's collector is incremental: its generation 1 is not 3.11's.
+    full = run_collections() != collections or sys.version_info >= (3, 14)
     gc.collect(2 if full else 1)
+
+
+def run_collections():
+    """How many collections of generations 1 and 2 this process has made."""
+    stats = gc.get_stats()
+    return stats[1]["collections"], stats[-1]["collections"]
 
 
 # What flush_files does not look into: it looks for the run's own files.
 _NOT_HOLDERS = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
                 types.CodeType, types.MethodType, str, bytes, int, float, complex)
-_CONTAINERS = (list, tuple, dict, set, frozenset)
 
 
 def flush_files(names, budget=10000, wide=1000):
     """Flush the files ``names`` (a run's globals) reach, nearest first: its
-    values, their attributes and items, the attributes of its classes; at
-    most ``budget`` objects looked at, none inside a module, a function, a
-    class defined elsewhere or a container of over ``wide`` items."""
+    values, what they refer to (attributes, items), the attributes of its
+    classes; at most ``budget`` objects looked at, none inside a module, a
+    function, a class defined elsewhere or anything that refers to over
+    ``wide`` others. A file is a text or binary writer of the io module's
+    own on a file of the file system: a pipe's or a socket's could block,
+    and a class of the run's own is its code's to flush. Types are read with
+    ``type()``, so that no object runs code of its own (a proxy's
+    ``__class__``, a ``__len__``)."""
     import _io
 
-    base = _io._IOBase
+    text, writers = _io.TextIOWrapper, (_io.BufferedWriter, _io.BufferedRandom)
+    class_dict = type.__dict__["__dict__"].__get__
     seen = set()
     todo = list(names.values())
     at = 0
@@ -1598,19 +1613,32 @@ def flush_files(names, budget=10000, wide=1000):
         if id(obj) in seen:
             continue
         seen.add(id(obj))
-        if isinstance(obj, base):
-            try:
-                obj.flush()
-            except BaseException:  # closed, or the flush failed (a full disk): as at exit
-                pass
-        elif isinstance(obj, type):
-            if obj.__module__ == "__main__":
-                todo.extend(obj.__dict__.values())
-        elif isinstance(obj, _CONTAINERS):
-            if len(obj) <= wide:
-                todo.extend(gc.get_referents(obj))
-        elif not isinstance(obj, _NOT_HOLDERS):
-            todo.extend(gc.get_referents(obj))
+        kind = type(obj)
+        try:
+            if kind is text or kind in writers:
+                flush_file(obj, kind is text, writers, _io.FileIO)
+                continue
+            if issubclass(kind, _NOT_HOLDERS):
+                continue
+            if issubclass(kind, type):
+                attributes = class_dict(obj)
+                if attributes.get("__module__") != "__main__":
+                    continue
+                refs = list(attributes.values())
+            else:
+                refs = gc.get_referents(obj)
+            if len(refs) <= wide and len(todo) < budget:
+                todo.extend(refs)
+        except Exception:  # an object the search cannot look into
+            pass
+
+
+def flush_file(f, is_text, writers, file_io):
+    """Flush ``f`` (a TextIOWrapper when ``is_text``, else one of
+    ``writers``) when it writes to a ``file_io`` and is open."""
+    buffer = f.buffer if is_text else f
+    if type(buffer) in writers and type(buffer.raw) is file_io and not f.closed:
+        f.flush()
 
 
 # The linecache entry of the code run last, while linecache is not imported
@@ -1899,7 +1927,7 @@ def child_main(worker_pid, rundir, req_r, out_w, err_w, ctl_w, parent_fds, scope
             os._exit(0)
         req.close()
         begun = own_usage().get("cpu_ms", 0.0)
-        collections = gc.get_stats()[1]["collections"]
+        collections = run_collections()
         msg = marshal.loads(frame)
         del frame
         # The request's own files are written before its limits apply: a
@@ -4089,7 +4117,9 @@ def imported_since_fork():
     """The stdlib modules this process imported since its zygote forked it,
     for its report (None: none, or no zygote to learn them)."""
     try:
-        if not _zygote_modules or len(sys.modules) <= len(_zygote_modules):
+        # A clean run's __main__ has left sys.modules by now (see free_main).
+        if not _zygote_modules or len(sys.modules) + ("__main__" not in sys.modules) <= len(
+                _zygote_modules):
             return None
         new = [name for name, module in list(sys.modules.items())
                if type(name) is str and name not in _zygote_modules and learnable(name)
@@ -4427,6 +4457,9 @@ def report_frame(report):
 # (see interrupt_call).
 _in_call = [False]
 _interrupted = [False]
+# The clock session_call reads, bound here: user code may replace (freeze,
+# mock) time.monotonic in the session's process.
+_monotonic = time.monotonic
 
 
 def interrupt_call(signum, frame):
@@ -4488,7 +4521,7 @@ def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnu
             _in_call[0] = True
             if _interrupted[0]:
                 _interrupted[0] = False
-                if interrupt_at is not None and time.monotonic() >= interrupt_at:
+                if interrupt_at is not None and _monotonic() >= interrupt_at:
                     raise KeyboardInterrupt
             outcome = run_user_code(code, argv, main, result_cap=cap,
                                     compiled=compiled)

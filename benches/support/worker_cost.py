@@ -166,7 +166,7 @@ while True:
         msg = w.unpackb(w.read_frame(requests))
     except w.ChannelClosed:
         break
-    outcome = w.run_user_code(msg["code"], None, main, at_exit=False)
+    outcome = w.run_user_code(msg["code"], None, main)
     sys.stdout.flush()
     size = os.lseek(out, 0, os.SEEK_CUR)
     data = os.pread(out, size, 0)

@@ -250,6 +250,28 @@ t = Temp()
         "{body}"
     );
 
+    // Nor does a collection the code made itself, which moves its objects
+    // to the oldest generation, nor an object the search for files cannot
+    // look into (a dead weak proxy), nor a container too large to search,
+    // keep a `__del__` from running.
+    let code = r#"
+import gc, weakref
+from collections import deque
+class Temp:
+    pass
+class A:
+    def __del__(self):
+        print('del A')
+a = A()
+gone = weakref.proxy(Temp())
+d = deque(range(1_000_000))
+gc.collect()
+"#;
+    let body = server.run(code).await;
+    assert_eq!(body["exit_code"], 0, "{body}");
+    assert_eq!(body["stdout"], "del A\n", "{body}");
+    assert_eq!(body["stderr"], "", "{body}");
+
     // A daemon thread still running holds the module: the run's files are
     // flushed, nothing is freed under the thread, and it is not disturbed.
     let code = r#"

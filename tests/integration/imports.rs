@@ -105,6 +105,23 @@ async fn a_stdlib_module_runs_keep_importing_is_imported_ahead_and_nothing_else(
 }
 
 #[tokio::test]
+async fn a_module_runs_import_alone_is_learned_too() {
+    // `colorsys` imports nothing: runs that import it bring one module.
+    let mut fixture = CondaFixture::new(Interpreter::primary());
+    let (server, _) = server(&mut fixture, true).await;
+    let probe = "import sys\n'colorsys' in sys.modules";
+    assert_eq!(server.run(probe).await["result"], "False");
+    for _ in 0..2 {
+        let body = server
+            .run("import colorsys\nprint(colorsys.ONE_THIRD)")
+            .await;
+        assert_eq!(body["exit_code"], 0, "{body}");
+    }
+    assert_eq!(settled(&server, probe, "True").await, "True");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn with_learn_imports_off_runs_find_only_what_the_environment_imports() {
     let mut fixture = CondaFixture::new(Interpreter::primary());
     let (server, _) = server(&mut fixture, false).await;

@@ -236,6 +236,26 @@ async fn a_timeout_that_comes_while_a_call_is_set_up_ends_the_call_not_the_sessi
         assert_eq!(body["stdout"], format!("5 {listed} 20000000\n"), "{body}");
     }
 
+    // The session's process tells an early interrupt by a clock its code
+    // cannot replace: one frozen at 0 (as a test library may leave it)
+    // changes nothing.
+    ok(&server, id, "import time\ntime.monotonic = lambda: 0.0").await;
+    let (status, body) = server
+        .execute(json!({
+            "session": id,
+            "code": "import time; time.sleep(10)",
+            "timeout": 0.001,
+            "files": {"big2.txt": "x".repeat(20_000_000)},
+        }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["error"]["type"], "KeyboardInterrupt", "{body}");
+    assert!(
+        body.get("session_lost").is_none_or(Value::is_null),
+        "{body}"
+    );
+    assert_eq!(ok(&server, id, "print(x)").await["stdout"], "5\n");
+
     // A session whose calls time out at once: each call's interrupt comes
     // as the call is read or set up, often before its code could start.
     let (status, info) = server.post("/sessions", json!({"timeout": 1e-300})).await;
