@@ -1549,7 +1549,7 @@ def end_run(collections):
             pass
 
 
-def free_main(collections):
+def free_main(collections, name="__main__"):
     """Free what the run's code left in ``__main__``, as the interpreter does
     as it exits (``os._exit`` would skip it): the module leaves
     ``sys.modules``; the files its names reach are flushed; then what only
@@ -1564,7 +1564,7 @@ def free_main(collections):
     full collection (~0.1 ms) looks at. What a thread still running or
     another module holds stays (the interpreter, which stops daemon threads
     first, then sets the names of such modules to None), its files flushed."""
-    main = sys.modules.pop("__main__", None)
+    main = sys.modules.pop(name, None)
     names = getattr(main, "__dict__", None)
     del main
     if type(names) is not dict or all(k[:2] == "__" == k[-2:] for k in names if type(k) is str):
@@ -1855,6 +1855,10 @@ def specialize_request_path(passes=10):
     try:
         for _ in range(passes):
             rehearse()
+            # And how a run's module is freed as it ends (a module of no
+            # names of its own, as most runs leave).
+            sys.modules["__warm__"] = types.ModuleType("__warm__")
+            free_main(run_collections(), "__warm__")
     finally:
         sys.argv = argv
         _on_import.pop("linecache", None)
