@@ -150,7 +150,8 @@ impl Session {
 }
 
 /// A call on a session, from its lookup until it ends: keeps the session
-/// from expiring meanwhile and renews its TTL when dropped.
+/// from expiring meanwhile. Its TTL is renewed as the call's code ends, not
+/// when the call is dropped, so a call refused before it runs renews nothing.
 pub struct ActiveCall {
     pub(super) session: Arc<Session>,
 }
@@ -163,7 +164,6 @@ impl ActiveCall {
 
 impl Drop for ActiveCall {
     fn drop(&mut self) {
-        self.session.touch();
         self.session.active.fetch_sub(1, Ordering::AcqRel);
     }
 }

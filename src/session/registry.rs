@@ -235,9 +235,11 @@ impl Sessions {
     }
 
     /// The live session `id`, marked active until the returned call is
-    /// dropped (it cannot expire meanwhile). For client `caller` (any with
-    /// `None`), another client's session is unknown, and stays as it was:
-    /// a call it may not make neither holds nor renews it.
+    /// dropped (it cannot expire meanwhile). Only a call that runs renews
+    /// the session's TTL: one refused before it runs leaves the session as
+    /// it was. For client `caller` (any with `None`), another client's
+    /// session is unknown, and stays as it was: a call it may not make
+    /// neither holds nor renews it.
     pub fn begin(&self, id: &str, caller: Option<&str>) -> Result<ActiveCall, ExecError> {
         let inner = self.inner.lock();
         match inner.live.get(id) {
@@ -246,7 +248,6 @@ impl Sessions {
             }
             Some(session) => {
                 session.active.fetch_add(1, Ordering::AcqRel);
-                session.touch();
                 Ok(ActiveCall {
                     session: session.clone(),
                 })
@@ -286,6 +287,7 @@ impl Sessions {
         let outcome = worker.execute(frame, deadline, output).await;
         abandoned.disarm();
         session.called();
+        session.touch();
         match outcome {
             Ok(out) => {
                 if let Some(reason) = &out.session_lost {

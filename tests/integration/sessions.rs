@@ -368,6 +368,53 @@ async fn idle_sessions_expire_and_calls_renew_them() {
 }
 
 #[tokio::test]
+async fn a_call_refused_before_it_runs_does_not_renew_the_session() {
+    let mut config = common::config();
+    config.sessions.ttl = Duration::from_millis(1000);
+    let server = TestServer::with_config(config).await;
+    let id = create(&server, json!({})).await;
+    ok(&server, &id, "x = 1").await;
+    let started = Instant::now();
+    // Refused calls every 0.1 s for 2 TTLs: what only the session's
+    // creation sets, a bad timeout, another environment.
+    let refused = [
+        json!({"session": id, "code": "x", "limits": {"memory_bytes": 100000000}}),
+        json!({"session": id, "code": "x", "timeout": -1}),
+        json!({"session": id, "code": "x", "env": "no-such-env"}),
+    ];
+    let mut refusals = 0;
+    let mut expired_after = None;
+    while started.elapsed() < Duration::from_millis(2000) && expired_after.is_none() {
+        let body = &refused[refusals % refused.len()];
+        let (status, answer) = server.execute(body.clone()).await;
+        if answer["error"]["code"] == "unknown_session" {
+            expired_after = Some(started.elapsed());
+            break;
+        }
+        assert!(
+            status == 400 || status == 404 && answer["error"]["code"] == "unknown_env",
+            "{status} {answer} for {body}"
+        );
+        refusals += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // It ended one TTL after its last call, however many refusals came.
+    let expired_after = expired_after.expect("the session outlived 2 TTLs of refused calls");
+    assert!(refusals >= 5, "only {refusals} refused calls were sent");
+    assert!(
+        expired_after < Duration::from_millis(1800),
+        "expired after {expired_after:?}"
+    );
+    let (status, body) = call(&server, &id, "print(x)").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        crate::common::error_message(&body).contains("expired"),
+        "{body}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn caps_refuse_sessions_with_429() {
     let mut config = common::config();
     config.sessions.max_sessions = 2;
