@@ -8,7 +8,8 @@
 //! `BENCH_PYTHON` (default: the real interpreter behind `python3`),
 //! `BENCH_CONDA_LAYOUT=1` (serve a Conda-layout copy of that interpreter
 //! instead, and spawn it for the baselines), `BENCH_SANDBOX_TIER`
-//! (`namespaces` or `container`: the server's sandbox tier), `BENCH_MCP_ONLY` (set: only the MCP comparison, in about `4 * BENCH_SECONDS`).
+//! (`namespaces` or `container`: the server's sandbox tier), `BENCH_MCP_ONLY` (set: only the MCP comparison, in about `4 * BENCH_SECONDS`),
+//! `BENCH_SERVER_BIN` (another build's `code-executor` to measure).
 //! The numpy and Jupyter scenarios use venvs made by `tests/python_envs/setup.sh`.
 
 #[path = "support/load.rs"]
@@ -723,14 +724,14 @@ async fn main() {
     let mcp_url = format!("{}/mcp", server.url);
     let rmcp_http = connect_rmcp_keep_alive(&mcp_url).await;
     let (rmcp_stdio, _stdio_server) = mcp_client::connect_stdio(
-        Path::new(env!("CARGO_BIN_EXE_code-executor")),
+        &server::server_binary(),
         &["--python", python.to_str().unwrap(), "--pool-size", &pool],
         &[],
     )
     .await;
     let shared_runtime = tempfile::tempdir().unwrap();
     let (rmcp_shared, mut shared_relay) = mcp_client::connect_stdio(
-        Path::new(env!("CARGO_BIN_EXE_code-executor")),
+        &server::server_binary(),
         &[
             "--shared",
             "--python",
@@ -778,7 +779,7 @@ async fn main() {
     for _ in 0..10 {
         let t = Instant::now();
         let (client, mut child) = mcp_client::connect_stdio(
-            Path::new(env!("CARGO_BIN_EXE_code-executor")),
+            &server::server_binary(),
             &["--python", python.to_str().unwrap(), "--pool-size", &pool],
             &[],
         )
@@ -966,7 +967,7 @@ async fn shared_launches(python: &Path, pool: &str, code: &str) -> (Duration, Du
     for _ in 0..11 {
         let t = Instant::now();
         let (client, mut child) = mcp_client::connect_stdio(
-            Path::new(env!("CARGO_BIN_EXE_code-executor")),
+            &server::server_binary(),
             &args,
             &[("XDG_RUNTIME_DIR", runtime.path())],
         )

@@ -120,9 +120,10 @@ twenty. Only the server writes that pipe (user code could write its own
 process's request pipe, but it runs in that process already). The child
 answers on its report pipe with a 4-byte length and a msgpack map of `id`
 (the call's), `status`, `result`, `error`, `artifacts` (as in `result`) and
-optional `cpu_ms`, `peak_rss_kb`, `artifacts_cut` and `refused` (as in
-`result`). User code can write to that pipe too: the server skips reports
-of other calls and trusts no field.
+optional `cpu_ms`, `peak_rss_kb`, `artifacts_cut`, `refused` (as in
+`result`) and `timed_out` (true: the call's interrupt came as it was set
+up, and was raised in place of its code once due). User code can write to
+that pipe too: the server skips reports of other calls and trusts no field.
 
 The server sends a clean run's `exec` frame in Python's marshal format
 rather than msgpack: a `dict` (its first byte `{` 0x7b, or 0xfb as Python
@@ -1592,9 +1593,10 @@ _NOT_HOLDERS = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
 
 def flush_files(names, budget=10000, wide=1000):
     """Flush the files ``names`` (a run's globals) reach, nearest first: its
-    values, what they refer to (attributes, items), the attributes of its
-    classes; at most ``budget`` objects looked at, none inside a module, a
-    function, a class defined elsewhere or anything that refers to over
+    values, what they refer to (attributes, items, a bound method's object),
+    the attributes of its classes, what its functions' closures and defaults
+    hold; at most ``budget`` objects looked at, none inside a module, a
+    function or class defined elsewhere or anything that refers to over
     ``wide`` others. A file is a text or binary writer of the io module's
     own on a file of the file system: a pipe's or a socket's could block,
     and a class of the run's own is its code's to flush. Types are read with
@@ -1603,6 +1605,7 @@ def flush_files(names, budget=10000, wide=1000):
     import _io
 
     text, writers = _io.TextIOWrapper, (_io.BufferedWriter, _io.BufferedRandom)
+    function, method = types.FunctionType, types.MethodType
     class_dict = type.__dict__["__dict__"].__get__
     seen = set()
     todo = list(names.values())
@@ -1618,9 +1621,17 @@ def flush_files(names, budget=10000, wide=1000):
             if kind is text or kind in writers:
                 flush_file(obj, kind is text, writers, _io.FileIO)
                 continue
-            if issubclass(kind, _NOT_HOLDERS):
+            if kind is function:
+                # Not its globals (``names``) or code: its closure's cells,
+                # defaults and attributes.
+                if obj.__globals__ is not names:
+                    continue
+                refs = [obj.__closure__, obj.__defaults__, obj.__kwdefaults__, obj.__dict__]
+            elif kind is method:
+                refs = [obj.__self__]
+            elif issubclass(kind, _NOT_HOLDERS):
                 continue
-            if issubclass(kind, type):
+            elif issubclass(kind, type):
                 attributes = class_dict(obj)
                 if attributes.get("__module__") != "__main__":
                     continue
@@ -2440,6 +2451,8 @@ def sane_report(report):
     size = report.get("returned_size")
     if isinstance(size, int) and not isinstance(size, bool) and 0 <= size < 1 << 63:
         sane["returned_size"] = size
+    if report.get("timed_out") is True:
+        sane["timed_out"] = True
     imported = report.get("imported")
     if isinstance(imported, list):
         sane["imported"] = list(dict.fromkeys(
@@ -2746,7 +2759,7 @@ def result_frame(msg, run, artifacts, artifacts_cut=False):
         "stderr": run.err.value(),
         "exit_code": run.exit_code,
         "signal": run.signal,
-        "timed_out": run.timed_out,
+        "timed_out": run.timed_out or report.get("timed_out") is True,
         "stdout_truncated": run.out.truncated,
         "stderr_truncated": run.err.truncated,
         "duration_ms": run.duration_ms,
@@ -4493,6 +4506,7 @@ def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnu
     the server reads it)."""
     begun = clock.start(cpu_seconds)
     outcome = RunOutcome()
+    due = False  # the call's own interrupt came as it was set up
     try:
         os.dup2(devnull, 0)
         if files:
@@ -4526,6 +4540,7 @@ def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnu
             if _interrupted[0]:
                 _interrupted[0] = False
                 if interrupt_at is not None and _monotonic() >= interrupt_at:
+                    due = True
                     raise KeyboardInterrupt
             outcome = run_user_code(code, argv, main, result_cap=cap,
                                     compiled=compiled)
@@ -4551,6 +4566,8 @@ def session_call(code, stdin, files, argv, cpu_seconds, cap, main, rundir, devnu
         except BaseException:
             pass
     report = {"status": outcome.status, "result": outcome.result, "error": outcome.error}
+    if due:  # the server may not have sent it yet: it timed out all the same
+        report["timed_out"] = True
     clock.stop(begun, report)
     return report
 

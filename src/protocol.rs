@@ -113,9 +113,10 @@
 //! process's request pipe, but it runs in that process already). The child
 //! answers on its report pipe with a 4-byte length and a msgpack map of `id`
 //! (the call's), `status`, `result`, `error`, `artifacts` (as in `result`) and
-//! optional `cpu_ms`, `peak_rss_kb`, `artifacts_cut` and `refused` (as in
-//! `result`). User code can write to that pipe too: the server skips reports
-//! of other calls and trusts no field.
+//! optional `cpu_ms`, `peak_rss_kb`, `artifacts_cut`, `refused` (as in
+//! `result`) and `timed_out` (true: the call's interrupt came as it was set
+//! up, and was raised in place of its code once due). User code can write to
+//! that pipe too: the server skips reports of other calls and trusts no field.
 //!
 //! The server sends a clean run's `exec` frame in Python's marshal format
 //! rather than msgpack: a `dict` (its first byte `{` 0x7b, or 0xfb as Python

@@ -16,8 +16,14 @@ order would charge the drift to whichever side always runs second. The
 environment is passed on (``BENCH_SECONDS``, ``BENCH_SPAWNS``, ...). Every run's
 output is kept in ``ab-<side>-<round>.txt`` in the current directory; the
 summary is one line per measure: both medians, B over A, and each run's value.
+
+To tell a change in the server from one in the bench's own clients, give both
+sides the same bench and each its own server: ``AB_SERVER_A`` and
+``AB_SERVER_B`` name the ``code-executor`` binary a side measures (passed to
+the bench as ``BENCH_SERVER_BIN``).
 """
 
+import os
 import re
 import statistics
 import subprocess
@@ -59,7 +65,11 @@ def measures(text):
 
 
 def run(side, round_, directory, bench):
-    out = subprocess.run([bench, "--bench"], cwd=directory, capture_output=True, text=True)
+    env = dict(os.environ)
+    server = os.environ.get("AB_SERVER_" + side)
+    if server:
+        env["BENCH_SERVER_BIN"] = server
+    out = subprocess.run([bench, "--bench"], cwd=directory, env=env, capture_output=True, text=True)
     text = out.stdout + out.stderr
     with open("ab-%s-%d.txt" % (side, round_), "w") as f:
         f.write(text)

@@ -101,6 +101,15 @@ pub fn conda_layout(python: &Path) -> PathBuf {
     prefix
 }
 
+/// The server binary the benchmarks run: `BENCH_SERVER_BIN`, else the one
+/// built with them. Another build's binary measures that build's server with
+/// this build's clients (`benches/support/ab.py` sets it per side).
+pub fn server_binary() -> PathBuf {
+    std::env::var_os("BENCH_SERVER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_code-executor")))
+}
+
 /// A running `code-executor serve`.
 pub struct Server {
     pub child: tokio::process::Child,
@@ -116,7 +125,7 @@ impl Server {
         let tier: Vec<String> = std::env::var("BENCH_SANDBOX_TIER")
             .map(|t| vec!["--sandbox-tier".to_string(), t])
             .unwrap_or_default();
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_code-executor"))
+        let mut child = tokio::process::Command::new(server_binary())
             .args(["serve", "--port", "0"])
             .args(args)
             .args(&tier)

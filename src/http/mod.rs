@@ -377,13 +377,25 @@ async fn artifact(
     Ok(([(header::CONTENT_TYPE, found.mime)], bytes).into_response())
 }
 
-/// Whether the client asked for server-sent events.
+/// Whether the client asked for server-sent events: its `Accept` lists
+/// `text/event-stream` (in any case), other than with `q=0`, which refuses it.
 fn wants_events(headers: &axum::http::HeaderMap) -> bool {
     headers
         .get_all(header::ACCEPT)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .any(|v| v.contains("text/event-stream"))
+        .flat_map(|v| v.split(','))
+        .any(|range| {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or_default().trim();
+            media.eq_ignore_ascii_case("text/event-stream")
+                && !parts.any(|param| {
+                    param.split_once('=').is_some_and(|(name, value)| {
+                        name.trim().eq_ignore_ascii_case("q")
+                            && value.trim().parse::<f64>().is_ok_and(|q| q <= 0.0)
+                    })
+                })
+        })
 }
 
 /// Every environment code can run in, with its pool's counts.

@@ -224,6 +224,9 @@ struct Report {
     artifacts_cut: bool,
     /// The call's input files could not be written; its code did not run.
     refused: Option<WireRefusal>,
+    /// The call's interrupt came as it was set up, and was raised in place
+    /// of its code once its time had come.
+    timed_out: bool,
 }
 
 /// A report's artifacts: the first [`MAX_ARTIFACTS`] whose paths are plain
@@ -949,6 +952,7 @@ fn report_output(report: Report, params: &CallParams<'_>) -> RunOutput {
             .peak_rss_kb
             .and_then(|v| whole_in(v, 0.0, 1e18))
             .map(|v| v as u64),
+        timed_out: report.timed_out,
         ..RunOutput::default()
     }
 }

@@ -250,6 +250,34 @@ t = Temp()
         "{body}"
     );
 
+    // So do files only a function's closure or default, or the object of a
+    // bound method, holds.
+    let code = r#"
+def writer(path):
+    f = open(path, 'w')
+    def write(s):
+        f.write(s)
+    return write
+w = writer('closure.txt')
+w('def')
+def log(s, f=open('default.txt', 'w')):
+    f.write(s)
+log('gh')
+class Holder:
+    def __init__(self):
+        self.f = open('method.txt', 'w')
+    def put(self, s):
+        self.f.write(s)
+put = Holder().put
+put('ijkl')
+"#;
+    let body = server.run(code).await;
+    assert_eq!(body["exit_code"], 0, "{body}");
+    assert_eq!(body["stderr"], "", "{body}");
+    assert_eq!(size(&body, "closure.txt"), Some(3), "{body}");
+    assert_eq!(size(&body, "default.txt"), Some(2), "{body}");
+    assert_eq!(size(&body, "method.txt"), Some(4), "{body}");
+
     // Nor does a collection the code made itself, which moves its objects
     // to the oldest generation, nor an object the search for files cannot
     // look into (a dead weak proxy), nor a container too large to search,

@@ -1748,3 +1748,40 @@ async fn a_call_file_over_the_sessions_file_size_limit_is_refused_and_the_sessio
     assert_eq!(body["stdout"], "1 False\n", "{body}");
     server.stop().await;
 }
+
+/// A session's process tells an interrupt noted while no code ran by the
+/// call's time (python/worker.py's `session_call`): once that time has
+/// come it is the call's own, raised in place of its code, and the report
+/// says the call timed out, since the server may not have sent its own yet;
+/// before then it was a late one for the last call, and the code runs.
+#[test]
+fn an_interrupt_noted_before_a_call_is_its_timeout_only_once_due() {
+    let script = r#"
+import importlib.util, os, sys, types
+spec = importlib.util.spec_from_file_location("bootstrap", sys.argv[1])
+worker = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(worker)
+devnull = os.open(os.devnull, os.O_RDONLY)
+clock = worker.SessionClock()
+for due in (0.0, worker._monotonic() + 3600):
+    worker._interrupted[0] = True
+    report = worker.session_call("print('ran', flush=True)", None, [], [], None, 1000,
+                                 types.ModuleType("__main__"), os.getcwd(), devnull, clock, due)
+    error = report["error"]["type"] if report["error"] else None
+    print("report", report["status"], error, report.get("timed_out"), worker._interrupted[0],
+          flush=True)
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(common::python())
+        .args(["-c", script])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/python/worker.py"))
+        .current_dir(dir.path())
+        .output()
+        .expect("python starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        stdout,
+        "report 1 KeyboardInterrupt True False\nran\nreport 0 None None False\n"
+    );
+}

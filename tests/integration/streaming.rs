@@ -182,11 +182,17 @@ async fn stream_flag_in_the_body_also_streams_and_refusals_keep_their_status() {
 
 /// `Accept: text/event-stream` streams whatever the body's `stream` says:
 /// `"stream": false` does not turn it off, and an Accept that lists JSON
-/// first streams too. Without the header, `"stream": false` is JSON.
+/// first streams too. Without the header, `"stream": false` is JSON, and so
+/// with one that refuses events (`q=0`) or lists only a type that merely
+/// begins like theirs.
 #[tokio::test]
 async fn the_accept_header_streams_even_when_the_body_says_stream_false() {
     let server = TestServer::start().await;
-    for accept in ["text/event-stream", "application/json, text/event-stream"] {
+    for accept in [
+        "text/event-stream",
+        "application/json, text/event-stream",
+        "application/json;q=0.9, Text/Event-Stream ; q=0.5",
+    ] {
         let resp = server
             .client
             .post(format!("{}/execute", server.url))
@@ -216,6 +222,28 @@ async fn the_accept_header_streams_even_when_the_body_says_stream_false() {
         (200, Some("x\n")),
         "{body}"
     );
+    for accept in [
+        "application/json, text/event-stream;q=0",
+        "text/event-stream; q=0.000",
+        "text/event-streams, application/json",
+    ] {
+        let resp = server
+            .client
+            .post(format!("{}/execute", server.url))
+            .header("accept", accept)
+            .json(&json!({"code": "print('x')"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()["content-type"].to_str().unwrap(),
+            "application/json",
+            "Accept: {accept}"
+        );
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["stdout"], "x\n", "Accept: {accept}: {body}");
+    }
     server.stop().await;
 }
 
