@@ -1605,7 +1605,8 @@ def flush_files(names, budget=10000, wide=1000):
     import _io
 
     text, writers = _io.TextIOWrapper, (_io.BufferedWriter, _io.BufferedRandom)
-    function, method = types.FunctionType, types.MethodType
+    function, method, builtin = types.FunctionType, types.MethodType, types.BuiltinMethodType
+    shared = vars(sys.modules["builtins"])
     class_dict = type.__dict__["__dict__"].__get__
     seen = set()
     todo = list(names.values())
@@ -1622,12 +1623,16 @@ def flush_files(names, budget=10000, wide=1000):
                 flush_file(obj, kind is text, writers, _io.FileIO)
                 continue
             if kind is function:
-                # Not its globals (``names``) or code: its closure's cells,
-                # defaults and attributes.
+                # Not its globals (``names``), builtins, code or names: the
+                # tuples of its closure's cells and defaults, and the dicts
+                # of its keyword defaults and attributes, those it has.
                 if obj.__globals__ is not names:
                     continue
-                refs = [obj.__closure__, obj.__defaults__, obj.__kwdefaults__, obj.__dict__]
-            elif kind is method:
+                refs = [r for r in gc.get_referents(obj)
+                        if r and type(r) in (tuple, dict) and r is not names
+                        and r is not shared]
+            elif kind is method or kind is builtin:
+                # A module's function is a builtin whose object is the module.
                 refs = [obj.__self__]
             elif issubclass(kind, _NOT_HOLDERS):
                 continue

@@ -66,9 +66,10 @@ def measures(text):
 
 def run(side, round_, directory, bench):
     env = dict(os.environ)
+    env.pop("BENCH_SERVER_BIN", None)
     server = os.environ.get("AB_SERVER_" + side)
     if server:
-        env["BENCH_SERVER_BIN"] = server
+        env["BENCH_SERVER_BIN"] = os.path.abspath(server)
     out = subprocess.run([bench, "--bench"], cwd=directory, env=env, capture_output=True, text=True)
     text = out.stdout + out.stderr
     with open("ab-%s-%d.txt" % (side, round_), "w") as f:

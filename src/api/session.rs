@@ -13,7 +13,7 @@ pub struct CreateSessionRequest {
     /// Environment name or prefix path; the default environment if absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<String>,
-    /// Idle time to live in seconds, renewed by every call; the server's
+    /// Idle time to live in seconds, renewed as each call that runs ends; the server's
     /// default if absent, capped by its maximum.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl: Option<f64>,
@@ -51,7 +51,7 @@ pub struct SessionInfo {
     pub created_at: String,
     /// When the session ends unless a call renews it (RFC 3339, UTC).
     pub expires_at: String,
-    /// Idle time to live in seconds, renewed by every call.
+    /// Idle time to live in seconds, renewed as each call that runs ends.
     pub ttl: f64,
     /// Default wall-clock limit of a call in seconds.
     pub timeout: f64,

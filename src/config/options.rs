@@ -287,7 +287,7 @@ pub struct Options {
     /// Group (name or gid) workers run as; default: the user's.
     #[arg(long, env = "CODE_EXECUTOR_RUN_AS_GROUP")]
     pub run_as_group: Option<String>,
-    /// Idle time to live of a session, in seconds (renewed by each call).
+    /// Idle time to live of a session, in seconds (renewed by each call that runs).
     #[arg(long = "session-ttl", env = "CODE_EXECUTOR_SESSION_TTL")]
     pub session_ttl_secs: Option<Seconds>,
     /// Longest time to live a session may ask for, seconds.

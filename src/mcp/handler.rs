@@ -386,7 +386,7 @@ impl McpHandler {
     /// then carry over between calls, as in a notebook. A call that times
     /// out is interrupted (KeyboardInterrupt) and the session keeps its
     /// state when the code stops. Sessions end after an idle TTL (each call
-    /// renews it) or with `close_session`.
+    /// that runs renews it) or with `close_session`.
     #[tool(
         output_schema = schema_for_output::<SessionInfo>(),
         annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false)

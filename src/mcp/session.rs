@@ -19,7 +19,7 @@ pub struct CreateSessionArgs {
     /// environment if omitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<String>,
-    /// Seconds the session lives without a call (each call renews it). The
+    /// Seconds the session lives without a call (each call that runs renews it). The
     /// server's default if omitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl: Option<f64>,

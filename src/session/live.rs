@@ -44,7 +44,7 @@ pub struct Session {
     /// The pool the worker came from, which keeps it for a next session
     /// once this one is closed.
     pub(super) home: EnvPool,
-    /// Idle deadline, renewed when a call starts and when it ends.
+    /// Idle deadline, renewed as each call that runs ends.
     expires: Mutex<Instant>,
     /// Calls waiting or running; a session with any never expires. Changed
     /// under the registry's lock only where the reaper could race.

@@ -287,7 +287,10 @@ impl Sessions {
         let outcome = worker.execute(frame, deadline, output).await;
         abandoned.disarm();
         session.called();
-        session.touch();
+        // A call whose files the session's process refused did not run.
+        if !matches!(&outcome, Ok(out) if out.refused.is_some()) {
+            session.touch();
+        }
         match outcome {
             Ok(out) => {
                 if let Some(reason) = &out.session_lost {

@@ -251,7 +251,7 @@ t = Temp()
     );
 
     // So do files only a function's closure or default, or the object of a
-    // bound method, holds.
+    // bound method (a class's, or a file's own `write`), holds.
     let code = r#"
 def writer(path):
     f = open(path, 'w')
@@ -270,6 +270,8 @@ class Holder:
         self.f.write(s)
 put = Holder().put
 put('ijkl')
+write = open('builtin.txt', 'w').write
+write('mn')
 "#;
     let body = server.run(code).await;
     assert_eq!(body["exit_code"], 0, "{body}");
@@ -277,6 +279,31 @@ put('ijkl')
     assert_eq!(size(&body, "closure.txt"), Some(3), "{body}");
     assert_eq!(size(&body, "default.txt"), Some(2), "{body}");
     assert_eq!(size(&body, "method.txt"), Some(4), "{body}");
+    assert_eq!(size(&body, "builtin.txt"), Some(2), "{body}");
+
+    // Many functions with nothing in their closures or defaults do not use
+    // up the search before it reaches a file further in: it is flushed
+    // before the collection (whose `__del__` reads what is on disk).
+    let code = r#"
+import os
+class Check:
+    def __del__(self):
+        print('on disk', os.path.getsize('further.txt'))
+check = Check()
+classes = [type('Many%d' % c, (), {'__module__': '__main__'}) for c in range(5)]
+for many in classes:
+    for i in range(500):
+        setattr(many, 'm%d' % i, lambda self: None)
+class Holder:
+    pass
+h = Holder()
+h.d = {'l': [[open('further.txt', 'w')]]}
+h.d['l'][0][0].write('opq')
+"#;
+    let body = server.run(code).await;
+    assert_eq!(body["exit_code"], 0, "{body}");
+    assert_eq!(body["stdout"], "on disk 3\n", "{body}");
+    assert_eq!(size(&body, "further.txt"), Some(3), "{body}");
 
     // Nor does a collection the code made itself, which moves its objects
     // to the oldest generation, nor an object the search for files cannot
