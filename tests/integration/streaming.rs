@@ -180,6 +180,22 @@ async fn stream_flag_in_the_body_also_streams_and_refusals_keep_their_status() {
     server.stop().await;
 }
 
+/// `POST /execute` with `body` and the header `Accept: accept`: the
+/// answer's `Content-Type` and text (its status must be 200).
+async fn execute_accepting(server: &TestServer, accept: &str, body: Value) -> (String, String) {
+    let resp = server
+        .client
+        .post(format!("{}/execute", server.url))
+        .header("accept", accept)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "Accept: {accept}");
+    let content_type = resp.headers()["content-type"].to_str().unwrap().to_string();
+    (content_type, resp.text().await.unwrap())
+}
+
 /// `Accept: text/event-stream` streams whatever the body's `stream` says:
 /// `"stream": false` does not turn it off, and an Accept that lists JSON
 /// first streams too. Without the header, `"stream": false` is JSON, and so
@@ -193,21 +209,9 @@ async fn the_accept_header_streams_even_when_the_body_says_stream_false() {
         "application/json, text/event-stream",
         "application/json;q=0.9, Text/Event-Stream ; q=0.5",
     ] {
-        let resp = server
-            .client
-            .post(format!("{}/execute", server.url))
-            .header("accept", accept)
-            .json(&json!({"code": "print('x')\n1+1", "stream": false}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        assert_eq!(
-            resp.headers()["content-type"].to_str().unwrap(),
-            "text/event-stream",
-            "Accept: {accept}"
-        );
-        let text = resp.text().await.unwrap();
+        let body = json!({"code": "print('x')\n1+1", "stream": false});
+        let (content_type, text) = execute_accepting(&server, accept, body).await;
+        assert_eq!(content_type, "text/event-stream", "Accept: {accept}");
         assert!(
             text.starts_with("event: stdout\ndata: \"x")
                 && text.contains("event: result\ndata: {\"stdout\":\"x\\n\""),
@@ -227,21 +231,10 @@ async fn the_accept_header_streams_even_when_the_body_says_stream_false() {
         "text/event-stream; q=0.000",
         "text/event-streams, application/json",
     ] {
-        let resp = server
-            .client
-            .post(format!("{}/execute", server.url))
-            .header("accept", accept)
-            .json(&json!({"code": "print('x')"}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        assert_eq!(
-            resp.headers()["content-type"].to_str().unwrap(),
-            "application/json",
-            "Accept: {accept}"
-        );
-        let body: Value = resp.json().await.unwrap();
+        let (content_type, text) =
+            execute_accepting(&server, accept, json!({"code": "print('x')"})).await;
+        assert_eq!(content_type, "application/json", "Accept: {accept}");
+        let body: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(body["stdout"], "x\n", "Accept: {accept}: {body}");
     }
     server.stop().await;
